@@ -43,6 +43,8 @@ from invert.steps import (
 )
 from invert.validation import check_images, hot_loop
 
+from .folding import eval_view
+
 NORMS = ("l2", "linf")
 BN_MODES = ("eval", "train")
 # Madry et al.'s rule of thumb for the PGD step size: 2.5 * eps / steps.
@@ -251,7 +253,21 @@ def bn_mode(module: nn.Module, mode: str) -> Iterator[None]:
         module.train(was_training)
 
 
+@contextlib.contextmanager
+def attack_mode(model: nn.Module, bn: str = "eval", *, fold_bn: bool = True) -> Iterator[nn.Module]:
+    """``model`` set up for an attack, yielding the module to differentiate.
+
+    Batch norm runs in ``bn`` mode (see :func:`bn_mode`). In ``eval`` mode with ``fold_bn``, the
+    module yielded is :func:`training.folding.eval_view` of the model: the same function with each
+    batch norm folded into its convolution, cheaper per step (gradients reach the input only).
+    Otherwise, and for models that cannot be folded, it is ``model`` itself.
+    """
+    with bn_mode(model, bn):
+        yield eval_view(model) if fold_bn and bn == "eval" else model
+
+
 __all__ = [
+    "attack_mode",
     "AttackConfigError",
     "BN_MODES",
     "NORMS",

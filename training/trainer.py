@@ -45,7 +45,8 @@ from .run import RunDirectory, RunDirectoryError
 
 PRECISIONS = ("auto", "bf16", "fp32")
 # Keys that may change between an interrupted run and its resumption (paths, evaluation, speed knobs).
-RESUMABLE_CHANGES = ("data.root", "data.download", "train.eval", "train.compile", "train.channels_last", "train.precision")
+RESUMABLE_CHANGES = ("data.root", "data.download", "train.eval", "train.compile", "train.channels_last", "train.precision",
+                     "train.attack_fold_bn")
 
 
 @dataclass

@@ -37,16 +37,20 @@ def _standard(cfg, model, train_data, seed):
     return StandardRecipe(model, **_common(cfg))
 
 
+def _fold_bn(cfg) -> bool:
+    return bool(cfg.get("attack_fold_bn", True))
+
+
 def _pgd(cfg, model, train_data, seed):
-    return PGDRecipe(model, _threat(cfg), attack_bn=cfg.get("attack_bn", "eval"), **_common(cfg))
+    return PGDRecipe(model, _threat(cfg), attack_bn=cfg.get("attack_bn", "eval"), fold_bn=_fold_bn(cfg), **_common(cfg))
 
 
 def _trades(cfg, model, train_data, seed):
-    return TradesRecipe(model, _threat(cfg, random_start=False), beta=float(cfg.get("beta", 6.0)), **_common(cfg))
+    return TradesRecipe(model, _threat(cfg, random_start=False), beta=float(cfg.get("beta", 6.0)), fold_bn=_fold_bn(cfg), **_common(cfg))
 
 
 def _mart(cfg, model, train_data, seed):
-    return MartRecipe(model, _threat(cfg, random_start=False), beta=float(cfg.get("beta", 6.0)), **_common(cfg))
+    return MartRecipe(model, _threat(cfg, random_start=False), beta=float(cfg.get("beta", 6.0)), fold_bn=_fold_bn(cfg), **_common(cfg))
 
 
 def _fast_at(cfg, model, train_data, seed):

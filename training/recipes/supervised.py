@@ -1,7 +1,9 @@
 """Supervised recipes: standard cross-entropy, PGD adversarial training, TRADES and MART.
 
 Each attack runs on the bare classifier with batch norm in eval mode (running statistics), as in
-the reference code of all three methods, and the training forward runs in train mode.
+the reference code of all three methods, and the training forward runs in train mode. With
+``fold_bn`` (the default) the attack differentiates the classifier with its batch norms folded into
+the convolutions (``training.folding``): the same function, fewer operations per attack step.
 """
 from __future__ import annotations
 
@@ -9,12 +11,19 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-from ..attacks import ThreatModel, bn_mode, check_bn_mode, maximize, pgd
+from ..attacks import ThreatModel, attack_mode, check_bn_mode, maximize, pgd
+from ..folding import eval_view
 from ..losses import mart_loss, trades_inner_loss, trades_loss
 from ..models import Classifier
 from .base import Recipe, batch_accuracy
+
+def _with_eval_view(model: Classifier, fold_bn: bool) -> list[nn.Module]:
+    """The modules to compile: the classifier, and its folded eval view when the attacks use it."""
+    view = eval_view(model) if fold_bn else model
+    return [model] if view is model else [model, view]
+
 
 # TRADES and MART start their inner maximisation from x + 0.001 * N(0, 1) (both reference codes).
 INNER_START_NOISE = 0.001
@@ -41,14 +50,15 @@ class PGDRecipe(Recipe):
 
     name = "pgd"
 
-    def __init__(self, model: Classifier, threat: ThreatModel, *, attack_bn: str = "eval", **kwargs):
+    def __init__(self, model: Classifier, threat: ThreatModel, *, attack_bn: str = "eval", fold_bn: bool = True, **kwargs):
         super().__init__(model, **kwargs)
         self.threat = threat
         self.attack_bn = check_bn_mode(attack_bn)
+        self.fold_bn = bool(fold_bn)
 
     def attack(self, inputs: Tensor, labels: Tensor) -> Tensor:
-        with bn_mode(self.model, self.attack_bn):
-            return pgd(self.model, inputs, labels, self.threat)
+        with attack_mode(self.model, self.attack_bn, fold_bn=self.fold_bn) as target:
+            return pgd(target, inputs, labels, self.threat)
 
     def forward(self, inputs: Tensor, labels: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         adversarial = self.attack(inputs, labels)
@@ -56,23 +66,29 @@ class PGDRecipe(Recipe):
         return self.cross_entropy(logits, labels), {"acc": batch_accuracy(logits, labels)}
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "attack": self.threat.to_dict(), "attack_bn": self.attack_bn}
+        return {**super().describe(), "attack": self.threat.to_dict(), "attack_bn": self.attack_bn, "fold_bn": self.fold_bn}
+
+    def hot_modules(self) -> list[nn.Module]:
+        return _with_eval_view(self.model, self.fold_bn and self.attack_bn == "eval")
 
 
 class _InnerMaxRecipe(Recipe):
     """Shared by TRADES and MART: a threat model, a beta, and the 0.001 * N(0, 1) start."""
 
-    def __init__(self, model: Classifier, threat: ThreatModel, *, beta: float, **kwargs):
+    def __init__(self, model: Classifier, threat: ThreatModel, *, beta: float, fold_bn: bool = True, **kwargs):
         super().__init__(model, **kwargs)
         if not beta >= 0:
             raise ValueError(f"{self.name}: beta must be non-negative, got {beta}")
-        self.threat, self.beta = threat, float(beta)
+        self.threat, self.beta, self.fold_bn = threat, float(beta), bool(fold_bn)
 
     def start(self, inputs: Tensor) -> Tensor:
         return inputs + INNER_START_NOISE * torch.randn_like(inputs)
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "attack": self.threat.to_dict(), "beta": self.beta}
+        return {**super().describe(), "attack": self.threat.to_dict(), "beta": self.beta, "fold_bn": self.fold_bn}
+
+    def hot_modules(self) -> list[nn.Module]:
+        return _with_eval_view(self.model, self.fold_bn)
 
 
 class TradesRecipe(_InnerMaxRecipe):
@@ -89,11 +105,11 @@ class TradesRecipe(_InnerMaxRecipe):
     name = "trades"
 
     def forward(self, inputs: Tensor, labels: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        with bn_mode(self.model, "eval"):
+        with attack_mode(self.model, "eval", fold_bn=self.fold_bn) as target:
             with torch.no_grad():
-                log_p_natural = self.model(inputs).float().log_softmax(dim=1)
+                log_p_natural = target(inputs).float().log_softmax(dim=1)
             adversarial = maximize(
-                lambda z: trades_inner_loss(self.model(z), log_p_natural), inputs, self.threat, start=self.start(inputs)
+                lambda z: trades_inner_loss(target(z), log_p_natural), inputs, self.threat, start=self.start(inputs)
             )
         logits_natural = self.model(inputs)
         logits_adversarial = self.model(adversarial)
@@ -112,9 +128,9 @@ class MartRecipe(_InnerMaxRecipe):
     name = "mart"
 
     def forward(self, inputs: Tensor, labels: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        with bn_mode(self.model, "eval"):
+        with attack_mode(self.model, "eval", fold_bn=self.fold_bn) as target:
             adversarial = maximize(
-                lambda z: F.cross_entropy(self.model(z), labels, reduction="none"), inputs, self.threat, start=self.start(inputs)
+                lambda z: F.cross_entropy(target(z), labels, reduction="none"), inputs, self.threat, start=self.start(inputs)
             )
         logits_natural = self.model(inputs)
         logits_adversarial = self.model(adversarial)
