@@ -3,10 +3,11 @@
 Standard and PGD training of the CIFAR ResNet18, the same images, batch size, optimizer (SGD 0.1,
 momentum 0.9, weight decay 5e-4), augmentation (the library's CIFAR transform: crop with 4-pixel
 padding, flip, colour jitter 0.25, rotation 2 degrees) and attack (L2, eps 1.0, ``--pgd-steps``
-steps of 2.5 eps / steps from a random start, last iterate, batch norm in eval mode), three ways:
+steps of 2.5 eps / steps from a random start, last iterate, batch norm in eval mode), four ways:
 
 1. ``ours``: ``training.trainer.train`` (the command's code path): data on the device as uint8,
-   augmentation on the device, channels-last, no host syncs in the step loop; ``precision=auto``
+   augmentation on the device, channels-last, no host syncs in the step loop, the attack on the
+   model with batch norm folded into its convolutions (``training.folding``); ``precision=auto``
    (bf16 on CUDA, fp32 on CPU).
 2. ``robustness``: the library's ``train.train_model`` (1.2.1.post2, patched for torch 2.x/CPU by
    ``training.robustness_compat``) with its own ``cifar_models.resnet18``, ``AttackerModel`` and
@@ -15,20 +16,25 @@ steps of 2.5 eps / steps from a random start, last iterate, batch norm in eval m
    attack equals ours.
 3. ``dataloader``: a plain PyTorch loop: ``torch.utils.data.DataLoader`` over PIL images with the
    same torchvision transforms, our zoo ResNet18 in the default memory format, our ``pgd``.
+4. ``kernels``: no data pipeline at all (the images already on the device as float channels-last
+   batches, no augmentation) and ``ours``' arithmetic (training step, folded attack): the ceiling
+   of any pipeline built on the same convolution kernels. ``ours / kernels`` near 1 means the
+   remaining time is the kernels'.
 
 Each runs ``--epochs`` epochs (default 2) and reports the throughput of the last one, in training
 images per second (data loading and augmentation included, evaluation and checkpointing excluded),
 by the wall clock and per second of this process's CPU time (steadier on a shared machine):
 ``ours`` from its ``metrics.jsonl``, the library through its ``epoch_hook``/``iteration_hook``
-callbacks, the plain loop with a timer. DataLoaders use ``--workers`` processes (default 0: on a
+callbacks, the plain loop with a timer. The contenders take turns ``--repeats`` times (default 3)
+and the median is reported, with every repeat's value. DataLoaders use ``--workers`` processes (default 0: on a
 two-core machine worker processes only compete with the compute threads).
 
 Data: the first ``--images`` images of the CIFAR-10 subset at ``../shared/data/cifar-10-mini`` when
 present, else random images written in CIFAR's pickle layout (throughput does not depend on content).
 Writes ``benchmarks/results/training_<device>.json`` with device, versions, config, results, ratios.
 
-    python benchmarks/bench_training.py                      # CPU: 256 images, batch 64, 2 PGD steps
-    python benchmarks/bench_training.py --images 10000 --batch-size 128 --pgd-steps 7 --workers 8   # GPU
+    python benchmarks/bench_training.py                      # CPU: 256 images, batch 64, 7 PGD steps, all cores
+    python benchmarks/bench_training.py --images 10000 --batch-size 128 --workers 8   # GPU
 """
 from __future__ import annotations
 
@@ -50,7 +56,8 @@ sys.path.insert(0, str(REPO))
 
 from results_io import write_result  # noqa: E402  (this folder is on sys.path when run as a script)
 
-from training.attacks import ThreatModel, bn_mode, pgd  # noqa: E402
+from invert.validation import hot_loop  # noqa: E402
+from training.attacks import ThreatModel, attack_mode, bn_mode, pgd  # noqa: E402
 from training.data import load_dataset  # noqa: E402
 from training.models import build_model  # noqa: E402
 from training.robustness_compat import import_robustness  # noqa: E402
@@ -64,12 +71,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--images", type=int, default=256, help="training images per epoch")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--epochs", type=int, default=2, help="epochs per run; the last one is timed")
-    parser.add_argument("--pgd-steps", type=int, default=2)
+    parser.add_argument("--pgd-steps", type=int, default=7, help="attack steps (7: the pgd recipe's default)")
+    parser.add_argument("--repeats", type=int, default=3, help="measurements per contender, interleaved; the median is reported")
     parser.add_argument("--eps", type=float, default=1.0, help="L2 radius of the training attack")
     parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes of the two baselines")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     parser.add_argument("--modes", nargs="+", default=["standard", "pgd"], choices=["standard", "pgd"])
-    parser.add_argument("--runs", nargs="+", default=["ours", "robustness", "dataloader"], choices=["ours", "robustness", "dataloader"])
+    parser.add_argument("--runs", nargs="+", default=["ours", "robustness", "dataloader", "kernels"],
+                        choices=["ours", "robustness", "dataloader", "kernels"])
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/training_<device>.json)")
     return parser.parse_args(argv)
@@ -147,7 +156,7 @@ def run_ours(args, mode: str, root: Path, workdir: Path) -> dict:
 
 
 def run_robustness(args, mode: str, root: Path, workdir: Path, device: torch.device) -> dict:
-    robustness = import_robustness()
+    import_robustness()  # the library, patched for torch 2.x and CPU
     from robustness import data_augmentation, datasets, model_utils, train as rtrain
 
     images, labels = first_images(root, args.images)
@@ -196,8 +205,6 @@ def run_robustness(args, mode: str, root: Path, workdir: Path, device: torch.dev
 def run_dataloader(args, mode: str, root: Path, device: torch.device) -> dict:
     from torchvision import transforms
 
-    from invert.validation import hot_loop
-
     images, labels = first_images(root, args.images)
     transform = transforms.Compose([transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip(),
                                     transforms.ColorJitter(0.25, 0.25, 0.25), transforms.RandomRotation(2), transforms.ToTensor()])
@@ -229,6 +236,38 @@ def run_dataloader(args, mode: str, root: Path, device: torch.device) -> dict:
             "precision": "fp32", "channels_last": False}
 
 
+def run_kernels_only(args, mode: str, root: Path, device: torch.device) -> dict:
+    """The same arithmetic with no data pipeline at all: the images already on the device as float
+    channels-last batches, no augmentation, then ``ours``' training step (and, for PGD, its folded
+    attack). The ceiling of any pipeline built on the same convolution kernels, so ``ours / kernels``
+    shows how much overhead is left."""
+    images, labels = first_images(root, args.images)
+    batches = args.images // args.batch_size
+    x_all = torch.from_numpy(images).to(device).permute(0, 3, 1, 2).float().div(255)
+    x_all = x_all[: batches * args.batch_size].contiguous(memory_format=torch.channels_last).split(args.batch_size)
+    y_all = torch.from_numpy(labels).long().to(device)[: batches * args.batch_size].split(args.batch_size)
+    model = build_model("resnet18", "cifar10").to(device).to(memory_format=torch.channels_last).train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
+    threat = ThreatModel("l2", args.eps, steps=args.pgd_steps, random_start=True)
+    with hot_loop():
+        for _ in range(args.epochs):
+            sync(device)
+            start, cpu_start = time.perf_counter(), time.process_time()
+            for x, y in zip(x_all, y_all):
+                if mode == "pgd":
+                    with attack_mode(model, "eval") as target:
+                        x = pgd(target, x, y, threat)
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+            sync(device)
+            seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    done = batches * args.batch_size
+    return {"images_per_second": done / seconds, "epoch_seconds": seconds, "images_per_cpu_second": done / cpu_seconds,
+            "precision": "fp32", "channels_last": True}
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -240,6 +279,15 @@ def device_name(device: torch.device) -> str:
     return f"{model or platform.processor() or 'cpu'} ({torch.get_num_threads()} threads)"
 
 
+def median_result(runs: list[dict]) -> dict:
+    """The median of repeated measurements (throughputs and epoch time), with every repeat's throughput."""
+    result = dict(runs[0])
+    for key in ("images_per_second", "images_per_cpu_second", "epoch_seconds"):
+        result[key] = float(np.median([run[key] for run in runs]))
+    result["repeats_images_per_second"] = [run["images_per_second"] for run in runs]
+    return result
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.threads:
@@ -247,28 +295,33 @@ def main(argv=None) -> dict:
     from training.config import resolve_device
 
     device = resolve_device(args.device)
-    results: dict[str, dict] = {}
+    measured: dict[str, list[dict]] = {}
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench_training_") as tmp:
-        workdir = Path(tmp)
-        root, data_note = prepare_data(args, workdir)
+        root, data_note = prepare_data(args, Path(tmp))
         print(f"data: {data_note}; device: {device_name(device)}; load average before: {load_before}")
-        for mode in args.modes:
-            for run in args.runs:
-                torch.manual_seed(0)
-                if run == "ours":
-                    result = run_ours(args, mode, root, workdir)
-                elif run == "robustness":
-                    result = run_robustness(args, mode, root, workdir, device)
-                else:
-                    result = run_dataloader(args, mode, root, device)
-                results[f"{mode}/{run}"] = result
-                print(f"{mode:8s} {run:11s} {result['images_per_second']:8.1f} images/s, {result['images_per_cpu_second']:8.1f} "
-                      f"images per CPU-second ({result['epoch_seconds']:.1f} s for the timed epoch)")
+        # Contenders take turns, repeat after repeat, so that a slow spell of a shared machine hits all.
+        for repeat in range(args.repeats):
+            workdir = Path(tmp) / f"repeat{repeat}"
+            for mode in args.modes:
+                for run in args.runs:
+                    torch.manual_seed(0)
+                    if run == "ours":
+                        result = run_ours(args, mode, root, workdir)
+                    elif run == "robustness":
+                        result = run_robustness(args, mode, root, workdir, device)
+                    elif run == "dataloader":
+                        result = run_dataloader(args, mode, root, device)
+                    else:
+                        result = run_kernels_only(args, mode, root, device)
+                    measured.setdefault(f"{mode}/{run}", []).append(result)
+                    print(f"[{repeat + 1}/{args.repeats}] {mode:8s} {run:11s} {result['images_per_second']:8.1f} images/s, "
+                          f"{result['images_per_cpu_second']:8.1f} images per CPU-second ({result['epoch_seconds']:.1f} s for the timed epoch)")
+    results = {key: median_result(runs) for key, runs in measured.items()}
     ratios = {}
     for mode in args.modes:
         ours = results.get(f"{mode}/ours")
-        for other in ("robustness", "dataloader"):
+        for other in ("robustness", "dataloader", "kernels"):
             if ours and f"{mode}/{other}" in results:
                 theirs = results[f"{mode}/{other}"]
                 ratios[f"{mode}: ours / {other}"] = ours["images_per_second"] / theirs["images_per_second"]
@@ -276,7 +329,7 @@ def main(argv=None) -> dict:
     for name, ratio in ratios.items():
         print(f"{name:40s} {ratio:.2f}x")
     report = {
-        "benchmark": "training throughput (images/s of the last epoch)",
+        "benchmark": "training throughput (images/s of the last epoch, median of the repeats)",
         "device": device_name(device),
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -284,7 +337,7 @@ def main(argv=None) -> dict:
         "load_average_after": os.getloadavg(),
         "data": data_note,
         "config": {"arch": "resnet18", "images": args.images, "batch_size": args.batch_size, "epochs": args.epochs,
-                   "timed_epoch": args.epochs, "pgd": {"norm": "l2", "eps": args.eps, "steps": args.pgd_steps,
+                   "timed_epoch": args.epochs, "repeats": args.repeats, "pgd": {"norm": "l2", "eps": args.eps, "steps": args.pgd_steps,
                    "step_size": 2.5 * args.eps / args.pgd_steps, "random_start": True, "bn": "eval"},
                    "optimizer": {"lr": LR, "momentum": MOMENTUM, "weight_decay": WEIGHT_DECAY},
                    "augmentation": "crop pad 4 + flip + colour jitter 0.25 + rotation 2", "workers": args.workers},
