@@ -30,6 +30,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_inversion.py
 	$(PY) benchmarks/bench_training.py
+	$(PY) benchmarks/bench_observer.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,149 @@
+"""Observer distances: the batched Gram-product LPIPS matrix against the `lpips` package's own forward.
+
+All N(N-1)/2 LPIPS distances between N images (what clustering and 2AFC scoring need), three ways,
+with the same network (the `lpips` package's AlexNet and linear heads; the offline random-backbone
+variant unless ``--pretrained``, which speed does not depend on):
+
+1. ``ours``: ``perceptual.observers.LPIPSObserver.matrix``: each image through the backbone once,
+   then one Gram product per layer (``||a - b||^2 = a.a + b.b - 2 a.b``, in float64).
+2. ``lpips-batched``: ``lpips.LPIPS.forward(x0, x1)`` over every pair, ``--pair-batch`` pairs per
+   call: how the package is used for many pairs.
+3. ``lpips-loop``: the same forward one pair at a time, on the first ``--loop-images`` images only
+   (it is slow), timed per pair.
+
+Prints pairs/s, ratios and the largest difference between the matrices (it must be float-rounding
+small); writes ``benchmarks/results/observer_<device>.json``.
+
+    python benchmarks/bench_observer.py                      # CPU: 256 CIFAR images (32,640 pairs)
+    python benchmarks/bench_observer.py --images 1000 --device cuda
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from results_io import write_result  # noqa: E402  (this folder is on sys.path when run as a script)
+from perceptual.observers import LPIPSObserver  # noqa: E402
+
+CIFAR_MINI = REPO.parent / "shared" / "data" / "cifar-10-mini"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=256)
+    parser.add_argument("--pair-batch", type=int, default=256, help="pairs per lpips.LPIPS.forward call in run 2")
+    parser.add_argument("--loop-images", type=int, default=24, help="images whose pairs run 3 times one by one")
+    parser.add_argument("--net", default="alex", choices=["alex", "vgg", "squeeze"])
+    parser.add_argument("--pretrained", action="store_true", help="the real ImageNet backbone (weights must be cached)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=None)
+    return parser.parse_args(argv)
+
+
+def load_images(n: int) -> tuple[torch.Tensor, str]:
+    """The first ``n`` CIFAR-10-mini test images in [0, 1], or seeded random images without ../shared."""
+    if (CIFAR_MINI / "cifar-10-batches-py").is_dir():
+        from training.data import load_dataset
+
+        data = load_dataset("cifar10", "test", root=CIFAR_MINI)
+        if len(data) >= n:
+            return data.images[:n].float() / 255, f"cifar-10-mini test images (first {n})"
+    return torch.rand(n, 3, 32, 32, generator=torch.Generator().manual_seed(0)), "random 32x32 images"
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device: torch.device):
+    sync(device)
+    start = time.perf_counter()
+    out = fn()
+    sync(device)
+    return out, time.perf_counter() - start
+
+
+def lpips_pairs(observer: LPIPSObserver, images: torch.Tensor, i: torch.Tensor, j: torch.Tensor, batch: int) -> torch.Tensor:
+    """``lpips.LPIPS.forward`` on the pairs (i, j), ``batch`` pairs per call."""
+    out = []
+    with torch.no_grad():
+        for s in range(0, len(i), batch):
+            a, b = images[i[s:s + batch]], images[j[s:s + batch]]
+            out.append(observer.lpips(a, b, normalize=True).flatten())
+    return torch.cat(out)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    images, data_note = load_images(args.images)
+    images = images.to(device)
+    observer = LPIPSObserver(args.net, backbone="pretrained" if args.pretrained else "random", device=device)
+    n = len(images)
+    i, j = torch.triu_indices(n, n, offset=1, device=device)
+    print(f"data: {data_note}; observer: {observer.name}; {len(i)} pairs; device: {device}")
+
+    observer.matrix(images[:8])  # warm-up: allocator, kernel selection
+    lpips_pairs(observer, images[:8], i[:4] % 8, j[:4] % 8, args.pair_batch)
+
+    ours_matrix, ours_seconds = timed(lambda: observer.matrix(images), device)
+    batched, batched_seconds = timed(lambda: lpips_pairs(observer, images, i, j, args.pair_batch), device)
+    m = min(args.loop_images, n)
+    li, lj = torch.triu_indices(m, m, offset=1, device=device)
+    looped, loop_seconds = timed(lambda: lpips_pairs(observer, images, li, lj, 1), device)
+
+    ours_pairs = ours_matrix.to(device)[i, j]
+    results = {
+        "ours": {"pairs": len(i), "seconds": ours_seconds, "pairs_per_second": len(i) / ours_seconds},
+        "lpips-batched": {"pairs": len(i), "seconds": batched_seconds, "pairs_per_second": len(i) / batched_seconds},
+        "lpips-loop": {"pairs": len(li), "seconds": loop_seconds, "pairs_per_second": len(li) / loop_seconds},
+    }
+    ratios = {
+        "ours / lpips-batched": results["ours"]["pairs_per_second"] / results["lpips-batched"]["pairs_per_second"],
+        "ours / lpips-loop": results["ours"]["pairs_per_second"] / results["lpips-loop"]["pairs_per_second"],
+    }
+    agreement = {
+        "max_abs_difference_vs_batched": float((ours_pairs.float() - batched.float()).abs().max()),
+        "max_abs_difference_vs_loop": float((ours_matrix.to(device)[li, lj].float() - looped.float()).abs().max()),
+        "median_distance": float(batched.median()),
+    }
+    for name, r in results.items():
+        print(f"{name:14s} {r['pairs_per_second']:12.1f} pairs/s ({r['pairs']} pairs in {r['seconds']:.2f} s)")
+    for name, ratio in ratios.items():
+        print(f"{name:24s} {ratio:8.1f}x")
+    print(f"largest difference: {agreement['max_abs_difference_vs_batched']:.2e} (median distance {agreement['median_distance']:.3f})")
+    if not agreement["max_abs_difference_vs_batched"] < 1e-4:
+        raise SystemExit("the two implementations disagree: the speed comparison is void")
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), platform.processor()) \
+        if device.type == "cpu" and os.path.exists("/proc/cpuinfo") else ""
+    report = {
+        "benchmark": "all-pairs LPIPS distances (pairs/s)",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"{cpu or 'cpu'} ({torch.get_num_threads()} threads)",
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "load_average": os.getloadavg(),
+        "data": data_note,
+        "config": {"images": n, "observer": observer.name, "pair_batch": args.pair_batch, "loop_images": m},
+        "results": results,
+        "ratios": ratios,
+        "agreement": agreement,
+    }
+    write_result(report, "observer", device, args.out)
+    return report
+
+
+if __name__ == "__main__":
+    main()
