@@ -103,6 +103,14 @@ class Distributed:
             out[key] = value
         return out
 
+    def sync_buffers(self, module: torch.nn.Module) -> None:
+        """Give every process rank 0's buffers (batch-norm running statistics). DDP broadcasts them at
+        the start of each forward, so after the last training forward each rank holds its own update;
+        evaluation, hooks such as fast AT's guard, and the checkpoint need one model on all ranks."""
+        if self.world_size > 1:
+            for buffer in module.buffers():
+                torch_dist.broadcast(buffer, src=0)
+
     def barrier(self) -> None:
         if self.world_size > 1:
             torch_dist.barrier()
@@ -303,6 +311,7 @@ def _train(cfg: DictConfig, dist: Distributed) -> TrainResult:
         record = _train_epoch(recipe, forward, optimizer, scheduler, train_set, progress, dist=dist, device=device, seed=seed,
                               epoch=epoch, epochs=epochs, batch_size=batch_size, bf16=bf16, show_progress=show_progress,
                               progress_every=progress_every)
+        dist.sync_buffers(recipe)
         every = int(eval_cfg.get("every", 1) or 0)
         if recipe.supervised and every and (epoch + 1) % every == 0:
             record.update(_evaluate(recipe.model, test_set, eval_threat, dist, robust_limit=eval_cfg.get("subset"),
@@ -412,6 +421,7 @@ def _train_epoch(recipe: Recipe, forward, optimizer, scheduler, train_set: Image
     images, labels = train_set.images, train_set.labels
     sums: dict[str, Tensor] = {}
     steps_done = 0
+    step_hook = dist.world_size > 1 and type(recipe).after_step is not Recipe.after_step
     recipe.train()
     bar = _progress_bar(len(batches), f"epoch {epoch + 1}/{epochs}", show_progress)
     if device.type == "cuda":
@@ -431,6 +441,8 @@ def _train_epoch(recipe: Recipe, forward, optimizer, scheduler, train_set: Image
                 sums[key] = value.detach().float() if total is None else total + value.detach().float()
             steps_done += 1
             progress.step += 1
+            if step_hook:
+                dist.sync_buffers(recipe)  # the hook (fast AT's guard) must decide the same on every rank
             reason = recipe.after_step(progress.step - 1)
             bar.update(1)
             if show_progress and steps_done % progress_every == 0:
