@@ -152,6 +152,14 @@ def test_bf16_autocast_and_nchw_layout_run(make_config):
     assert result.summary["robust_accuracy"] is not None
 
 
+def test_bf16_pgd_attacks_the_folded_model(make_config):
+    """bf16 autocast around the folded eval view (its fp32 folded weights are cast like any convolution's)."""
+    result = train(make_config("train=pgd", "train.epochs=1", "train.attack.steps=2", "train.precision=bf16",
+                               "train.eval.every=0", "train.eval.final_subset=16"))
+    assert result.summary["recipe"]["fold_bn"] is True
+    assert all(torch.isfinite(torch.tensor(h["train_loss"])) for h in result.summary["history"])
+
+
 @pytest.mark.slow
 def test_compiled_training_matches_the_eager_loss_closely(make_config):
     """torch.compile of the model (minutes on a CPU: inductor compiles C++ kernels)."""
