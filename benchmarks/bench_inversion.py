@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import sys
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from results_io import write_result  # noqa: E402  (this folder is on sys.path when run as a script)
+from results_io import device_name, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
 from invert import Engine, InversionLoss, noise_images  # noqa: E402
 from training.data import DATASET_STATS, IMAGE_SIZE, load_dataset  # noqa: E402
 from training.models import build_model  # noqa: E402
@@ -133,16 +132,6 @@ def run_engine(args, objective, seeds, **settings):
     engine = Engine(steps=args.steps, step_size=args.step_size, progress=False, log_every=50, stop_at_bounds=True, **settings)
     result = engine.run(objective, seeds)
     return result.images, result
-
-
-def device_name(device) -> str:
-    if torch.device(device).type == "cuda":
-        return torch.cuda.get_device_name()
-    model = ""
-    if Path("/proc/cpuinfo").is_file():
-        match = re.search(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text())
-        model = match.group(1).strip() if match else ""
-    return f"{model or platform.processor() or 'cpu'} (torch threads: {torch.get_num_threads()})"
 
 
 def main(argv=None) -> dict:

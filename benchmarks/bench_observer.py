@@ -31,7 +31,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from results_io import write_result  # noqa: E402  (this folder is on sys.path when run as a script)
+from results_io import device_name, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
 from perceptual.observers import LPIPSObserver  # noqa: E402
 
 CIFAR_MINI = REPO.parent / "shared" / "data" / "cifar-10-mini"
@@ -127,11 +127,9 @@ def main(argv=None) -> dict:
     print(f"largest difference: {agreement['max_abs_difference_vs_batched']:.2e} (median distance {agreement['median_distance']:.3f})")
     if not agreement["max_abs_difference_vs_batched"] < 1e-4:
         raise SystemExit("the two implementations disagree: the speed comparison is void")
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), platform.processor()) \
-        if device.type == "cpu" and os.path.exists("/proc/cpuinfo") else ""
     report = {
         "benchmark": "all-pairs LPIPS distances (pairs/s)",
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"{cpu or 'cpu'} ({torch.get_num_threads()} threads)",
+        "device": device_name(device),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "load_average": os.getloadavg(),

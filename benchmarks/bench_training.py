@@ -54,7 +54,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from results_io import write_result  # noqa: E402  (this folder is on sys.path when run as a script)
+from results_io import device_name, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
 
 from invert.validation import hot_loop  # noqa: E402
 from training.attacks import ThreatModel, attack_mode, bn_mode, pgd  # noqa: E402
@@ -266,17 +266,6 @@ def run_kernels_only(args, mode: str, root: Path, device: torch.device) -> dict:
     done = batches * args.batch_size
     return {"images_per_second": done / seconds, "epoch_seconds": seconds, "images_per_cpu_second": done / cpu_seconds,
             "precision": "fp32", "channels_last": True}
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    model = ""
-    try:
-        model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{model or platform.processor() or 'cpu'} ({torch.get_num_threads()} threads)"
 
 
 def median_result(runs: list[dict]) -> dict:

@@ -1,6 +1,7 @@
 """Where and how the benchmarks record their results: ``benchmarks/results/<name>_<device>.json``."""
 from __future__ import annotations
 
+import platform
 import re
 from pathlib import Path
 
@@ -16,6 +17,18 @@ def device_slug(device: torch.device) -> str:
     if torch.device(device).type != "cuda":
         return "cpu"
     return re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
+
+
+def device_name(device: torch.device) -> str:
+    """What ran the benchmark, for its JSON: the GPU's name, or the CPU model and torch's thread count."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    match = None
+    if Path("/proc/cpuinfo").is_file():
+        match = re.search(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text())
+    model = match.group(1).strip() if match else platform.processor()
+    return f"{model or 'cpu'} ({torch.get_num_threads()} threads)"
 
 
 def write_result(report: dict, name: str, device: torch.device, out: Path | None = None) -> Path:
