@@ -26,8 +26,10 @@ images per second (data loading and augmentation included, evaluation and checkp
 by the wall clock and per second of this process's CPU time (steadier on a shared machine):
 ``ours`` from its ``metrics.jsonl``, the library through its ``epoch_hook``/``iteration_hook``
 callbacks, the plain loop with a timer. The contenders take turns ``--repeats`` times (default 3)
-and the median is reported, with every repeat's value. DataLoaders use ``--workers`` processes (default 0: on a
-two-core machine worker processes only compete with the compute threads).
+and the median is reported, with every repeat's value; the ratios are given both between the
+medians and as the median of each repeat's ratio (neighbours in time, robust to the machine's
+drifts). DataLoaders use ``--workers`` processes (default 0: on a two-core machine worker
+processes only compete with the compute threads).
 
 Data: the first ``--images`` images of the CIFAR-10 subset at ``../shared/data/cifar-10-mini`` when
 present, else random images written in CIFAR's pickle layout (throughput does not depend on content).
@@ -315,6 +317,9 @@ def main(argv=None) -> dict:
                 theirs = results[f"{mode}/{other}"]
                 ratios[f"{mode}: ours / {other}"] = ours["images_per_second"] / theirs["images_per_second"]
                 ratios[f"{mode}: ours / {other} (CPU time)"] = ours["images_per_cpu_second"] / theirs["images_per_cpu_second"]
+                # Ratios within each repeat (neighbours in time), then their median: robust to slow drifts of the machine.
+                paired = [a / b for a, b in zip(ours["repeats_images_per_second"], theirs["repeats_images_per_second"])]
+                ratios[f"{mode}: ours / {other} (median of paired repeats)"] = float(np.median(paired))
     for name, ratio in ratios.items():
         print(f"{name:40s} {ratio:.2f}x")
     report = {
