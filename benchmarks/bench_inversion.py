@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -37,7 +36,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from results_io import device_name, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
+from results_io import environment, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
 from invert import Engine, InversionLoss, noise_images  # noqa: E402
 from training.data import DATASET_STATS, IMAGE_SIZE, load_dataset  # noqa: E402
 from training.models import build_model  # noqa: E402
@@ -218,11 +217,9 @@ def main(argv=None) -> dict:
                       f"closer than the anchor on {results[name]['better_than_anchor_on_items']} of {args.items} items")
 
     report = {
-        "device": device_name(device),
+        **environment(device),
         "device_type": device.type,
-        "torch": torch.__version__,
         "robustness": getattr(import_robustness(), "__version__", "1.2.1.post2"),
-        "python": platform.python_version(),
         "load_average_before": load_before,
         "load_average_after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "config": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "targets": target_source,

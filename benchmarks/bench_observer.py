@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from results_io import device_name, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
+from results_io import environment, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
 from perceptual.observers import LPIPSObserver  # noqa: E402
 
 CIFAR_MINI = REPO.parent / "shared" / "data" / "cifar-10-mini"
@@ -129,9 +128,7 @@ def main(argv=None) -> dict:
         raise SystemExit("the two implementations disagree: the speed comparison is void")
     report = {
         "benchmark": "all-pairs LPIPS distances (pairs/s)",
-        "device": device_name(device),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
+        **environment(device),
         "load_average": os.getloadavg(),
         "data": data_note,
         "config": {"images": n, "observer": observer.name, "pair_batch": args.pair_batch, "loop_images": m},

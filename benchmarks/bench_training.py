@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import os
 import pickle
-import platform
 import sys
 import tempfile
 import time
@@ -56,7 +55,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from results_io import device_name, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
+from results_io import device_name, environment, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
 
 from invert.validation import hot_loop  # noqa: E402
 from training.attacks import ThreatModel, attack_mode, bn_mode, pgd  # noqa: E402
@@ -324,9 +323,7 @@ def main(argv=None) -> dict:
         print(f"{name:40s} {ratio:.2f}x")
     report = {
         "benchmark": "training throughput (images/s of the last epoch, median of the repeats)",
-        "device": device_name(device),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
+        **environment(device),
         "load_average_before": load_before,  # other jobs on a shared machine slow every contender
         "load_average_after": os.getloadavg(),
         "data": data_note,

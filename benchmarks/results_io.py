@@ -31,6 +31,11 @@ def device_name(device: torch.device) -> str:
     return f"{model or 'cpu'} ({torch.get_num_threads()} threads)"
 
 
+def environment(device: torch.device) -> dict:
+    """What every benchmark report starts with: the device and the versions."""
+    return {"device": device_name(device), "torch": torch.__version__, "python": platform.python_version()}
+
+
 def write_result(report: dict, name: str, device: torch.device, out: Path | None = None) -> Path:
     """Write ``report`` atomically (to ``out``, or the default file for ``name`` and ``device``) and say where."""
     path = Path(out) if out else RESULTS / f"{name}_{device_slug(device)}.json"

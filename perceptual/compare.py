@@ -285,9 +285,7 @@ class ComparePipeline:
         self.specs = list(specs)
         if not self.specs:
             raise ValueError("no models given: pass models=[{name:small_cnn,checkpoint:PATH,label:mine}, ...]")
-        labels = [s.label for s in self.specs]
-        if len(set(labels)) != len(labels):
-            raise ValueError(f"model labels must be unique, got {labels}: give each entry a label")
+        ModelSpec.check_unique(self.specs)
         for spec in self.specs:
             if spec.label.startswith("subject-"):
                 raise ValueError(f"model label {spec.label!r} must not start with 'subject-': that prefix marks simulated observers")

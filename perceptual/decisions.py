@@ -192,12 +192,7 @@ class ObserverDecisions:
 
     def __init__(self, observers: Panel | Sequence[Observer], exemplar_images: Tensor, exemplar_labels, classes: Sequence[str], *,
                  seeds: Sequence[int] = (0, 1, 2), per_class: int = 10, k: int = 5, lapse: float = 0.05, noise: float = 0.25):
-        self.observers = list(observers)
-        if not self.observers:
-            raise ValueError("at least one observer is needed")
-        names = [o.name for o in self.observers]
-        if len(set(names)) != len(names):
-            raise ValueError(f"observer names must be unique, got {names}")
+        self.observers = Panel(list(observers)).observers  # a panel checks: at least one, unique names
         seeds = [int(s) for s in seeds]
         if not seeds or len(set(seeds)) != len(seeds):
             raise ValueError(f"seeds must be a non-empty list of distinct ints, got {seeds}")

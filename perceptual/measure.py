@@ -68,6 +68,13 @@ class ModelSpec:
         if "/" in self.label or self.label.startswith("."):
             raise ValueError(f"model label {self.label!r} must be a plain name (it becomes a folder)")
 
+    @staticmethod
+    def check_unique(specs: Sequence["ModelSpec"]) -> None:
+        """Labels name report rows and folders: two models with one label would overwrite each other."""
+        labels = [s.label for s in specs]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"model labels must be unique, got {labels}: give each entry a label")
+
     @classmethod
     def parse(cls, entry: Any) -> "ModelSpec":
         if isinstance(entry, str):
@@ -179,9 +186,7 @@ def measure_models(
     train = dataset_from_config(data_cfg, "train") if "train" in seed_types else None
     panel = panel or make_panel("auto", device=device)
     targets = stimuli.select_targets(test, n=n_targets, seed=seed)
-    labels = [s.label for s in specs]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"model labels must be unique, got {labels}: give each entry a label")
+    ModelSpec.check_unique(specs)
     started = time.perf_counter()
     results: dict[str, dict] = {}
     classifiers: dict[str, stimuli.ModelRef] = {}
@@ -222,7 +227,7 @@ def measure_models(
     if controversial:
         report_data["controversial"] = measure_controversial(classifiers, test, panel, out, controversial, engine, seed, device, judge_8bit, config)
     report_data["seconds"] = round(time.perf_counter() - started, 1)
-    write_report(report_data, out, {label: classifiers[label] for label in labels})
+    write_report(report_data, out, {spec.label: classifiers[spec.label] for spec in specs})
     return report_data
 
 

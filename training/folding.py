@@ -73,8 +73,8 @@ class FoldedConvBatchNorm(nn.Module):
             weight = conv.weight.to(dtype) * scale.view(-1, 1, 1, 1)
             # Keep the convolution's dtype and memory format (channels-last kernels stay channels-last).
             channels_last = conv.weight.is_contiguous(memory_format=torch.channels_last) and not conv.weight.is_contiguous()
-            weight = weight.to(conv.weight.dtype).contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
-            return weight, bias.to(conv.weight.dtype)
+            layout = torch.channels_last if channels_last else torch.contiguous_format
+            return weight.to(conv.weight.dtype).contiguous(memory_format=layout), bias.to(conv.weight.dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.bn.training:

@@ -19,6 +19,7 @@ from ..losses import mart_loss, trades_inner_loss, trades_loss
 from ..models import Classifier
 from .base import Recipe, batch_accuracy
 
+
 def _with_eval_view(model: Classifier, fold_bn: bool) -> list[nn.Module]:
     """The modules to compile: the classifier, and its folded eval view when the attacks use it."""
     view = eval_view(model) if fold_bn else model
