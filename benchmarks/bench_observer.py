@@ -32,6 +32,7 @@ sys.path.insert(0, str(REPO))
 
 from results_io import environment, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
 from perceptual.observers import LPIPSObserver  # noqa: E402
+from training.config import resolve_device  # noqa: E402
 
 CIFAR_MINI = REPO.parent / "shared" / "data" / "cifar-10-mini"
 
@@ -46,7 +47,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.images < 2 or args.loop_images < 2:
+        parser.error(f"--images and --loop-images need at least 2 images for one pair, got {args.images} and {args.loop_images}")
+    if args.pair_batch < 1:
+        parser.error(f"--pair-batch must be at least 1, got {args.pair_batch}")
+    return args
 
 
 def load_images(n: int) -> tuple[torch.Tensor, str]:
@@ -87,7 +93,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    device = resolve_device(args.device)
     images, data_note = load_images(args.images)
     images = images.to(device)
     observer = LPIPSObserver(args.net, backbone="pretrained" if args.pretrained else "random", device=device)

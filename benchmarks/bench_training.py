@@ -82,7 +82,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                         choices=["ours", "robustness", "dataloader", "kernels"])
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/training_<device>.json)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for name in ("images", "batch_size", "epochs", "pgd_steps", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.images < args.batch_size:
+        parser.error(f"--images {args.images} is less than one batch (--batch-size {args.batch_size}): nothing would be timed")
+    if not args.eps > 0:
+        parser.error(f"--eps must be positive, got {args.eps}")
+    return args
 
 
 def prepare_data(args, workdir: Path) -> tuple[Path, str]:

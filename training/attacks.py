@@ -262,6 +262,8 @@ def attack_mode(model: nn.Module, bn: str = "eval", *, fold_bn: bool = True) -> 
     batch norm folded into its convolution, cheaper per step (gradients reach the input only).
     Otherwise, and for models that cannot be folded, it is ``model`` itself.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"attack_mode needs the model (a torch.nn.Module), got {type(model).__name__}")
     with bn_mode(model, bn):
         yield eval_view(model) if fold_bn and bn == "eval" else model
 

@@ -39,6 +39,11 @@ class FoldedConvBatchNorm(nn.Module):
 
     def __init__(self, conv: nn.Conv2d, bn: nn.BatchNorm2d):
         super().__init__()
+        if not isinstance(conv, nn.Conv2d) or not _foldable(bn):
+            raise TypeError(f"need an nn.Conv2d and an nn.BatchNorm2d with running statistics, got {type(conv).__name__} and "
+                            f"{type(bn).__name__} (track_running_stats=False batch norms always use batch statistics)")
+        if bn.num_features != conv.out_channels:
+            raise ValueError(f"the batch norm has {bn.num_features} channels but the convolution outputs {conv.out_channels}")
         self.conv, self.bn = conv, bn
         self._key: tuple | None = None
         self._folded: tuple[Tensor, Tensor] | None = None
@@ -87,10 +92,16 @@ def _foldable(bn: nn.Module) -> bool:
     return isinstance(bn, nn.BatchNorm2d) and bn.track_running_stats and bn.running_mean is not None
 
 
+def _check_module(module) -> None:
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"expected a torch.nn.Module (a model), got {type(module).__name__}")
+
+
 def fold_batch_norms(module: nn.Module) -> tuple[nn.Module, int]:
     """An FX rewrite of ``module`` with every foldable Conv2d -> BatchNorm2d pair replaced by a
     :class:`FoldedConvBatchNorm` (sharing the original modules), and the number of pairs folded.
     Returns ``(module, 0)`` unchanged when the module cannot be traced or has nothing to fold."""
+    _check_module(module)
     try:
         graph_module = fx.symbolic_trace(module)
     except Exception:  # data-dependent control flow, unsupported ops: run the model as it is
@@ -126,6 +137,9 @@ class FoldedClassifier(nn.Module):
 
     def __init__(self, model: Classifier):
         super().__init__()
+        if not isinstance(model, Classifier):
+            raise TypeError(f"FoldedClassifier needs a training.models.Classifier (build_model(...)), got {type(model).__name__}; "
+                            "fold_batch_norms(module) folds any traceable module")
         self.normalize = model.normalize
         self.net, self.folded_pairs = fold_batch_norms(model.net)
 
@@ -143,6 +157,7 @@ _UNFOLDED = object()
 def eval_view(model: nn.Module) -> nn.Module:
     """The module to attack when ``model`` is in eval mode: its folded view when ``model`` is a
     :class:`Classifier` with foldable pairs, else ``model`` itself. Cached per model."""
+    _check_module(model)
     view = _VIEWS.get(model)
     if view is None:
         view = FoldedClassifier(model) if isinstance(model, Classifier) else None

@@ -221,3 +221,28 @@ def test_adversarial_recipes_train_the_same_with_and_without_folding(recipe_name
         torch.manual_seed(0)
         losses.append(recipe(x, y)[0])
     torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=1e-5)
+
+
+def test_bad_inputs_are_refused_with_a_hint():
+    model = with_running_stats(build_model("small_cnn", "digits", width=8), image_size=16)
+    with pytest.raises(TypeError, match="nn.Module"):
+        eval_view("resnet18")
+    with pytest.raises(TypeError, match="nn.Module"):
+        fold_batch_norms(lambda x: x)
+    with pytest.raises(TypeError, match="Classifier"):
+        FoldedClassifier(model.net)
+    with pytest.raises(TypeError, match="running statistics"):
+        FoldedConvBatchNorm(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, track_running_stats=False))
+    with pytest.raises(ValueError, match="4 channels"):
+        FoldedConvBatchNorm(nn.Conv2d(3, 5, 3), nn.BatchNorm2d(4))
+    with pytest.raises(ValueError, match="unknown attack batch-norm mode"):
+        with attack_mode(model, "frozen"):
+            pass
+    with pytest.raises(TypeError, match="nn.Module"):
+        with attack_mode(None):
+            pass
+    view = eval_view(model)
+    with pytest.raises(ValueError, match="channels"):
+        view(torch.rand(2, 1, 16, 16))
+    with pytest.raises(ValueError, match=r"\[0, 1\]|range"):
+        view(torch.rand(2, 3, 16, 16) * 255)
