@@ -66,6 +66,7 @@ from stimuli.generate import weights_hash
 from training import build_model
 from training.config import dataset_from_config, resolve_device
 from training.io import atomic_write_json, atomic_write_text
+from training.sweeps import job_path
 
 from . import metrics as M
 from .conditions import Distortion, make_condition_set, parse_conditions
@@ -680,6 +681,7 @@ def run(cfg: DictConfig | Mapping) -> dict:
 
 @hydra.main(config_path="pkg://conf", config_name="compare", version_base=None)
 def main(cfg: DictConfig) -> None:
+    cfg.out = str(job_path(cfg.out))  # a multirun's jobs report in folders of their own
     data = run(cfg)
     ranking = data["ranking"]
     for model in data["models"]:

@@ -21,6 +21,7 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
+from training.sweeps import job_path
 from training.trainer import train
 
 from .measure import ModelSpec, _threat, headline, make_panel, measure_models
@@ -100,4 +101,5 @@ def run(cfg: DictConfig) -> dict:
 
 @hydra.main(config_path="pkg://conf", config_name="demo", version_base=None)
 def main(cfg: DictConfig) -> None:
+    cfg.out = str(job_path(cfg.out))  # a multirun's jobs report in folders of their own
     run(cfg)

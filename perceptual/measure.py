@@ -39,6 +39,7 @@ from training.config import dataset_from_config, resolve_device
 from training.data import ImageSet, folder_to_imageset
 from training.evaluate import clean_accuracy, robust_accuracy
 from training.io import atomic_write_json, atomic_write_text
+from training.sweeps import job_path
 
 from . import report
 from .cache import cache_key, cached_json
@@ -346,6 +347,7 @@ def headline(data: dict) -> str:
 
 @hydra.main(config_path="pkg://conf", config_name="measure", version_base=None)
 def main(cfg: DictConfig) -> None:
+    cfg.out = str(job_path(cfg.out))  # a multirun's jobs report in folders of their own
     data = run(cfg)
     print(headline(data))
     print(f"report: {Path(cfg.out).resolve() / 'report.md'}")

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from training.config import dataset_from_config, model_from_config, representation_from_config, resolve_device
 from training.io import atomic_write_text
+from training.sweeps import job_path
 
 from .distances import set_trials
 from .generate import ModelRef, make_controversial_set, make_inversion_set
@@ -36,7 +37,7 @@ def recorded_config(cfg: DictConfig) -> dict:
 
 
 def _out(cfg: DictConfig, default: str) -> Path:
-    base = Path(cfg.out) if cfg.out else Path("sets") / default
+    base = job_path(Path(cfg.out) if cfg.out else Path("sets") / default)  # in a multirun, a folder per job
     return shard_path(base, cfg.shard, cfg.n_shards) if cfg.n_shards > 1 else base
 
 
@@ -116,6 +117,7 @@ def trials_command(cfg: DictConfig) -> tuple[Path, pd.DataFrame]:
     stimulus_set = load_set(cfg.set)
     table = set_trials(stimulus_set, cfg.task, seed=cfg.seed, attention_rate=cfg.attention_rate, n_trials=cfg.n_trials, distance=cfg.distance)
     out = Path(cfg.out) if cfg.out else Path(cfg.set) / "trials" / f"{cfg.task}-seed{cfg.seed}.csv"
+    out = job_path(out.parent) / out.name
     atomic_write_text(out, table.to_csv(index=False))
     n_trials = table["trial"].nunique()
     checks = table.drop_duplicates("trial")["attention_check"].sum()

@@ -7,6 +7,7 @@ Recipes (``train=``): standard, pgd, trades, mart, fast_at, simclr, adv_simclr. 
     python -m training model=resnet18 data=cifar10 train=trades train.attack.norm=l2 train.attack.eps=0.5
     python -m training ... run_dir=runs/x resume=true         # continue an interrupted run
     torchrun --nproc_per_node=4 -m training model=resnet50 data=cifar10 train=pgd   # DDP
+    python -m training -m train=trades train.beta=1,3,6       # a sweep: run_dir/<overrides>/ per job
 
 Writes ``run_dir`` (config, metrics.jsonl, checkpoints, model.safetensors, summary.json); see
 ``training.trainer`` and ``training.run``.
@@ -16,11 +17,13 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
+from .sweeps import job_path
 from .trainer import train
 
 
 @hydra.main(config_path="pkg://conf", config_name="train", version_base=None)
 def main(cfg: DictConfig) -> None:
+    cfg.run_dir = str(job_path(cfg.run_dir))  # a multirun's jobs train in folders of their own
     train(cfg)
 
 

@@ -1,0 +1,88 @@
+"""Hydra multiruns: every job of a sweep writes to a folder of its own (training.sweeps), through the
+basic launcher and through hydra-submitit-launcher's local launcher; the Slurm preset composes."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_module
+
+from stimuli import load_set
+from training.sweeps import job_name, job_path, swept_keys
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+HAS_SUBMITIT = importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is not None
+needs_submitit = pytest.mark.skipif(not HAS_SUBMITIT, reason="hydra-submitit-launcher is not installed (the `slurm` extra)")
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_job_name_keeps_what_a_job_makes_and_drops_where_it_runs():
+    overrides = ["train=trades", "train.beta=3", "data.root=/data/cifar", "resume=true", "device=cuda", "shard=1", "n_shards=4"]
+    assert job_name(overrides) == "train.beta=3,train=trades"
+    assert job_name(["shard=0", "n_shards=2", "out=sets/x"]) == ""
+    assert job_name(["+extra.key=1", "~train.guard"]) == "+extra.key=1,~train.guard"
+    # a value with a path separator stays one folder
+    assert "/" not in job_name(["train.attack.eps=8/255"]) and job_name(["train.attack.eps=8/255"]) != job_name(["train.attack.eps=8-255"])
+
+
+def test_swept_keys_are_the_ones_a_sweep_varies():
+    arguments = ["train=trades", "train.beta=1,3,6", "shard=range(4)", "model@model_a=vgg16,resnet18", "seed=0", "data.root=/d"]
+    assert swept_keys(arguments) == {"train.beta", "shard", "model@model_a"}
+
+
+def test_job_name_cuts_long_names_but_keeps_them_apart():
+    long_a = [f"model.kwargs.k{i}={i}" for i in range(40)]
+    long_b = long_a[:-1] + ["model.kwargs.k39=40"]
+    name_a, name_b = job_name(long_a), job_name(long_b)
+    assert len(name_a.encode()) <= 200 and len(name_b.encode()) <= 200 and name_a != name_b
+
+
+def test_job_path_is_the_configured_place_outside_a_multirun(tmp_path):
+    assert job_path(tmp_path / "runs") == tmp_path / "runs"
+
+
+def test_training_sweep_gives_each_job_its_own_run(tmp_path):
+    runs = tmp_path / "runs"
+    common = ["train.epochs=1", "train.batch_size=32", "data_limit.train=64", "data_limit.test=32", "train.eval.every=0",
+              "train.eval.final_subset=16", "train.eval.attack.steps=1", "progress=false", f"run_dir={runs}"]
+    run("training", "-m", *common, "train.optimizer.lr=0.05,0.1", cwd=tmp_path)
+    folders = sorted(p.name for p in runs.iterdir())
+    assert folders == ["train.optimizer.lr=0.05", "train.optimizer.lr=0.1"]  # named after the swept key only
+    for folder in folders:
+        summary = json.loads((runs / folder / "summary.json").read_text())
+        assert summary["status"] == "completed"
+    configs = [(runs / folder / "config.yaml").read_text() for folder in folders]
+    assert "lr: 0.05" in configs[0] and "lr: 0.1" in configs[1]
+
+
+@needs_submitit
+def test_sharded_inversion_through_submitit_local_jobs_then_merge(tmp_path):
+    out = tmp_path / "set"
+    run("stimuli", "invert", "-m", "hydra/launcher=submitit_local", "shard=0,1", "n_shards=2", f"out={out}", "n_targets=3",
+        "chunk_size=2", "invert.steps=2", "invert.progress=false", cwd=tmp_path)
+    assert sorted(p.name for p in (out / "shards").iterdir()) == ["shard-000-of-002", "shard-001-of-002"]
+    assert list(tmp_path.glob("multirun/*/*/.submitit/*/*_log.out"))  # the jobs ran as submitit processes
+    run("stimuli", "merge", f"out={out}", cwd=tmp_path)
+    merged = load_set(out)
+    assert merged.shard is None and len(merged.role("target")[0]) == 3
+
+
+@needs_submitit
+def test_slurm_preset_asks_for_one_gpu_per_job():
+    with initialize_config_module(config_module="conf", version_base=None):
+        cfg = compose(config_name="train", overrides=["hydra/launcher=slurm_gpu", "hydra.launcher.partition=gpu"],
+                      return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("SlurmLauncher")
+    assert (launcher.gpus_per_node, launcher.tasks_per_node, launcher.partition) == (1, 1, "gpu")

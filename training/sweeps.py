@@ -1,0 +1,96 @@
+"""Hydra multiruns whose jobs write apart.
+
+``python -m training -m train=trades train.beta=1,3,6`` runs three jobs, one after another or, with a
+Slurm launcher (``hydra/launcher=slurm_gpu``), at the same time. Every command writes to one
+configured place (``run_dir``, ``out``), so without help the jobs of a sweep would overwrite each
+other or refuse to start. Inside a multirun, :func:`job_path` puts each job in a folder of its own
+below that place, named after the values this job takes for the swept keys, in the style of Hydra's
+``override_dirname`` (``train.beta=3``). Keys that only say where or how a job runs
+(:data:`RUN_LOCATION_KEYS`: paths, device, resume, shards, progress) are left out, so the same sweep
+run again with ``resume=true`` finds its runs, and a sweep over shards alone keeps the sharded layout
+that ``python -m stimuli merge`` joins. The swept keys are read from the sweep's ``multirun.yaml``
+(the command line and ``hydra.sweeper.params``); a sweeper that writes none names folders after all
+of the job's overrides. Outside a multirun the configured place is used as it is.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Iterable
+from urllib.parse import quote
+
+# Keys that say where or how a job runs, not what it makes.
+RUN_LOCATION_KEYS = (
+    "out", "run_dir", "device", "resume", "stop_after_epochs", "overwrite", "keep_parts", "preview", "shard", "n_shards",
+    "progress", "progress_every", "save_every", "keep_checkpoints", "data.root", "data.download",
+)
+_MAX_NAME = 200  # bytes; file systems allow 255 per path component
+
+
+def _key(override: str) -> str:
+    """The config key an override sets: ``train.beta`` for ``train.beta=3``, ``++x.y=1`` or ``~x.y``."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _excluded(key: str, exclude: Iterable[str]) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in exclude)
+
+
+def job_name(overrides: Iterable[str], exclude: Iterable[str] = RUN_LOCATION_KEYS) -> str:
+    """A folder name for a job: its overrides without the excluded keys, sorted and joined by commas,
+    with path separators escaped; a name too long for a file system is cut and ends in a hash of the
+    whole. Empty when every override is excluded."""
+    exclude = tuple(exclude)
+    kept = sorted(o for o in overrides if not _excluded(_key(o), exclude))
+    name = quote(",".join(kept), safe="=+~@:,[]{}._-")
+    if len(name.encode()) > _MAX_NAME:
+        name = name[: _MAX_NAME - 13] + "-" + hashlib.sha1(name.encode()).hexdigest()[:12]
+    return name
+
+
+def swept_keys(sweep_arguments: Iterable[str]) -> set[str]:
+    """The keys that a sweep's arguments vary (``train.beta=1,3,6``, ``shard=range(4)``, ``glob(...)``),
+    as Hydra's override parser reads them."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(sweep_arguments))
+    return {o.key_or_group + (f"@{o.package}" if o.package else "") for o in parsed if o.is_sweep_override()}
+
+
+def _sweep_arguments(hydra_cfg) -> list[str] | None:
+    """The arguments of the sweep this job belongs to, from the ``multirun.yaml`` its sweeper wrote."""
+    from omegaconf import OmegaConf
+
+    sweep_dir = Path(hydra_cfg.sweep.dir)
+    if not sweep_dir.is_absolute():
+        sweep_dir = Path(hydra_cfg.runtime.cwd) / sweep_dir
+    saved = sweep_dir / "multirun.yaml"
+    if not saved.is_file():
+        return None
+    sweep = OmegaConf.load(saved).hydra
+    params = OmegaConf.select(sweep, "sweeper.params") or {}
+    return [*sweep.overrides.task, *(f"{key}={value}" for key, value in params.items())]
+
+
+def job_path(base: str | Path, exclude: Iterable[str] = RUN_LOCATION_KEYS) -> Path:
+    """``base`` itself, or in a Hydra multirun ``base / job_name(...)`` of this job's values for the
+    swept keys (see the module docstring). Call it from a ``@hydra.main`` function; elsewhere (tests,
+    the Python API) there is no multirun and ``base`` comes back unchanged."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized():
+        return Path(base)
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        return Path(base)
+    overrides = list(hydra_cfg.overrides.task)
+    arguments = _sweep_arguments(hydra_cfg)
+    if arguments is not None:
+        swept = swept_keys(arguments)
+        overrides = [o for o in overrides if _key(o) in swept]
+    name = job_name(overrides, exclude)
+    return Path(base) / name if name else Path(base)
+
+
+__all__ = ["RUN_LOCATION_KEYS", "job_name", "job_path", "swept_keys"]
