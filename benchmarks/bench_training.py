@@ -37,6 +37,7 @@ Writes ``benchmarks/results/training_<device>.json`` with device, versions, conf
 
     python benchmarks/bench_training.py                      # CPU: 256 images, batch 64, 7 PGD steps, all cores
     python benchmarks/bench_training.py --images 10000 --batch-size 128 --workers 8   # GPU
+    python benchmarks/bench_training.py ... --compile        # ours with torch.compile
 """
 from __future__ import annotations
 
@@ -80,6 +81,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--modes", nargs="+", default=["standard", "pgd"], choices=["standard", "pgd"])
     parser.add_argument("--runs", nargs="+", default=["ours", "robustness", "dataloader", "kernels"],
                         choices=["ours", "robustness", "dataloader", "kernels"])
+    parser.add_argument("--compile", action="store_true",
+                        help="ours: train.compile=true (torch.compile; compiling falls in the first, untimed epoch)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/training_<device>.json)")
     args = parser.parse_args(argv)
@@ -149,7 +152,7 @@ def run_ours(args, mode: str, root: Path, workdir: Path) -> dict:
         f"train.epochs={args.epochs}", f"train.batch_size={args.batch_size}", f"data_limit.train={args.images}", "data_limit.test=64",
         f"train.optimizer.lr={LR}", f"train.optimizer.momentum={MOMENTUM}", f"train.optimizer.weight_decay={WEIGHT_DECAY}",
         "train.schedule.name=constant", "train.eval.every=0", "train.eval.final_subset=0", "progress=false", f"device={args.device}",
-        "keep_checkpoints=1",
+        "keep_checkpoints=1", f"train.compile={str(args.compile).lower()}",
     ]
     if mode == "pgd":
         overrides += ["train.attack.norm=l2", f"train.attack.eps={args.eps}", f"train.attack.steps={args.pgd_steps}",
@@ -161,7 +164,7 @@ def run_ours(args, mode: str, root: Path, workdir: Path) -> dict:
     last = result.summary["history"][-1]
     return {"images_per_second": last["images_per_second"], "epoch_seconds": last["epoch_seconds"],
             "images_per_cpu_second": last["images_per_second"] * last["epoch_seconds"] / last["epoch_cpu_seconds"],
-            "precision": result.summary["precision"], "channels_last": result.summary["channels_last"]}
+            "precision": result.summary["precision"], "channels_last": result.summary["channels_last"], "compile": result.summary["compile"]}
 
 
 def run_robustness(args, mode: str, root: Path, workdir: Path, device: torch.device) -> dict:
@@ -339,7 +342,8 @@ def main(argv=None) -> dict:
                    "timed_epoch": args.epochs, "repeats": args.repeats, "pgd": {"norm": "l2", "eps": args.eps, "steps": args.pgd_steps,
                    "step_size": 2.5 * args.eps / args.pgd_steps, "random_start": True, "bn": "eval"},
                    "optimizer": {"lr": LR, "momentum": MOMENTUM, "weight_decay": WEIGHT_DECAY},
-                   "augmentation": "crop pad 4 + flip + colour jitter 0.25 + rotation 2", "workers": args.workers},
+                   "augmentation": "crop pad 4 + flip + colour jitter 0.25 + rotation 2", "workers": args.workers,
+                   "compile_ours": args.compile},
         "results": results,
         "ratios": ratios,
     }
