@@ -19,6 +19,11 @@ from pathlib import Path
 from typing import Iterable
 from urllib.parse import quote
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+
 # Keys that say where or how a job runs, not what it makes.
 RUN_LOCATION_KEYS = (
     "out", "run_dir", "device", "resume", "stop_after_epochs", "overwrite", "keep_parts", "preview", "shard", "n_shards",
@@ -51,16 +56,12 @@ def job_name(overrides: Iterable[str], exclude: Iterable[str] = RUN_LOCATION_KEY
 def swept_keys(sweep_arguments: Iterable[str]) -> set[str]:
     """The keys that a sweep's arguments vary (``train.beta=1,3,6``, ``shard=range(4)``, ``glob(...)``),
     as Hydra's override parser reads them."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     parsed = OverridesParser.create().parse_overrides(list(sweep_arguments))
     return {o.key_or_group + (f"@{o.package}" if o.package else "") for o in parsed if o.is_sweep_override()}
 
 
 def _sweep_arguments(hydra_cfg) -> list[str] | None:
     """The arguments of the sweep this job belongs to, from the ``multirun.yaml`` its sweeper wrote."""
-    from omegaconf import OmegaConf
-
     sweep_dir = Path(hydra_cfg.sweep.dir)
     if not sweep_dir.is_absolute():
         sweep_dir = Path(hydra_cfg.runtime.cwd) / sweep_dir
@@ -76,9 +77,6 @@ def job_path(base: str | Path, exclude: Iterable[str] = RUN_LOCATION_KEYS) -> Pa
     """``base`` itself, or in a Hydra multirun ``base / job_name(...)`` of this job's values for the
     swept keys (see the module docstring). Call it from a ``@hydra.main`` function; elsewhere (tests,
     the Python API) there is no multirun and ``base`` comes back unchanged."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     if not HydraConfig.initialized():
         return Path(base)
     hydra_cfg = HydraConfig.get()
