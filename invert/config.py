@@ -53,6 +53,11 @@ class InvertConfig:
         precision: ``fp32``, ``bf16`` (autocast) or ``auto`` (bf16 on CUDA, fp32 elsewhere).
         channels_last: run the model and 4-D parameters in channels-last memory format.
         compile: ``torch.compile`` the objective (``compile_mode`` is its mode).
+        deterministic: on CUDA, run with deterministic cuDNN algorithms (``torch.backends.cudnn.deterministic``,
+            no autotuning), so that an item's result does not depend on the run: a sharded set then equals
+            the unsharded one bit for bit, provided each chunk gets the same micro-batches (a fixed
+            ``micro_batch``, or chunks that fit one). Off: cuDNN may pick faster, non-deterministic
+            backward kernels whose float sums differ from run to run.
         micro_batch: items per micro-batch; None: measured from the memory budget on CUDA,
             ``cpu_micro_batch`` elsewhere.
         memory_fraction: share of free GPU memory the micro-batches may use.
@@ -83,6 +88,7 @@ class InvertConfig:
     channels_last: bool = False
     compile: bool = False
     compile_mode: Optional[str] = None
+    deterministic: bool = True
     micro_batch: Optional[int] = None
     cpu_micro_batch: int = 256
     memory_fraction: float = 0.8

@@ -161,7 +161,9 @@ class Engine:
         """Minimise ``objective`` from the [0, 1] images ``init`` (N, C, H, W), one row per item.
 
         ``objective(x, items, step) -> (n,)`` (see :mod:`invert.objectives`); row i of ``init`` is
-        item i of the objective's buffers. ``item_offset`` shifts the items' random keys (for runs
+        item i of the objective's buffers. The counts must match: one starting image per item (per
+        target, per origin). The one exception, by rule: a single starting image (shape (1, C, H, W))
+        is used for every item, as a shared seed. ``item_offset`` shifts the items' random keys (for runs
         split into shards that should draw as one run). The objective is run in eval mode with its
         parameters frozen; both are restored afterwards. With ``channels_last``, its 4-D weights are
         converted to channels-last in place (numerically harmless).
@@ -171,6 +173,7 @@ class Engine:
         if not callable(objective):
             raise TypeError(f"objective must be callable (an nn.Module), got {type(objective).__name__}")
         objective = _as_objective(objective)
+        init = _match_items(init, objective.num_items)
         device = init.device
         for tensor in list(objective.parameters()) + list(objective.buffers()):
             if tensor.device != device:
@@ -186,7 +189,7 @@ class Engine:
         )
         curve_steps = list(range(0, cfg.steps, cfg.log_every)) + [cfg.steps]
 
-        with evaluation(objective, freeze_parameters=True), hot_loop(), torch.no_grad():
+        with evaluation(objective, freeze_parameters=True), hot_loop(), torch.no_grad(), _cudnn_mode(device, cfg.deterministic):
             if cfg.channels_last:
                 objective.to(memory_format=torch.channels_last)
             loss_fn = torch.compile(objective, dynamic=True, mode=cfg.compile_mode) if cfg.compile else objective
@@ -246,6 +249,33 @@ class _CallableObjective(Objective):
 
     def forward(self, x: Tensor, items: Optional[Tensor] = None, step: Any = 0) -> Tensor:
         return self.fn(x, items, step)
+
+
+@contextlib.contextmanager
+def _cudnn_mode(device: torch.device, deterministic: bool):
+    """Deterministic cuDNN kernels (and no autotuning) for the run on CUDA; the previous flags are restored."""
+    if device.type != "cuda" or not deterministic:
+        yield
+        return
+    previous = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous
+
+
+def _match_items(init: Tensor, num_items: Optional[int]) -> Tensor:
+    """``init`` with one row per item of the objective (a single row is shared by all; see :meth:`Engine.run`)."""
+    if num_items is None or init.shape[0] == num_items:
+        return init
+    if init.shape[0] == 1:
+        return init.expand(num_items, *init.shape[1:]).contiguous()
+    raise ValueError(
+        f"the objective holds {num_items} items (targets or origins) but init has {init.shape[0]} starting images: "
+        f"pass one start per item (e.g. seeds.repeat_interleave(k, 0) for k starts per target, with the targets "
+        f"repeated to match), or a single start (1, C, H, W) to share it"
+    )
 
 
 def _as_objective(objective: nn.Module) -> Objective:

@@ -47,7 +47,16 @@ def rows(buffer: Tensor, items: Tensor | None, n: int, name: str) -> Tensor:
 
 
 class Objective(nn.Module):
-    """Base class: ``forward(x, items=None, step=0) -> (N,)`` (see the module docstring)."""
+    """Base class: ``forward(x, items=None, step=0) -> (N,)`` (see the module docstring).
+
+    ``num_items`` is the number of items the objective holds per-item buffers for (targets, origins,
+    classes), or None when it has none (a prior, a plain function); the engine checks it against the
+    number of starting images.
+    """
+
+    @property
+    def num_items(self) -> int | None:
+        return None
 
     def forward(self, x: Tensor, items: Tensor | None = None, step: Step = 0) -> Tensor:  # pragma: no cover
         raise NotImplementedError
@@ -66,6 +75,13 @@ class SumObjective(Objective):
     def __init__(self, terms: Sequence[Objective]):
         super().__init__()
         self.terms = nn.ModuleList(terms)
+
+    @property
+    def num_items(self) -> int | None:
+        counts = {term.num_items for term in self.terms} - {None}
+        if len(counts) > 1:
+            raise ValueError(f"the summed objectives hold different numbers of items: {sorted(counts)}")
+        return counts.pop() if counts else None
 
     def forward(self, x: Tensor, items: Tensor | None = None, step: Step = 0) -> Tensor:
         total = self.terms[0](x, items, step)
@@ -122,6 +138,10 @@ class InversionLoss(Objective):
         self.register_buffer("target_features", features, persistent=False)
         self.register_buffer("target_norms", torch.linalg.vector_norm(features, dim=1).clamp_min(1e-12), persistent=False)
 
+    @property
+    def num_items(self) -> int:
+        return self.target_features.shape[0]
+
     def forward(self, x: Tensor, items: Tensor | None = None, step: Step = 0) -> Tensor:
         check_images(x, "x")
         n = x.shape[0]
@@ -146,6 +166,10 @@ class DistanceToReferences(Objective):
         check_images(references, "references")
         self.distance = distance  # registered as a submodule when it is an nn.Module
         self.register_buffer("references", references.detach(), persistent=False)
+
+    @property
+    def num_items(self) -> int:
+        return self.references.shape[0]
 
     def forward(self, x: Tensor, items: Tensor | None = None, step: Step = 0) -> Tensor:
         return self.distance(x, rows(self.references, items, x.shape[0], "references")).reshape(x.shape[0]).float()
@@ -179,6 +203,10 @@ class ControversialLoss(Objective):
         else:
             raise TypeError(f"g2 must be a representation (nn.Module) or a Distance(fn), got {type(g2).__name__}")
 
+    @property
+    def num_items(self) -> int:
+        return self.keep.num_items
+
     def forward(self, x: Tensor, items: Tensor | None = None, step: Step = 0) -> Tensor:
         return self.keep(x, items, step) - self.lam * self.push(x, items, step)
 
@@ -211,6 +239,13 @@ class ClassControversialLoss(Objective):
         self.model1, self.model2, self.alpha = model1, model2, alpha
         self.register_buffer("class1", _class_buffer(class1, "class1"), persistent=False)
         self.register_buffer("class2", _class_buffer(class2, "class2"), persistent=False)
+
+    @property
+    def num_items(self) -> int | None:
+        sizes = {b.shape[0] for b in (self.class1, self.class2) if b.ndim == 1}
+        if len(sizes) > 1:
+            raise ValueError(f"class1 and class2 give different numbers of items: {sorted(sizes)}")
+        return sizes.pop() if sizes else None
 
     def _classes(self, buffer: Tensor, items: Tensor | None, n: int, name: str) -> Tensor:
         return buffer.expand(n) if buffer.ndim == 0 else rows(buffer, items, n, name)
@@ -296,6 +331,10 @@ class TransformRobust(Objective):
         self.seed, self.item_offset, self.padding_mode = seed, item_offset, padding_mode
         self.register_buffer("scales", torch.tensor(list(scales), dtype=torch.float32), persistent=False)
         self.register_buffer("angles", torch.tensor(list(angles), dtype=torch.float32), persistent=False)
+
+    @property
+    def num_items(self) -> int | None:
+        return self.objective.num_items
 
     @staticmethod
     def _pick(u: Tensor, choices: Tensor) -> Tensor:

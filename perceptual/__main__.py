@@ -22,6 +22,9 @@ def main(argv: list[str] | None = None) -> None:
         names = ", ".join(SUBCOMMANDS)
         sys.exit(f"usage: python -m perceptual {{{names}}} [key=value ...]\n{__doc__}")
     module_name, function = SUBCOMMANDS[argv[0]]
+    from training.config import run_checked
+
+    run_checked(argv[0], argv[1:])  # a misspelt key is refused by name before any work starts
     # Hydra reads sys.argv: hand it the overrides only.
     sys.argv = [f"{sys.argv[0]} {argv[0]}"] + argv[1:]
     getattr(importlib.import_module(module_name), function)()

@@ -15,31 +15,23 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Mapping
 
 import hydra
-from hydra import compose, initialize_config_module
-from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
+from training.config import ConfigError, check_train_config, compose
 from training.sweeps import job_path
 from training.trainer import train
 
-from .measure import ModelSpec, _threat, headline, make_panel, measure_models
+from .measure import TASKS, ModelSpec, _threat, headline, make_panel, measure_models, validate_inputs
 from .observers import lpips_weights_available
 
 
-def compose_config(name: str, overrides: list[str]) -> DictConfig:
-    """Compose one of the package's configs, inside a running Hydra app (which already searches
-    pkg://conf) or outside one."""
-    if GlobalHydra.instance().is_initialized():
-        return compose(config_name=name, overrides=overrides)
-    with initialize_config_module(config_module="conf", version_base=None):
-        return compose(config_name=name, overrides=overrides)
 
-
-def train_pair(cfg: DictConfig) -> dict[str, Path]:
-    """The standard and the PGD model, same architecture and schedule; returns their weight files."""
-    weights = {}
+def pair_configs(cfg: DictConfig) -> dict[str, DictConfig]:
+    """The training configs of the standard and the PGD model (same architecture and schedule), checked."""
+    configs = {}
     for label, recipe in (("standard", "standard"), ("robust", "pgd")):
         run_dir = Path(cfg.out) / "runs" / label
         overrides = [
@@ -55,24 +47,42 @@ def train_pair(cfg: DictConfig) -> dict[str, Path]:
         ] + [f"train.{key}={value}" for key, value in cfg.schedule.items()]
         if recipe == "pgd":
             overrides += [f"train.attack.{key}={value}" for key, value in cfg.attack.items()]
-        train_cfg = compose_config("train", overrides)
+        try:
+            configs[label] = compose("train", overrides)
+        except Exception as err:  # Hydra names the override it could not apply
+            raise ConfigError(f"the demo's schedule/attack settings do not fit the {recipe} recipe: {err}") from err
+        check_train_config(configs[label])
+    return configs
+
+
+def train_pair(configs: Mapping[str, DictConfig]) -> dict[str, Path]:
+    """Train (or resume) each model; returns their weight files."""
+    weights = {}
+    for label, train_cfg in configs.items():
         result = train(train_cfg)
         weights[label] = result.run_dir / "model.safetensors"
-        print(f"{label:>8}: {result.summary.get('clean_accuracy', float('nan')):.3f} clean accuracy ({run_dir})")
+        print(f"{label:>8}: {result.summary.get('clean_accuracy', float('nan')):.3f} clean accuracy ({result.run_dir})")
     return weights
 
 
 def run(cfg: DictConfig) -> dict:
     started = time.perf_counter()
     out = Path(cfg.out)
+    container = OmegaConf.to_container(cfg, resolve=True)
+    # Everything is checked before the first model trains: a misspelt key costs seconds, not minutes.
+    controversial = {"model_a": "standard", "model_b": "robust", **container["controversial"]}
+    validate_inputs([ModelSpec(cfg.model, None, label) for label in ("standard", "robust")], n_targets=cfg.n_targets,
+                    seed_types=list(cfg.seed_types), tasks=TASKS, engine=container["invert"], controversial=controversial)
+    threat = _threat(container["threat"])
+    configs = pair_configs(cfg)
+    panel = make_panel("auto", cfg.observer_net)
     if not lpips_weights_available(cfg.observer_net):
         print(
             "LPIPS AlexNet weights are not in the torch hub cache: the panel uses the labelled offline variants "
             "(random backbone with real heads; no heads) and the weight-free observers (SSIM, MS-SSIM, pixel L2)."
         )
-    weights = train_pair(cfg)
+    weights = train_pair(configs)
     specs = [ModelSpec(cfg.model, str(path), label, kwargs=dict(cfg.model_kwargs)) for label, path in weights.items()]
-    container = OmegaConf.to_container(cfg, resolve=True)
     data = measure_models(
         specs,
         {"name": "digits", "root": None},
@@ -81,10 +91,10 @@ def run(cfg: DictConfig) -> dict:
         n_targets=cfg.n_targets,
         seed_types=list(cfg.seed_types),
         seed=cfg.seed,
-        panel=make_panel("auto", cfg.observer_net),
-        threat=_threat(container["threat"]),
+        panel=panel,
+        threat=threat,
         accuracy_limit=cfg.accuracy_limit,
-        controversial={"model_a": "standard", "model_b": "robust", **container["controversial"]},
+        controversial=controversial,
         device=cfg.device,
         config=container,
     )

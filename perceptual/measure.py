@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 import stimuli
+from invert import Engine
 from training import build_model
 from training.attacks import ThreatModel
 from training.config import dataset_from_config, resolve_device
@@ -182,12 +183,12 @@ def measure_models(
     """The measurement pipeline in Python (see the module docstring); returns the report dict."""
     out = Path(out)
     device = resolve_device(device)
+    engine = validate_inputs(specs, n_targets=n_targets, seed_types=seed_types, tasks=tasks, engine=engine, controversial=controversial)
     dataset = data_cfg["name"]
     test = dataset_from_config(data_cfg, "test")
     train = dataset_from_config(data_cfg, "train") if "train" in seed_types else None
     panel = panel or make_panel("auto", device=device)
     targets = stimuli.select_targets(test, n=n_targets, seed=seed)
-    ModelSpec.check_unique(specs)
     started = time.perf_counter()
     results: dict[str, dict] = {}
     classifiers: dict[str, stimuli.ModelRef] = {}
@@ -230,6 +231,48 @@ def measure_models(
     report_data["seconds"] = round(time.perf_counter() - started, 1)
     write_report(report_data, out, {spec.label: classifiers[spec.label] for spec in specs})
     return report_data
+
+
+CONTROVERSIAL_KEYS = ("model_a", "model_b", "lambda_", "n_origins", "restarts")
+MIN_TARGETS = {"2afc": 1, "clustering": 3, "clustering_hard": 3}  # a clustering trial shows three targets
+
+
+def validate_inputs(specs: Sequence[ModelSpec], *, n_targets: int, seed_types: Sequence[str], tasks: Sequence[str], engine: Any,
+                    controversial: Mapping | None) -> Engine:
+    """Check everything a measurement needs before the first model is built, so that a bad value costs
+    seconds rather than a run: returns the engine (a bad engine key is refused with the valid keys)."""
+    if not specs:
+        raise ValueError("no models given: pass models=[{name:resnet18,checkpoint:PATH,label:robust}, ...]")
+    ModelSpec.check_unique(specs)
+    for spec in specs:
+        if spec.checkpoint and not Path(spec.checkpoint).expanduser().is_file():
+            raise FileNotFoundError(f"model {spec.label!r}: checkpoint not found: {spec.checkpoint}")
+    unknown_tasks = [t for t in tasks if t not in TASKS]
+    if unknown_tasks:
+        raise ValueError(f"unknown task(s) {unknown_tasks}: use any of {list(TASKS)}")
+    unknown_seeds = [t for t in seed_types if t not in stimuli.SEED_TYPES]
+    if unknown_seeds or not seed_types:
+        raise ValueError(f"seed_types must be a non-empty list of {list(stimuli.SEED_TYPES)}, got {list(seed_types)}")
+    needed = max((MIN_TARGETS[t] for t in tasks), default=1)
+    if int(n_targets) < needed:
+        raise ValueError(f"n_targets={n_targets} is too few: {', '.join(t for t in tasks if MIN_TARGETS[t] > n_targets)} needs at least {needed} targets")
+    resolved = stimuli.resolve_engine(engine)
+    if controversial:
+        unknown = sorted(set(controversial) - set(CONTROVERSIAL_KEYS))
+        if unknown:
+            raise ValueError(f"unknown controversial key(s) {unknown}: valid keys are {list(CONTROVERSIAL_KEYS)}")
+        labels = [s.label for s in specs]
+        for role in ("model_a", "model_b"):
+            label = controversial.get(role)
+            if label not in labels:
+                raise ValueError(f"controversial {role}={label!r} is not the label of a measured model: use one of {labels}")
+        if controversial["model_a"] == controversial["model_b"]:
+            raise ValueError("controversial model_a and model_b must be two different models")
+        if int(controversial.get("restarts", 3)) < 2:
+            raise ValueError("controversial restarts must be at least 2: the score compares the results of one origin")
+        if int(controversial.get("n_origins", 10)) < 1:
+            raise ValueError("controversial n_origins must be at least 1")
+    return resolved
 
 
 def measure_controversial(classifiers, test, panel: Panel, out: Path, cfg: Mapping, engine, seed, device, judge_8bit, config) -> dict:
@@ -322,16 +365,16 @@ def _grid(models_data: Mapping[str, dict], path: Path, n_columns: int = 6) -> Pa
 
 
 def _threat(cfg) -> ThreatModel | None:
-    if cfg is None:
-        return None
-    return ThreatModel(cfg["norm"], float(cfg["eps"]), int(cfg.get("steps", 20)), cfg.get("step_size"), bool(cfg.get("random_start", True)))
+    """The robust-accuracy threat model from ``threat`` (``eps`` may be a fraction such as 8/255)."""
+    return None if cfg is None else ThreatModel.from_config(cfg)
 
 
 def run(cfg: DictConfig) -> dict:
     specs = [ModelSpec.parse(m) for m in cfg.models]
-    if not specs:
-        raise ValueError("no models given: pass models=[{name:resnet18,checkpoint:PATH,label:robust}, ...]")
     container = OmegaConf.to_container(cfg, resolve=True)
+    validate_inputs(specs, n_targets=cfg.n_targets, seed_types=list(cfg.seed_types), tasks=list(cfg.tasks), engine=container["invert"],
+                    controversial=container.get("controversial"))
+    _threat(container.get("threat"))
     panel = make_panel(cfg.observers if isinstance(cfg.observers, str) else list(cfg.observers), cfg.observer_net, cfg.lpips_weights, resolve_device(cfg.device))
     return measure_models(
         specs, container["data"], cfg.out, engine=container["invert"], n_targets=cfg.n_targets, seed_types=list(cfg.seed_types),

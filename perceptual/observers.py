@@ -28,6 +28,7 @@ Observers
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -177,14 +178,25 @@ class LPIPSObserver(Observer):
         file_name, url = backbone_weights_file(net)
         weights_file = None
         if backbone == "pretrained":
-            weights_file = Path(weights_path).expanduser() if weights_path else Path(torch.hub.get_dir()) / "checkpoints" / file_name
-            if not weights_file.is_file():
-                raise FileNotFoundError(
-                    f"LPIPS-{net} needs torchvision's ImageNet {LPIPS_BACKBONES[net]} weights: put {file_name} (from {url}) "
-                    f"into {weights_file.parent}/ (or set TORCH_HOME, or observer.weights_path=FILE). Offline, use the "
-                    f"labelled variants backbone=random (random backbone, real heads) or heads=false, or the weight-free "
-                    f"observers (ssim, ms-ssim, pixel-l2)."
-                )
+            offline = (
+                "Offline, use the labelled variants instead: observers=[lpips-random-backbone,lpips-no-heads-random,ssim,"
+                "ms-ssim,pixel-l2] on the command line (in Python: LPIPSObserver(backbone='random') or heads=False)."
+            )
+            if weights_path:
+                weights_file = Path(os.path.expandvars(os.path.expanduser(str(weights_path))))
+                if not weights_file.is_file():
+                    raise FileNotFoundError(
+                        f"LPIPS-{net} weights file not found: {weights_file}. lpips_weights= must name torchvision's "
+                        f"ImageNet {LPIPS_BACKBONES[net]} weights ({file_name}, from {url}). {offline}"
+                    )
+            else:
+                weights_file = Path(torch.hub.get_dir()) / "checkpoints" / file_name
+                if not weights_file.is_file():
+                    raise FileNotFoundError(
+                        f"LPIPS-{net} needs torchvision's ImageNet {LPIPS_BACKBONES[net]} weights, not found at {weights_file}: "
+                        f"put {file_name} (from {url}) into {weights_file.parent}/ (or set TORCH_HOME), or name the file with "
+                        f"lpips_weights=FILE. {offline}"
+                    )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             # pnet_rand=True: never let the package download anything; real weights are loaded below.

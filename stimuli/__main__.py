@@ -39,7 +39,11 @@ def main(argv: list[str] | None = None) -> None:
     command, overrides = argv[0], argv[1:]
     if command not in COMMANDS:
         sys.exit(f"unknown command {command!r}: use one of {', '.join(COMMANDS)} (python -m stimuli --help)")
-    sys.argv = [f"{sys.argv[0]} {command}"] + translate(overrides)
+    from training.config import run_checked
+
+    overrides = translate(overrides)
+    run_checked(f"stimuli_{command}", overrides)  # a misspelt key is refused by name before Hydra starts
+    sys.argv = [f"{sys.argv[0]} {command}"] + overrides
     COMMANDS[command]()
 
 

@@ -1,4 +1,9 @@
-"""Shared fixtures: the offline data the tests use, and the optional real CIFAR-10 subset."""
+"""Shared fixtures: the device under test, the offline data the tests use, and the optional real CIFAR-10 subset.
+
+The device: ``REPALIGN_TEST_DEVICE=cuda`` (``make test-gpu``) runs the pipelines of the suite on the GPU
+(:func:`test_device`); it refuses to start where CUDA is missing rather than silently testing the CPU.
+Tests of CUDA-only branches carry the ``gpu`` marker and are skipped where there is no GPU.
+"""
 from __future__ import annotations
 
 import os
@@ -12,6 +17,28 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CIFAR_MINI = REPO_ROOT.parent / "shared" / "data" / "cifar-10-mini"
+MVH_RAW = REPO_ROOT.parent / "shared" / "data" / "model-vs-human-raw"
+TEST_DEVICE = os.environ.get("REPALIGN_TEST_DEVICE", "cpu")
+
+
+def pytest_configure(config):
+    if TEST_DEVICE.startswith("cuda") and not torch.cuda.is_available():
+        raise pytest.UsageError(f"REPALIGN_TEST_DEVICE={TEST_DEVICE} (make test-gpu) needs CUDA, and torch sees no GPU here")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (a gpu test; make test-gpu runs it on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def test_device() -> str:
+    """The device the pipelines under test run on: ``cpu`` (make test) or ``cuda`` (make test-gpu)."""
+    return TEST_DEVICE
 
 
 @pytest.fixture(scope="session")

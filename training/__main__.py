@@ -14,9 +14,12 @@ Writes ``run_dir`` (config, metrics.jsonl, checkpoints, model.safetensors, summa
 """
 from __future__ import annotations
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
+from .config import run_checked
 from .sweeps import job_path
 from .trainer import train
 
@@ -28,4 +31,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    run_checked("train", sys.argv[1:])  # a misspelt key is refused by name before Hydra starts
     main()

@@ -50,6 +50,7 @@ def read_checkpoint(path: str | Path, trust_pickle: bool = False) -> tuple[dict[
         except (SafetensorError, OSError, ValueError) as err:
             raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): {err}") from err
         return canonical_state_dict(state, source=str(path)), metadata
+    _check_torch_format(path)
     raw = _torch_load(path, trust_pickle)
     return canonical_state_dict(_extract_state_dict(raw, path), source=str(path)), _metadata_of(raw)
 
@@ -63,20 +64,50 @@ def _is_safetensors(path: Path) -> bool:
     return len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < 100_000_000
 
 
+# torch.save writes a zip archive (torch >= 1.6) or, in the legacy format, a pickle (protocol byte 0x80).
+_TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
+
+
+def _check_torch_format(path: Path) -> None:
+    """Refuse files that are neither a torch zip archive nor a pickle before unpickling anything, so a
+    text file or random bytes get a plain "not a checkpoint" instead of advice about trusting pickles."""
+    with open(path, "rb") as f:
+        head = f.read(64)
+    if not head:
+        raise CheckpointError(f"{path} is empty: not a checkpoint (an interrupted download or copy?)")
+    if head.startswith(_TORCH_MAGIC):
+        return
+    looks_like = "text" if all(32 <= b < 127 or b in (9, 10, 13) for b in head) else "binary data"
+    raise CheckpointError(
+        f"{path} is not a checkpoint: it is neither a PyTorch file (torch.save's zip archive or pickle) nor "
+        f"safetensors; it starts with {looks_like} ({head[:24]!r}). Check the path, or re-download the file."
+    )
+
+
+# What torch says when weights_only=True refuses an object it does not allow (a class, a function).
+_UNSAFE_MARKER = "unsupported global"
+
+
 def _torch_load(path: Path, trust_pickle: bool) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=not trust_pickle)
     except pickle.UnpicklingError as err:
-        if "weights only" in str(err).lower() or "weights_only" in str(err):
+        text = str(err).lower()
+        if not trust_pickle and _UNSAFE_MARKER in text:
             raise CheckpointError(
                 f"{path} contains Python objects that a safe load (torch.load(weights_only=True)) refuses: a pickle "
                 f"can run arbitrary code when loaded. If you trust where this file came from, load it with "
                 f"trust_pickle=True (command line: model.trust_pickle=true, or --trust-pickle for training.convert), "
-                f"then convert it once to safetensors with `python -m training.convert`. Details: {str(err).splitlines()[0]}"
+                f"then convert it once to safetensors with `python -m training.convert`. Details: {_first_line(err)}"
             ) from err
-        raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt?): {err}") from err
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError) as err:
-        raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt?): {err}") from err
+        raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt?): {_first_line(err)}") from err
+    except Exception as err:  # noqa: BLE001 - a corrupt archive or pickle raises almost any type (IndexError, KeyError, ...)
+        raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt?): {type(err).__name__}: {_first_line(err)}") from err
+
+
+def _first_line(err: BaseException) -> str:
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
 
 
 def _extract_state_dict(raw: Any, path: Path) -> Mapping[str, torch.Tensor]:
@@ -159,9 +190,12 @@ def load_into(model: nn.Module, checkpoint: str | Path, trust_pickle: bool = Fal
             parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[:3]})")
         if mismatched:
             parts.append("shape mismatch for " + ", ".join(f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in mismatched[:3]))
+        from .models import kwargs_hint
+
+        hint = kwargs_hint(model, state) if mismatched else ""
         raise CheckpointError(
-            f"{checkpoint} does not fit {arch} with {getattr(model, 'num_classes', '?')} classes: {'; '.join(parts)}. "
-            f"Is it a checkpoint of another architecture or data set?"
+            f"{checkpoint} does not fit {arch} with {getattr(model, 'num_classes', '?')} classes: {'; '.join(parts)}"
+            + (hint or ". Is it a checkpoint of another architecture or data set?")
         )
     model.load_state_dict(state, strict=False)
     return metadata

@@ -1,17 +1,55 @@
-"""Build data sets, models and representations from Hydra config nodes (``conf/data``, ``conf/model``)."""
+"""Build data sets, models and representations from Hydra config nodes, and check configs before work starts.
+
+* :func:`dataset_from_config`, :func:`model_from_config`, :func:`representation_from_config`: objects
+  from the ``conf/data`` and ``conf/model`` nodes; path options expand ``~`` and ``$VARIABLES``
+  (:func:`expand_path`).
+* :func:`compose`: one of the package's configs, inside a running Hydra app or outside one.
+* :func:`check_overrides`: command-line overrides checked before Hydra starts the app, so that a
+  misspelt key is refused by name with the valid keys nearby (Hydra's own message suggests adding it
+  with ``+``, which would silently start a default run).
+* :func:`check_known_keys` / :func:`check_train_config`: a composed config may not hold keys that no
+  code reads (a ``+train.epoch=1`` typo); the message lists the close and the valid keys.
+"""
 from __future__ import annotations
 
-from typing import Any, Mapping
+import difflib
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from .data import IN_MEMORY, ImageSet, load_dataset, load_image_folder
+from .data import IN_MEMORY, load_dataset, load_image_folder
 from .models import Classifier, build_model
 from .representation import Representation
 
 
+class ConfigError(ValueError):
+    """A config value is unknown or out of range; the message names the key and the choices."""
+
+
 def _get(cfg: Mapping[str, Any] | Any, key: str, default: Any = None) -> Any:
     return cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
+
+
+def get(cfg: Mapping[str, Any] | Any, key: str, default: Any = None) -> Any:
+    """``cfg[key]`` for a mapping, a DictConfig or an object, dotted keys allowed; ``default`` when absent or null."""
+    value: Any = cfg
+    for part in key.split("."):
+        if value is None:
+            return default
+        value = _get(value, part)
+    return default if value is None else value
+
+
+def expand_path(value: str | os.PathLike | None) -> Path | None:
+    """A path option with ``~`` and ``$VARIABLES`` expanded (None stays None). Hydra's parser takes
+    ``data.root=$HOME/data`` (the shell expands it) but not an unquoted ``~``; in YAML and quoted values
+    both forms work."""
+    if value is None:
+        return None
+    return Path(os.path.expandvars(os.path.expanduser(os.fspath(value))))
 
 
 def resolve_device(device: str | None = "auto") -> torch.device:
@@ -27,7 +65,7 @@ def resolve_device(device: str | None = "auto") -> torch.device:
 def dataset_from_config(data_cfg, split: str = "test"):
     """An in-memory :class:`ImageSet` (cifar10, cifar100, digits) or a torchvision ImageFolder (imagenet)."""
     name = _get(data_cfg, "name")
-    root = _get(data_cfg, "root")
+    root = expand_path(_get(data_cfg, "root"))
     if name in IN_MEMORY:
         return load_dataset(name, split, root=root, download=bool(_get(data_cfg, "download", False)))
     if name == "imagenet":
@@ -38,11 +76,12 @@ def dataset_from_config(data_cfg, split: str = "test"):
 def model_from_config(model_cfg, dataset: str, num_classes: int | None = None) -> Classifier:
     """A zoo model from a ``conf/model`` node (name, checkpoint, trust_pickle, pretrained, kwargs)."""
     kwargs = dict(_get(model_cfg, "kwargs") or {})
+    checkpoint = expand_path(_get(model_cfg, "checkpoint"))
     return build_model(
         _get(model_cfg, "name"),
         dataset,
         num_classes=num_classes,
-        checkpoint=_get(model_cfg, "checkpoint"),
+        checkpoint=None if checkpoint is None else str(checkpoint),
         trust_pickle=bool(_get(model_cfg, "trust_pickle", False)),
         pretrained=bool(_get(model_cfg, "pretrained", False)),
         **kwargs,
@@ -53,4 +92,139 @@ def representation_from_config(model: Classifier, model_cfg) -> Representation:
     return Representation(model, layer=_get(model_cfg, "layer"), fake_relu=_get(model_cfg, "fake_relu"))
 
 
-__all__ = ["ImageSet", "dataset_from_config", "model_from_config", "representation_from_config", "resolve_device"]
+# ------------------------------------------------------------------------------------------ checks
+
+
+def compose(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
+    """Compose ``conf/<config_name>.yaml`` with overrides, inside a running Hydra app (which already
+    searches ``pkg://conf``) or outside one."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        return hydra_compose(config_name=config_name, overrides=list(overrides))
+    with initialize_config_module(config_module="conf", version_base=None):
+        return hydra_compose(config_name=config_name, overrides=list(overrides))
+
+
+def flat_keys(node: Any, prefix: str = "") -> list[str]:
+    """Every leaf key of a nested config, dotted (``train.optimizer.lr``); lists are leaves."""
+    if isinstance(node, DictConfig):
+        node = OmegaConf.to_container(node, resolve=False)
+    if isinstance(node, Mapping) and node:
+        keys: list[str] = []
+        for key, value in node.items():
+            keys += flat_keys(value, f"{prefix}{key}.")
+        return keys
+    return [prefix[:-1]] if prefix else []
+
+
+def _near(key: str, known: Iterable[str]) -> list[str]:
+    known = list(known)
+    close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+    if not close:  # also match the last part alone: train.optimizer.learning_rate ~ train.optimizer.lr
+        tail = key.rsplit(".", 1)[-1]
+        close = [k for k in known if k.rsplit(".", 1)[-1] in difflib.get_close_matches(tail, [k.rsplit(".", 1)[-1] for k in known], n=3, cutoff=0.6)]
+    return close[:3]
+
+
+def unknown_key_message(key: str, known: Iterable[str], where: str) -> str:
+    known = sorted(set(known))
+    parent = key.rsplit(".", 1)[0] + "." if "." in key else ""
+    depth = key.count(".")
+    siblings = [k for k in known if k.startswith(parent) and k.count(".") == depth]
+    close = _near(key, known)
+    hint = f" Did you mean {' or '.join(close)}?" if close else ""
+    listed = ", ".join(siblings[:40]) + (" ..." if len(siblings) > 40 else "")
+    return f"unknown config key {key!r} in {where}.{hint} Valid keys{' under ' + parent[:-1] if parent else ''}: {listed}"
+
+
+def check_known_keys(cfg: Any, reference: Any, where: str, free: Sequence[str] = (), prefix: str = "") -> None:
+    """Raise :class:`ConfigError` for keys of ``cfg`` that ``reference`` does not have (``free``: prefixes
+    under which any key is allowed, e.g. ``model.kwargs``)."""
+    known = {prefix + k for k in flat_keys(reference)}
+    known_nodes = {k.rsplit(".", i)[0] for k in known for i in range(k.count(".") + 1)}
+    for key in flat_keys(cfg):
+        full = prefix + key
+        if full in known or full in known_nodes or any(full == f or full.startswith(f + ".") for f in free):
+            continue
+        raise ConfigError(unknown_key_message(full, known, where))
+
+
+MODEL_KEYS = ("name", "checkpoint", "trust_pickle", "pretrained", "layer", "fake_relu", "kwargs")
+
+
+def check_train_config(cfg: DictConfig) -> None:
+    """Refuse keys that ``python -m training`` would ignore: every key of ``train`` must be one of the
+    chosen recipe's (``conf/train/<recipe>.yaml``), every top-level key one of ``conf/train.yaml``'s."""
+    recipe = get(cfg, "train.name")
+    from .recipes import RECIPES
+
+    if recipe not in RECIPES:
+        raise ConfigError(f"unknown training recipe {recipe!r}: use one of {sorted(RECIPES)} (train=NAME)")
+    reference = compose("train", [f"train={recipe}"])
+    check_known_keys(cfg.train, reference.train, f"the {recipe} recipe (conf/train/{recipe}.yaml)", prefix="train.")
+    top = {k: v for k, v in cfg.items() if k not in ("model", "data", "train")}
+    check_known_keys(top, {k: v for k, v in reference.items() if k not in ("model", "data", "train")}, "conf/train.yaml")
+    check_known_keys(cfg.model, {k: None for k in MODEL_KEYS}, "the model config", free=("model.kwargs",), prefix="model.")
+
+
+def _sweep_free(override) -> str:
+    """An override line with a sweep (``a=1,2``, ``range(3)``) replaced by its first value."""
+    if not override.is_sweep_override():
+        return override.input_line
+    first = next(iter(override.sweep_string_iterator()))
+    return f"{override.get_key_element()}={first}"
+
+
+def parse_overrides(arguments: Sequence[str]) -> list:
+    """Hydra's parse of command-line overrides (flags such as ``-m`` and ``--cfg`` left out)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create().parse_overrides([a for a in arguments if not a.startswith("-")])
+
+
+def check_overrides(config_name: str, arguments: Sequence[str]) -> DictConfig:
+    """Compose ``config_name`` with command-line ``arguments`` (sweeps take their first value) and return
+    it; a key that does not exist is refused as :class:`ConfigError` naming the close and the valid keys.
+
+    Meant to run before ``@hydra.main``: Hydra answers ``train.epoch=1`` with "To append to your config
+    use +train.epoch=1", which would start a run that ignores the value.
+    """
+    import re
+
+    from hydra.errors import ConfigCompositionException
+
+    overrides = [_sweep_free(o) for o in parse_overrides(arguments)]
+    try:
+        return compose(config_name, overrides)
+    except ConfigCompositionException as err:
+        found = re.search(r"Could not override '([^']+)'", str(err))
+        if not found:
+            raise
+        key = found.group(1)
+        rest = [o for o in overrides if not o.lstrip("+~").startswith(key + "=")]
+        base = compose(config_name, rest)
+        known = flat_keys(base)
+        known += [k.rsplit(".", i)[0] for k in known for i in range(1, k.count(".") + 1)]
+        raise ConfigError(unknown_key_message(key, known, f"conf/{config_name}.yaml")) from None
+
+
+def run_checked(config_name: str, arguments: Sequence[str]) -> None:
+    """Exit with the message of :func:`check_overrides` (status 2) when an override names no key."""
+    import sys
+
+    if any(a.startswith("-") and a not in ("-m", "--multirun") for a in arguments):
+        return  # --cfg, --help, --config-name ...: Hydra's own flags; let Hydra read them
+    try:
+        check_overrides(config_name, arguments)
+    except ConfigError as err:
+        sys.exit(f"error: {err}")
+
+
+__all__ = [
+    "ConfigError", "check_known_keys", "check_overrides", "check_train_config", "compose", "dataset_from_config", "expand_path",
+    "flat_keys", "get", "model_from_config", "representation_from_config", "resolve_device", "run_checked",
+    "unknown_key_message",
+]

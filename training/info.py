@@ -43,4 +43,9 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    import sys
+
+    from .config import run_checked
+
+    run_checked("config", sys.argv[1:])
     main()

@@ -19,12 +19,10 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch import nn
 
+from .config import ConfigError
+
 OPTIMIZERS = ("sgd", "lars")
 SCHEDULES = ("step", "cosine", "cyclic", "constant")
-
-
-class ConfigError(ValueError):
-    """A training config value is unknown or out of range; the message names the key and the choices."""
 
 
 def _get(cfg: Mapping[str, Any] | Any, key: str, default: Any = None) -> Any:

@@ -19,6 +19,7 @@ part of the checkpoint, and evaluation draws from its own seeded generator).
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -35,13 +36,15 @@ from invert.validation import hot_loop
 
 from .attacks import ThreatModel
 from .checkpoints import load_into
-from .config import dataset_from_config, model_from_config, resolve_device
+from .config import ConfigError, check_train_config, dataset_from_config, expand_path, model_from_config, resolve_device
 from .data import ImageSet
 from .evaluate import correct_counts, gradient_masking_report
 from .models import Classifier
-from .optim import ConfigError, build_optimizer, build_scheduler
+from .optim import build_optimizer, build_scheduler
 from .recipes import Recipe, build_recipe
 from .run import RunDirectory, RunDirectoryError
+
+logger = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "bf16", "fp32")
 # Keys that may change between an interrupted run and its resumption (paths, evaluation, speed knobs).
@@ -73,24 +76,43 @@ class Distributed:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    cuda: bool = False  # whether each process drives the GPU of its local rank
+
     @classmethod
-    def from_env(cls) -> "Distributed":
+    def from_env(cls, requested_device: str | None = "auto") -> "Distributed":
+        """The process group torchrun describes in the environment (``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK``).
+
+        Each process takes the GPU of its local rank (``cuda:LOCAL_RANK``, NCCL). With more processes on a
+        machine than it has GPUs, ``device=auto`` trains on the CPU with gloo (a warning says so) and
+        ``device=cuda`` is refused: start one process per GPU (``--nproc_per_node`` at most the GPU count).
+        """
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world <= 1:
             return cls()
         rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        wants_cuda = requested_device in (None, "auto", "cuda") or str(requested_device).startswith("cuda")
+        if str(requested_device).startswith("cuda") and local_world > gpus:
+            raise ConfigError(
+                f"device={requested_device} with {local_world} processes on this machine but {gpus} GPU(s): start one process "
+                f"per GPU (torchrun --nproc_per_node={max(gpus, 1)}), or use device=cpu (gloo)"
+            )
+        cuda = wants_cuda and gpus > 0 and local_world <= gpus
+        if wants_cuda and gpus > 0 and not cuda:
+            logger.warning("%d processes on this machine but %d GPU(s): training on the CPU with gloo; for GPU training "
+                           "start one process per GPU (torchrun --nproc_per_node=%d)", local_world, gpus, gpus)
         owns = False
         if not torch_dist.is_initialized():
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-            if backend == "nccl":
+            if cuda:
                 torch.cuda.set_device(local)
-            torch_dist.init_process_group(backend)
+            torch_dist.init_process_group("nccl" if cuda else "gloo")
             owns = True
-        return cls(rank, world, local, owns)
+        return cls(rank, world, local, owns, cuda)
 
     def device(self, requested: str | None) -> torch.device:
-        if self.world_size > 1 and torch.cuda.is_available() and requested in (None, "auto", "cuda"):
-            return torch.device("cuda", self.local_rank)
+        if self.world_size > 1:
+            return torch.device("cuda", self.local_rank) if self.cuda else torch.device("cpu")
         return resolve_device(requested)
 
     def sum(self, tensors: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -247,7 +269,7 @@ def _progress_bar(total: int, desc: str, enabled: bool):
 
 def train(cfg: DictConfig) -> TrainResult:
     """Train ``cfg.model`` on ``cfg.data`` with recipe ``cfg.train`` in ``cfg.run_dir`` (see module docstring)."""
-    dist = Distributed.from_env()
+    dist = Distributed.from_env(_get(cfg, "device", "auto"))
     try:
         return _train(cfg, dist)
     finally:
@@ -256,6 +278,7 @@ def train(cfg: DictConfig) -> TrainResult:
 
 def _train(cfg: DictConfig, dist: Distributed) -> TrainResult:
     wall_start = time.perf_counter()
+    check_train_config(cfg)  # before any data is read: a misspelt key must not start a default run
     tcfg = cfg.train
     device = dist.device(_get(cfg, "device", "auto"))
     seed = int(_get(cfg, "seed", 0))
@@ -290,7 +313,7 @@ def _train(cfg: DictConfig, dist: Distributed) -> TrainResult:
     eval_cfg = tcfg.get("eval") or {}
     eval_threat = _threat_or_none(eval_cfg.get("attack"))
 
-    run = RunDirectory(_get(cfg, "run_dir", "runs/default"))
+    run = RunDirectory(expand_path(_get(cfg, "run_dir", "runs/default")))
     progress = _resume_or_start(run, cfg, recipe, optimizer, scheduler, device, dist)
 
     if bool(_get(tcfg, "compile", False)):
@@ -348,7 +371,7 @@ def _train(cfg: DictConfig, dist: Distributed) -> TrainResult:
                    robust_images=final.get("robust_images"), robust_attack=eval_threat.to_dict() if eval_threat else None)
     masking_cfg = eval_cfg.get("masking") or {}
     if masking_cfg.get("enabled", False) and dist.is_main:
-        report = gradient_masking_report(final_model, test_set, norm=masking_cfg.get("norm", eval_threat.norm if eval_threat else "l2"),
+        report = gradient_masking_report(final_model, test_set, norm=masking_cfg.get("norm") or (eval_threat.norm if eval_threat else "l2"),
                                          eps=masking_cfg.get("eps"), steps=int(masking_cfg.get("steps", 20)),
                                          unbounded_steps=int(masking_cfg.get("unbounded_steps", 50)),
                                          limit=masking_cfg.get("limit", 256), seed=seed)
@@ -490,7 +513,7 @@ def _summary(cfg: DictConfig, recipe: Recipe, progress: _Progress, device, dist:
              wall_start: float, status: str) -> dict[str, Any]:
     return {
         "status": status,
-        "run_dir": str(Path(_get(cfg, "run_dir", "runs/default")).expanduser()),
+        "run_dir": str(expand_path(_get(cfg, "run_dir", "runs/default"))),
         "model": cfg.model.name,
         "dataset": cfg.data.name,
         "recipe": recipe.describe(),

@@ -148,3 +148,38 @@ def test_corrupt_missing_and_mismatched_checkpoints(tmp_path):
         build_model("resnet18", "digits", checkpoint=str(good))
     with pytest.raises(CheckpointError, match="shape mismatch"):
         build_model("small_cnn", "cifar100", checkpoint=str(good))
+
+
+def test_random_bytes_and_text_files_are_not_checkpoints(tmp_path):
+    noise = tmp_path / "noise.pt"
+    noise.write_bytes(torch.randint(0, 256, (4096,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)).numpy().tobytes())
+    with pytest.raises(CheckpointError, match="not a checkpoint.*binary data") as info:
+        read_checkpoint(noise)
+    assert "trust_pickle" not in str(info.value)
+    text = tmp_path / "notes.pt"
+    text.write_text("epoch 3: loss 0.2\n")
+    with pytest.raises(CheckpointError, match=r"notes\.pt is not a checkpoint.*starts with text") as info:
+        build_model("small_cnn", "digits", checkpoint=str(text))
+    assert "trust_pickle" not in str(info.value)  # trusting a text file would not help
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    with pytest.raises(CheckpointError, match="is empty"):
+        read_checkpoint(empty)
+
+
+@pytest.mark.parametrize("head", [b"PK\x03\x04", b"\x80\x02"], ids=["zip", "pickle"])
+def test_corrupt_files_with_a_valid_header_say_corrupt_not_trust(tmp_path, head):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(head + torch.randint(0, 256, (2048,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1)).numpy().tobytes())
+    with pytest.raises(CheckpointError, match="not a readable checkpoint .truncated or corrupt") as info:
+        read_checkpoint(bad)
+    assert "trust_pickle" not in str(info.value)
+
+
+def test_a_checkpoint_of_another_width_names_the_kwarg(tmp_path):
+    path = save_checkpoint(build_model("small_cnn", "digits", width=16), tmp_path / "w16.safetensors")
+    with pytest.raises(CheckpointError, match=r"shape mismatch.*the checkpoint has width=16, the model width=32: pass \+model\.kwargs\.width=16"):
+        build_model("small_cnn", "digits", checkpoint=str(path))
+    with pytest.raises(CheckpointError, match=r"the checkpoint has width=16, the model width=8"):
+        build_model("small_cnn", "digits", checkpoint=str(path), width=8)
+    assert build_model("small_cnn", "digits", checkpoint=str(path), width=16).arch_kwargs == {"width": 16}

@@ -259,3 +259,74 @@ def test_bad_inputs_have_clear_messages(inversion):
 def test_bad_settings_have_clear_messages(settings, message):
     with pytest.raises(ValueError, match=message):
         Engine(**settings)
+
+
+def test_counts_of_items_and_starts_must_match(inversion, tiny_representation, wave_images):
+    objective, seeds = inversion  # 4 targets
+    with pytest.raises(ValueError, match="holds 4 items .targets or origins. but init has 3 starting images"):
+        Engine(steps=1, **QUICK).run(objective, seeds[:3])
+    five = noise_images(5, (3, 16, 16), seed=2)
+    with pytest.raises(ValueError, match="holds 4 items .* but init has 5 starting images"):
+        Engine(steps=1, **QUICK).run(objective, five)
+    controversial = ControversialLoss(tiny_representation(0), tiny_representation(1), wave_images(3), lam=0.1)
+    with pytest.raises(ValueError, match="holds 3 items"):
+        Engine(steps=1, **QUICK).run(controversial, seeds)
+    # the documented exception: one start is shared by every item
+    shared = Engine(steps=3, **QUICK).run(objective, seeds[:1])
+    separate = Engine(steps=3, **QUICK).run(objective, seeds[:1].expand(4, -1, -1, -1))
+    assert shared.images.shape == (4, 3, 16, 16)
+    torch.testing.assert_close(shared.images, separate.images, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_bf16_autocast_on_cuda_tracks_the_fp32_result(inversion):
+    objective, seeds = inversion
+    objective, seeds = objective.cuda(), seeds.cuda()
+    fp32 = Engine(steps=30, precision="fp32", **QUICK).run(objective, seeds)
+    bf16 = Engine(steps=30, precision="auto", **QUICK).run(objective, seeds)  # auto = bf16 on CUDA
+    assert bf16.images.dtype == torch.float32 and bf16.best_loss.dtype == torch.float32
+    assert (bf16.best_loss < bf16.initial_loss).all()
+    assert (bf16.best_loss - fp32.best_loss).abs().max() < 0.1 * fp32.initial_loss.max()
+
+
+@pytest.mark.gpu
+def test_cuda_micro_batch_is_measured_and_never_changes_an_item(inversion):
+    objective, seeds = inversion
+    objective, seeds = objective.cuda(), seeds.cuda()
+    measured = Engine(steps=5, memory_fraction=0.5, **QUICK).run(objective, seeds)
+    assert 1 <= measured.micro_batch <= 4
+    one_by_one = Engine(steps=5, micro_batch=1, **QUICK).run(objective, seeds)
+    torch.testing.assert_close(measured.images, one_by_one.images, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_cuda_progress_reports_arrive_through_pinned_memory_one_report_late(inversion):
+    from invert.engine import _HostMirror
+
+    mirror = _HostMirror(torch.device("cuda"))
+    assert mirror.lagged
+    first = mirror.exchange(torch.arange(3.0, device="cuda"), "a")
+    second = mirror.exchange(torch.arange(3.0, device="cuda") + 1, "b")
+    assert first is None and second[1] == "a" and second[0].is_pinned()
+    assert torch.equal(second[0], torch.arange(3.0)) and mirror.drain()[1] == "b"
+    objective, seeds = inversion
+    result = Engine(steps=20, log_every=5, progress=False, patience=5, rtol=0.5).run(objective.cuda(), seeds.cuda())
+    assert (result.steps_used <= 20).all() and result.images.is_cuda
+
+
+@pytest.mark.gpu
+def test_deterministic_cuda_runs_are_bit_identical(inversion):
+    objective, seeds = inversion
+    objective, seeds = objective.cuda(), seeds.cuda()
+    first = Engine(steps=20, **QUICK).run(objective, seeds)
+    again = Engine(steps=20, **QUICK).run(objective, seeds)
+    assert torch.equal(first.images, again.images) and torch.equal(first.best_loss, again.best_loss)
+
+
+@pytest.mark.gpu
+def test_compiled_objective_on_cuda_gives_the_same_result(inversion):
+    objective, seeds = inversion
+    objective, seeds = objective.cuda(), seeds.cuda()
+    eager = Engine(steps=5, **QUICK).run(objective, seeds)
+    compiled = Engine(steps=5, compile=True, **QUICK).run(objective, seeds)
+    torch.testing.assert_close(compiled.images, eager.images, rtol=1e-3, atol=1e-3)

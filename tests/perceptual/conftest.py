@@ -14,13 +14,15 @@ from hydra import compose, initialize_config_module
 from training import build_model
 from training.trainer import train
 
+from ..conftest import TEST_DEVICE
+
 TINY_WIDTH = 8
 
 
 def _train_tiny_digits(run_dir: Path, epochs: int) -> Path:
     overrides = [
         "model=small_cnn", f"+model.kwargs.width={TINY_WIDTH}", "data=digits", "train=standard", f"run_dir={run_dir}",
-        "seed=0", "device=cpu", "progress=false", f"train.epochs={epochs}", "train.batch_size=64",
+        "seed=0", f"device={TEST_DEVICE}", "progress=false", f"train.epochs={epochs}", "train.batch_size=64",
         "train.optimizer.lr=0.05", "train.schedule.name=cosine", "train.augment.enabled=false",
         "train.eval.every=0", "train.eval.final_subset=0", "train.channels_last=false",
     ]

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-from perceptual.demo import compose_config
+from training.config import compose as compose_config
 from perceptual.measure import ModelSpec, measure_models
 from perceptual.observers import Panel, default_panel
 from training.trainer import train
+
+from ..conftest import TEST_DEVICE
 
 SCHEDULE = [
     "model=small_cnn", "+model.kwargs.width=16", "data=digits", "train.epochs=4", "train.batch_size=64",
@@ -40,7 +42,7 @@ def test_robust_model_is_more_aligned_with_the_lpips_observers(pair):
     specs = [ModelSpec("small_cnn", str(path), label, kwargs={"width": 16}) for label, path in weights.items()]
     data = measure_models(
         specs, {"name": "digits", "root": None}, root / "report", n_targets=10, seed=0, panel=panel,
-        tasks=("2afc", "clustering"), threat=None, device="cpu",
+        tasks=("2afc", "clustering"), threat=None, device=TEST_DEVICE,
         engine={"steps": 300, "log_every": 50, "progress": False, "patience": None},
     )
     robust, standard = data["models"]["robust"]["per_observer"], data["models"]["standard"]["per_observer"]

@@ -17,6 +17,8 @@ from perceptual import metrics as M
 from perceptual.compare import DIAGONAL, PAIR_METRICS, Responses, metric_correlations, nanmean_matrices, pairwise_matrices, run
 from perceptual.decisions import TRIAL_TABLE_COLUMNS
 
+from ..conftest import TEST_DEVICE
+
 LABELS = np.array([0, 1, 2, 0, 1, 2, 0, 1])
 
 
@@ -84,7 +86,7 @@ def _overrides(out, checkpoints) -> list[str]:
         "observers=[lpips-random-backbone,pixel-l2]", "decisions.seeds=[0,1]", "decisions.exemplars_per_class=3",
         "decisions.k=3", "unknown.n_fit=200", "unknown.scores=[max_softmax,energy,mahalanobis,knn,react,mc_dropout]",
         "unknown.score_params.mc_dropout.passes=2", "unknown.score_params.mc_dropout.insert_dropout=0.2",
-        "unknown.score_params.knn.k=5", 'unknown.ood=[noise:uniform,"uniform_noise=0.9"]', "device=cpu", "progress=false",
+        "unknown.score_params.knn.k=5", 'unknown.ood=[noise:uniform,"uniform_noise=0.9"]', f"device={TEST_DEVICE}", "progress=false",
     ]
 
 

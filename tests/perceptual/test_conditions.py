@@ -224,7 +224,7 @@ def test_condition_set_is_a_stimulus_set_and_is_reused_when_unchanged(tmp_path, 
         C.make_condition_set(tmp_path / "bad", distortion, images, labels[:2], IDS, **kwargs)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu
 def test_distortions_run_on_the_inputs_device_with_the_same_result(images):
     for distortion in parse_conditions(["uniform_noise=0.2", "phase_noise=90", "low_pass=15", "opponent_colour=opponent"]):
         cpu = distortion(images, IDS, seed=2)

@@ -11,6 +11,8 @@ from perceptual.observers import Panel, PixelL2Observer, SSIMObserver
 from training import build_model, save_checkpoint
 from training.attacks import ThreatModel
 
+from ..conftest import TEST_DEVICE
+
 ENGINE = {"steps": 15, "log_every": 5, "progress": False, "patience": None}
 
 
@@ -30,7 +32,7 @@ def run_pipeline(out, checkpoints, **kwargs):
     return measure_models(
         specs, {"name": "digits", "root": None}, out, engine=ENGINE, n_targets=4, seed=0,
         panel=Panel([PixelL2Observer(), SSIMObserver()]), threat=ThreatModel("l2", 0.5, steps=2),
-        accuracy_limit=40, device="cpu", **kwargs,
+        accuracy_limit=40, device=TEST_DEVICE, **kwargs,
     )
 
 
@@ -91,7 +93,7 @@ def test_imagenet_style_folder_with_a_torchvision_architecture(tmp_path):
         {"name": "imagenet", "root": str(tmp_path / "imagenet"), "split": "val"},
         tmp_path / "report", engine={"steps": 3, "log_every": 1, "progress": False, "patience": None},
         n_targets=3, seed_types=("noise", "train"), panel=Panel([PixelL2Observer()]), tasks=("2afc", "clustering"),
-        threat=ThreatModel("linf", 4 / 255, steps=1), accuracy_limit=4, device="cpu",
+        threat=ThreatModel("linf", 4 / 255, steps=1), accuracy_limit=4, device=TEST_DEVICE,
     )
     result = data["models"]["mobilenet"]
     assert result["per_observer"]["2afc"]["pixel-l2"]["overall"]["n"] == 6

@@ -153,8 +153,13 @@ def test_ssim_agrees_with_scikit_image():
 
 def test_missing_lpips_weights_name_the_file_and_the_offline_variants(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
-    with pytest.raises(FileNotFoundError, match=r"alexnet-owt-7be5be79\.pth.*hub/checkpoints.*backbone=random"):
+    with pytest.raises(FileNotFoundError, match=r"alexnet weights, not found at .*hub/checkpoints/alexnet-owt-7be5be79\.pth") as info:
         LPIPSObserver("alex")
+    # the keys named are the command line's own
+    assert "lpips_weights=FILE" in str(info.value) and "observers=[lpips-random-backbone" in str(info.value)
+    assert "observer.weights_path" not in str(info.value) and "backbone=random (" not in str(info.value)
+    with pytest.raises(FileNotFoundError, match=r"LPIPS-alex weights file not found: .*missing\.pth\. lpips_weights="):
+        LPIPSObserver("alex", weights_path=str(tmp_path / "missing.pth"))
     panel = default_panel()
     assert panel.names[:2] == ["lpips-alex [random backbone, real heads]", "lpips-alex [random backbone, no heads]"]
     assert "ssim" in panel.names and "pixel-l2" in panel.names

@@ -42,31 +42,89 @@ def data(tiny_digits_model):
     }
 
 
+# End-to-end margins below were measured on the tiny digits model trained with seeds 0-5 (torch 2.15, CPU):
+# test accuracy 0.825-0.905; AUROC digits vs uniform noise: Mahalanobis 0.9997-1.0, k-NN (k=10) 0.886-0.987,
+# energy 0.149-0.579, ReAct 0.272-0.699, ReAct minus energy 0.050-0.537. The thresholds sit below those ranges;
+# the exact properties are tested on hand-built features.
+
+
 def test_tiny_model_is_trained(data):
     accuracy = (data["test"].logits.argmax(1) == data["test_labels"]).float().mean()
-    assert accuracy > 0.9
+    assert accuracy > 0.7  # chance is 0.1; seeds 0-5 gave 0.825-0.905
     assert data["test"].features.shape == (200, 32)  # small_cnn width 8: 4·8 pooled features
+
+
+def _clustered_features(seed: int = 0):
+    """Hand-built penultimate features: 10 classes, each a tight cluster around its own axis of a 32-d space
+    (in-distribution), and inputs far from every cluster, along the other 22 axes (out-of-distribution)."""
+    generator = torch.Generator().manual_seed(seed)
+    labels = torch.arange(10).repeat(20)
+    fit = torch.zeros(200, 32)
+    fit[torch.arange(200), labels] = 4.0
+    fit += 0.1 * torch.randn(200, 32, generator=generator)
+    test_labels = torch.arange(10).repeat(5)
+    test = torch.zeros(50, 32)
+    test[torch.arange(50), test_labels] = 4.0
+    test += 0.1 * torch.randn(50, 32, generator=generator)
+    ood = torch.zeros(50, 32)
+    ood[:, 10:] = torch.randn(50, 22, generator=generator).abs()
+    logits = lambda f: f[:, :10].clone()  # noqa: E731 - any logits; feature scores ignore them
+    return (ModelOutputs(logits(fit), fit), labels), ModelOutputs(logits(test), test), ModelOutputs(logits(ood), ood)
+
+
+@pytest.mark.parametrize("score", [Mahalanobis(), KNNDistance(k=10)], ids=lambda s: s.name)
+def test_feature_based_scores_rank_every_cluster_member_above_every_outlier(score):
+    (fit, labels), test, ood = _clustered_features()
+    score.fit(None, None, labels, outputs=fit)
+    id_scores, ood_scores = score.from_outputs(test).scores, score.from_outputs(ood).scores
+    assert id_scores.shape == (50,) and np.isfinite(id_scores).all()
+    assert id_scores.min() > ood_scores.max()  # exact separation, hence AUROC 1
+    assert auroc(id_scores, ood_scores) == 1.0
 
 
 @pytest.mark.parametrize("score", [Mahalanobis(), KNNDistance(k=10)], ids=lambda s: s.name)
 def test_feature_based_scores_separate_digits_from_uniform_noise(data, score):
+    """End to end on the trained tiny model (seeds 0-5: Mahalanobis 0.9997-1.0, k-NN 0.886-0.987)."""
     assert score.feature_based
     score.fit(data["model"], data["fit_images"], data["fit_labels"], outputs=data["fit"])
     id_scores = score.from_outputs(data["test"]).scores
     ood_scores = score.from_outputs(data["ood"]).scores
     assert id_scores.shape == (200,) and np.isfinite(id_scores).all()
-    assert auroc(id_scores, ood_scores) > 0.9
+    assert auroc(id_scores, ood_scores) > 0.75
+
+
+def test_react_undoes_the_overconfidence_that_energy_suffers_from():
+    """A constructed case of ReAct's premise (Sun et al. 2021): out-of-distribution inputs drive a few units far
+    beyond their in-distribution range, which inflates the energy; clipping at the in-distribution percentile
+    removes exactly that. In-distribution features lie in [0, 1], the outliers have one unit at 50."""
+    generator = torch.Generator().manual_seed(0)
+    linear = torch.nn.Linear(16, 4)
+    with torch.no_grad():
+        linear.weight.copy_(torch.rand(4, 16, generator=generator))  # positive weights: larger units, larger logits
+        linear.bias.zero_()
+    model = torch.nn.Sequential(linear)
+    fit = torch.rand(300, 16, generator=generator)
+    test = torch.rand(100, 16, generator=generator)
+    ood = 0.1 * torch.rand(100, 16, generator=generator)
+    ood[torch.arange(100), torch.randint(16, (100,), generator=generator)] = 50.0
+    outputs = {name: ModelOutputs(linear(f).detach(), f) for name, f in (("fit", fit), ("test", test), ("ood", ood))}
+    energy, react = Energy(), ReAct(percentile=90).fit(model, None, outputs=outputs["fit"])
+    assert react.threshold == pytest.approx(float(np.percentile(fit.double().numpy(), 90)))
+    energy_auroc = auroc(energy.from_outputs(outputs["test"]).scores, energy.from_outputs(outputs["ood"]).scores)
+    react_auroc = auroc(react.from_outputs(outputs["test"]).scores, react.from_outputs(outputs["ood"]).scores)
+    assert energy_auroc == 0.0  # every outlier looks more "known" than every real input
+    assert react_auroc == 1.0  # clipped, the outliers' energy falls below every real input's
 
 
 def test_react_improves_on_the_energy_it_rectifies(data):
-    """A small network gives uniform noise larger logits than digits (energy AUROC far below 0.5); clipping
-    the penultimate activations at the in-distribution percentile removes much of that (ReAct's point)."""
+    """End to end on the trained tiny model: uniform noise gets larger logits than digits, and clipping helps
+    (seeds 0-5: energy AUROC 0.149-0.579, ReAct 0.272-0.699, ReAct higher by 0.050-0.537)."""
     react = ReAct(percentile=90).fit(data["model"], None, outputs=data["fit"])
     energy = Energy()
     assert not react.feature_based
     energy_auroc = auroc(energy.from_outputs(data["test"]).scores, energy.from_outputs(data["ood"]).scores)
     react_auroc = auroc(react.from_outputs(data["test"]).scores, react.from_outputs(data["ood"]).scores)
-    assert react_auroc > energy_auroc + 0.1
+    assert react_auroc > energy_auroc
 
 
 def test_feature_scores_computed_from_images_equal_those_from_outputs(data):

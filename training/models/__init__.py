@@ -6,8 +6,9 @@ CIFAR-size architectures its state-dict keys are the ``robustness`` library's).
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -25,12 +26,20 @@ class Architecture:
     """A zoo entry: how to build the network and which layer is its representation.
 
     ``fake_relu`` is the default for the representation wrapper (Nanda et al.'s code: on for
-    ResNets and DenseNets, off for VGG, Inception and k-WTA models).
+    ResNets and DenseNets, off for VGG, Inception and k-WTA models). ``infer_kwargs`` reads the
+    builder's keyword arguments off a checkpoint's tensor shapes where they show (``width`` of the
+    small CNN), so that a checkpoint of another size gets an error that names the argument.
     """
 
     builder: Callable[..., nn.Module]
     penultimate: str
     fake_relu: bool
+    infer_kwargs: Optional[Callable[[Mapping[str, torch.Tensor]], dict]] = None
+
+
+def _small_cnn_kwargs(state: Mapping[str, torch.Tensor]) -> dict:
+    first = state.get("net.features.0.weight")
+    return {} if first is None else {"width": int(first.shape[0])}
 
 
 CIFAR_ARCHITECTURES: dict[str, Architecture] = {
@@ -40,7 +49,7 @@ CIFAR_ARCHITECTURES: dict[str, Architecture] = {
     "densenet121": Architecture(cifar.densenet121, "act_out", True),
     "inception_v3": Architecture(cifar.inception_v3, "Mixed_7c", False),
     "kwta_resnet18": Architecture(cifar.kwta_resnet18, "layer4", False),
-    "small_cnn": Architecture(cifar.small_cnn, "features", True),
+    "small_cnn": Architecture(cifar.small_cnn, "features", True, _small_cnn_kwargs),
 }
 # Data sets whose models are torchvision's ImageNet architectures (224 px); all others use CIFAR-size ones.
 IMAGENET_LIKE = ("imagenet",)
@@ -62,7 +71,8 @@ class Classifier(nn.Module):
     """[0, 1] images (N, 3, H, W) → logits, with the data set's normalisation inside.
 
     Attributes: ``arch`` and ``dataset`` names, ``num_classes``, ``penultimate`` (the
-    representation layer, named inside ``net``) and ``fake_relu`` (its default for that layer).
+    representation layer, named inside ``net``), ``fake_relu`` (its default for that layer) and
+    ``arch_kwargs`` (the keyword arguments the network was built with).
     """
 
     def __init__(
@@ -82,6 +92,7 @@ class Classifier(nn.Module):
         self.net = net
         self.arch, self.dataset, self.num_classes = arch, dataset, num_classes
         self.penultimate, self.fake_relu = penultimate, fake_relu
+        self.arch_kwargs: dict = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The range check is skipped inside invert.validation.hot_loop() (it would sync the device).
@@ -90,6 +101,24 @@ class Classifier(nn.Module):
 
     def extra_repr(self) -> str:
         return f"arch={self.arch!r}, dataset={self.dataset!r}, num_classes={self.num_classes}"
+
+
+def kwargs_hint(model: nn.Module, state: Mapping[str, torch.Tensor]) -> str:
+    """Which builder arguments a checkpoint was made with, when the zoo can read them off its shapes and
+    they differ from the model's: e.g. `` (the checkpoint has width=16, the model width=32: pass
+    +model.kwargs.width=16, or width=16 to build_model)``; empty when nothing can be told."""
+    spec = CIFAR_ARCHITECTURES.get(getattr(model, "arch", ""))
+    if spec is None or spec.infer_kwargs is None:
+        return ""
+    builder_defaults = {k: p.default for k, p in inspect.signature(spec.builder).parameters.items()}
+    current = {**builder_defaults, **getattr(model, "arch_kwargs", {})}
+    found = {k: v for k, v in spec.infer_kwargs(state).items() if current.get(k) != v}
+    if not found:
+        return ""
+    has = ", ".join(f"{k}={v}" for k, v in found.items())
+    built = ", ".join(f"{k}={current.get(k)}" for k in found)
+    overrides = " ".join(f"+model.kwargs.{k}={v}" for k, v in found.items())
+    return f" (the checkpoint has {has}, the model {built}: pass {overrides} on the command line, or {has} to build_model)"
 
 
 def list_models(dataset: str = "cifar10") -> list[str]:
@@ -150,6 +179,7 @@ def build_model(
     model = Classifier(
         net, mean, std, arch=name, dataset=dataset, num_classes=num_classes, penultimate=penultimate, fake_relu=fake_relu
     )
+    model.arch_kwargs = dict(arch_kwargs)
     if checkpoint is not None:
         from ..checkpoints import load_into
 

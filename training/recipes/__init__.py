@@ -11,7 +11,7 @@ from ..attacks import ThreatModel, config_number, fgsm_threat
 from ..augment import SimCLRAugment
 from ..data import ImageSet
 from ..models import Classifier
-from ..optim import ConfigError
+from ..config import ConfigError
 from .base import Recipe, supervised_augment_from_config
 from .fast_at import GUARD_ACTIONS, CollapseGuard, FastATRecipe, held_batch
 from .simclr import AdversarialSimCLRRecipe, ProjectionHead, SimCLRRecipe, classifier_head, encoder_of, linear_probe

@@ -1,0 +1,63 @@
+"""Configs are checked before work starts: misspelt keys are refused by name, paths expand ~ and $VARS."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from training.config import ConfigError, check_overrides, check_train_config, compose, expand_path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_misspelt_override_is_refused_with_the_close_key_and_no_plus_hint():
+    with pytest.raises(ConfigError, match=r"unknown config key 'train.epoch'.*Did you mean train.epochs\b") as info:
+        check_overrides("train", ["train.epoch=1"])
+    assert "+train.epoch" not in str(info.value) and "train.batch_size" in str(info.value)
+    with pytest.raises(ConfigError, match=r"'invert.step'.*Did you mean invert.steps"):
+        check_overrides("demo", ["invert.step=10"])
+    # a sweep is checked on its first value; group choices and real keys pass
+    cfg = check_overrides("train", ["-m", "train=trades", "train.beta=1,3,6", "data.root=/somewhere"])
+    assert cfg.train.beta == 1 and cfg.train.name == "trades"
+
+
+def test_a_key_added_with_plus_is_refused_before_training(tmp_path):
+    cfg = compose("train", ["+train.epoch=1", f"run_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'train.epoch' in the standard recipe.*Did you mean train.epochs"):
+        check_train_config(cfg)
+    with pytest.raises(ConfigError, match=r"'train.optimizer.learning_rate'.*Did you mean .*train.optimizer.lr\b"):
+        check_train_config(compose("train", ["+train.optimizer.learning_rate=0.1"]))
+    with pytest.raises(ConfigError, match=r"'epochs' in conf/train.yaml"):
+        check_train_config(compose("train", ["+epochs=3"]))
+    # recipe-specific keys, model kwargs and every shipped recipe's defaults are fine
+    check_train_config(compose("train", ["train=fast_at", "train.guard.every_steps=5", "+model.kwargs.width=16"]))
+    for recipe in ("standard", "pgd", "trades", "mart", "fast_at", "simclr", "adv_simclr"):
+        check_train_config(compose("train", [f"train={recipe}"]))
+    with pytest.raises(ConfigError, match="'train.guard.every_steps' in the pgd recipe"):
+        check_train_config(compose("train", ["train=pgd", "+train.guard.every_steps=5"]))
+
+
+def test_python_dash_m_training_refuses_a_typo_at_once(tmp_path):
+    for argument in ("train.epoch=1", "+train.epoch=1"):
+        done = subprocess.run([sys.executable, "-m", "training", argument, f"run_dir={tmp_path / 'run'}", "progress=false"],
+                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode != 0
+        assert "Did you mean train.epochs" in done.stderr, done.stderr[-2000:]
+        assert "To append to your config use" not in done.stderr
+        assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained
+
+
+def test_paths_expand_home_and_environment_variables(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("REPALIGN_TEST_DATA", str(tmp_path / "data"))
+    assert expand_path("~/data") == tmp_path / "data"
+    assert expand_path("$REPALIGN_TEST_DATA/cifar") == tmp_path / "data" / "cifar"
+    assert expand_path(None) is None
+    cfg = compose("train", ["data=cifar10", "data.root=$REPALIGN_TEST_DATA"])
+    from training.config import dataset_from_config
+    from training.data import DataNotFoundError
+
+    with pytest.raises(DataNotFoundError, match=str(tmp_path / "data")):
+        dataset_from_config(cfg.data, "test")
