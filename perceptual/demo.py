@@ -20,7 +20,7 @@ from typing import Mapping
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from training.config import ConfigError, check_train_config, compose
+from training.config import check_overrides, check_train_config
 from training.sweeps import job_path
 from training.trainer import train
 
@@ -47,10 +47,7 @@ def pair_configs(cfg: DictConfig) -> dict[str, DictConfig]:
         ] + [f"train.{key}={value}" for key, value in cfg.schedule.items()]
         if recipe == "pgd":
             overrides += [f"train.attack.{key}={value}" for key, value in cfg.attack.items()]
-        try:
-            configs[label] = compose("train", overrides)
-        except Exception as err:  # Hydra names the override it could not apply
-            raise ConfigError(f"the demo's schedule/attack settings do not fit the {recipe} recipe: {err}") from err
+        configs[label] = check_overrides("train", overrides)  # a misspelt schedule key is named, not appended
         check_train_config(configs[label])
     return configs
 
@@ -102,9 +99,10 @@ def run(cfg: DictConfig) -> dict:
     print(headline(data))
     if "controversial" in data:
         c = data["controversial"]
-        first = next(iter(c["per_observer"]))
         for direction in c["spread"]:
-            print(f"controversial, {c['directions'][direction]}: spread {c['per_observer'][first][direction]['mean']:.4f} ({first})")
+            spreads = ", ".join(f"{o} {s[direction]['mean']:.4f}" for o, s in c["per_observer"].items())
+            print(f"controversial, {c['directions'][direction]}: spread {spreads}")
+        print(f"controversial: {c['verdict']}")
     print(f"\nreport: {(out / 'report' / 'report.md').resolve()}  ({time.perf_counter() - started:.0f} s)")
     return data
 

@@ -265,7 +265,7 @@ def validate_inputs(specs: Sequence[ModelSpec], *, n_targets: int, seed_types: S
         for role in ("model_a", "model_b"):
             label = controversial.get(role)
             if label not in labels:
-                raise ValueError(f"controversial {role}={label!r} is not the label of a measured model: use one of {labels}")
+                raise ValueError(f"controversial {role}={label!r} is not among the measured models {labels}: use one of their labels")
         if controversial["model_a"] == controversial["model_b"]:
             raise ValueError("controversial model_a and model_b must be two different models")
         if int(controversial.get("restarts", 3)) < 2:
@@ -291,6 +291,7 @@ def measure_controversial(classifiers, test, panel: Panel, out: Path, cfg: Mappi
     per_observer = {o.name: controversial_spread(stimulus_set.manifest, images, id_to_row, o) for o in panel}
     directions = sorted({d for spread in per_observer.values() for d in spread})
     names = {"AB": f"{a} keeps, {b} pushed", "BA": f"{b} keeps, {a} pushed"}
+    favoured = controversial_favoured(per_observer, {"AB": a, "BA": b})
     return {
         "model_a": a,
         "model_b": b,
@@ -299,7 +300,36 @@ def measure_controversial(classifiers, test, panel: Panel, out: Path, cfg: Mappi
         "directions": {d: names.get(d, d) for d in directions},
         "spread": {d: panel_summary({o: s[d]["mean"] for o, s in per_observer.items()}) for d in directions},
         "per_observer": per_observer,
+        "favoured_by_observer": favoured,
+        "verdict": controversial_verdict(favoured),
     }
+
+
+def controversial_favoured(per_observer: Mapping[str, Mapping[str, dict]], keeper: Mapping[str, str]) -> dict[str, str | None]:
+    """Per observer, the model whose "keeps" direction gives the lower spread (the more aligned one by this
+    measure), or None when the two directions tie or one is missing."""
+    out: dict[str, str | None] = {}
+    for observer, spread in per_observer.items():
+        if not all(d in spread for d in keeper):
+            out[observer] = None
+            continue
+        values = {keeper[d]: spread[d]["mean"] for d in keeper}
+        (low, low_value), (_, high_value) = sorted(values.items(), key=lambda kv: kv[1])
+        out[observer] = None if math.isclose(low_value, high_value, rel_tol=1e-9) else low
+    return out
+
+
+def controversial_verdict(favoured: Mapping[str, str | None]) -> str:
+    """Plain words for the controversial result: the observers agree on a model, or they disagree (then the
+    result says nothing about alignment at this scale, and the report shows every observer's column)."""
+    choices = {m for m in favoured.values() if m is not None}
+    if not choices:
+        return "no observer separates the two directions: the controversial stimuli favour neither model"
+    if len(choices) == 1 and None not in favoured.values():
+        return f"every observer favours {choices.pop()}: its controversial stimuli stay perceptually closer together"
+    groups = "; ".join(f"{', '.join(o for o, m in favoured.items() if m == model)} favour {model}" for model in sorted(choices))
+    return (f"the observers disagree ({groups}): at this scale the controversial stimuli do not rank the models; "
+            "read the alignment table instead, or use more origins and steps")
 
 
 def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] | None = None) -> None:
@@ -338,7 +368,9 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
             f"| {c['directions'][d]} | " + " | ".join(f"{c['per_observer'][o][d]['mean']:.4f}" for o in observers) + " |"
             for d in c["spread"]
         ]
-        markdown.append("")
+        markdown.append("| favours | " + " | ".join(c["favoured_by_observer"].get(o) or "neither" for o in observers) + " |")
+        markdown += ["", f"**Reading:** {c['verdict']}.", ""]
+        notes.append(f"Controversial stimuli: {c['verdict']}.")
     markdown += [f"- {n}" for n in notes] + [f"- ![{f}]({f})" for f in figures]
     report.write_text(out / "report.md", "\n".join(markdown) + "\n")
     report.write_text(out / "report.html", report.html_report(models_data, caption, figures, notes))

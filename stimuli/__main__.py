@@ -2,7 +2,7 @@
 
 Commands (each a Hydra app with its config in ``conf/stimuli_<command>.yaml``)::
 
-    python -m stimuli invert model=resnet18 model.checkpoint=robust.pt data=cifar10 data.root=~/data \\
+    python -m stimuli invert model=resnet18 model.checkpoint=robust.pt data=cifar10 data.root=$HOME/data \\
         n_targets=100 seeds=[noise,train]
     python -m stimuli controversial model_a=resnet18 model_b=vgg16 lambda_=0.1
     python -m stimuli trials set=sets/inversion-resnet18-cifar10 task=clustering_hard attention_rate=0.1

@@ -3,7 +3,7 @@
 Recipes (``train=``): standard, pgd, trades, mart, fast_at, simclr, adv_simclr. Examples::
 
     python -m training                                        # small CNN on the embedded digits
-    python -m training model=resnet18 data=cifar10 data.root=~/data train=pgd
+    python -m training model=resnet18 data=cifar10 data.root=$HOME/data train=pgd
     python -m training model=resnet18 data=cifar10 train=trades train.attack.norm=l2 train.attack.eps=0.5
     python -m training ... run_dir=runs/x resume=true         # continue an interrupted run
     torchrun --nproc_per_node=4 -m training model=resnet50 data=cifar10 train=pgd   # DDP

@@ -1,7 +1,7 @@
 """``python -m training.info model=NAME data=NAME [data.root=PATH]``: what a model and a data set look like.
 
 Prints the model's parameter count, its layer names, the representation's shape and the data
-set's sizes, e.g. ``python -m training.info model=resnet18 data=cifar10 data.root=~/data``.
+set's sizes, e.g. ``python -m training.info model=resnet18 data=cifar10 data.root=$HOME/data``.
 """
 from __future__ import annotations
 

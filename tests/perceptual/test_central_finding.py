@@ -3,8 +3,10 @@ more often like their targets by the LPIPS observers than a standard model's (sa
 
 Sized for the default test run (about two CPU minutes): 4 epochs of a width-16 small CNN, L2-PGD with
 eps 2 (a strongly robust model makes the effect visible after few inversion steps), 10 targets × 2
-seeds, 300 steps. Clustering separates clearly (about 0.65 vs chance); 2AFC is harder at this scale
-(a few percent vs 0), as it is for weakly converged inversions in the paper.
+seeds, 300 steps. Measured over training seeds 0-2 (torch 2.15, CPU; both offline LPIPS variants):
+robust 2AFC 0.25-0.45 vs standard 0.0, robust clustering 0.65-0.78 vs standard 0.32-0.37 (chance 1/3).
+The assertions are the direction (robust above standard) and clustering above chance, which every
+seed met with a margin of at least 0.25.
 """
 from __future__ import annotations
 

@@ -109,7 +109,7 @@ def test_end_to_end_outputs_trials_and_condition_sets(compared):
     trials = pd.read_csv(out / "trials.csv")
     assert tuple(trials.columns) == TRIAL_TABLE_COLUMNS and len(trials) == 6 * 2 * 30
     assert set(trials["subject"]) == set(data["systems"]) and set(trials["condition"]) == {"colour=greyscale", "uniform_noise=0.6"}
-    assert data["accuracy"]["colour=greyscale"]["trained"] > 0.8  # digits are grey already
+    assert data["accuracy"]["colour=greyscale"]["trained"] > 0.6  # digits are grey already (test accuracy 0.825-0.905 over seeds 0-5)
     assert data["accuracy"]["colour=greyscale"]["trained"] > data["accuracy"]["uniform_noise=0.6"]["trained"]
     condition_set = stimuli.load_set(out / "conditions" / "uniform_noise=0.6")
     assert condition_set.kind == "condition" and condition_set.parameters["generator"] == "uniform_noise"

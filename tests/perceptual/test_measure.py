@@ -77,6 +77,37 @@ def test_pipeline_refusals(tmp_path, tiny_checkpoints):
         ModelSpec.parse({"checkpoint": "x.pt"})
 
 
+@pytest.mark.parametrize("change, message", [
+    ({"controversial": {"model_a": "narrow", "model_b": "robustt"}}, r"model_b='robustt' is not among the measured models \['narrow', 'wide'\]"),
+    ({"controversial": {"model_a": "narrow", "model_b": "wide", "lambda": 0.1}}, r"unknown controversial key\(s\) \['lambda'\]"),
+    ({"n_targets": 2}, "n_targets=2 is too few: clustering, clustering_hard needs at least 3 targets"),
+    ({"engine": {"steps": 2, "step": 3}}, r"unknown invert config keys \['step'\]; valid keys are"),
+    ({"seed_types": ["noise", "trian"]}, "seed_types must be a non-empty list of"),
+], ids=["controversial-label", "controversial-key", "too-few-targets", "engine-key", "seed-type"])
+def test_bad_measure_inputs_are_refused_before_any_model_is_built(tmp_path, tiny_checkpoints, change, message):
+    specs = [ModelSpec("small_cnn", str(tiny_checkpoints["narrow"]), "narrow", kwargs={"width": 8}),
+             ModelSpec("small_cnn", str(tiny_checkpoints["wide"]), "wide", kwargs={"width": 12})]
+    kwargs = {"engine": ENGINE, "n_targets": 4, **change}
+    with pytest.raises(ValueError, match=message):
+        measure_models(specs, {"name": "digits", "root": None}, tmp_path / "r", panel=Panel([PixelL2Observer()]), device="cpu", **kwargs)
+    assert not (tmp_path / "r").exists()  # nothing was inverted, judged or written
+    with pytest.raises(FileNotFoundError, match="model 'gone': checkpoint not found"):
+        measure_models([ModelSpec("small_cnn", str(tmp_path / "gone.pt"), "gone")], {"name": "digits", "root": None}, tmp_path / "r")
+
+
+def test_demo_refuses_a_bad_key_before_training(tmp_path):
+    from perceptual.demo import run as demo_run
+    from training.config import compose
+
+    cfg = compose("demo", [f"out={tmp_path / 'demo'}", "+invert.step=10", "progress=false"])
+    with pytest.raises(ValueError, match=r"unknown invert config keys \['step'\]"):
+        demo_run(cfg)
+    cfg = compose("demo", [f"out={tmp_path / 'demo'}", "+schedule.epoch=3", "progress=false"])
+    with pytest.raises(ValueError, match="unknown config key 'train.epoch'.*Did you mean train.epochs"):
+        demo_run(cfg)
+    assert not (tmp_path / "demo" / "runs").exists()  # no model was trained
+
+
 def test_imagenet_style_folder_with_a_torchvision_architecture(tmp_path):
     """Folder data sets: targets, train seeds and an accuracy subset are read from the class folders."""
     import numpy as np
@@ -100,3 +131,17 @@ def test_imagenet_style_folder_with_a_torchvision_architecture(tmp_path):
     from stimuli import load_set
 
     assert load_set(result["set"]).images.shape[1:] == (3, 224, 224)
+
+
+def test_controversial_verdict_says_when_the_observers_disagree():
+    from perceptual.measure import controversial_favoured, controversial_verdict
+
+    spread = lambda ab, ba: {"AB": {"mean": ab}, "BA": {"mean": ba}}  # noqa: E731
+    favoured = controversial_favoured({"lpips": spread(0.2, 0.3), "ssim": spread(0.5, 0.4), "pixel": spread(0.1, 0.1)},
+                                      {"AB": "standard", "BA": "robust"})
+    assert favoured == {"lpips": "standard", "ssim": "robust", "pixel": None}
+    verdict = controversial_verdict(favoured)
+    assert "disagree" in verdict and "lpips favour standard" in verdict and "ssim favour robust" in verdict
+    agree = controversial_favoured({"lpips": spread(0.4, 0.3), "ssim": spread(0.5, 0.4)}, {"AB": "standard", "BA": "robust"})
+    assert controversial_verdict(agree).startswith("every observer favours robust")
+    assert "favour neither" in controversial_verdict({"lpips": None})

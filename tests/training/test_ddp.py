@@ -43,7 +43,8 @@ def test_two_processes_stay_in_sync_and_write_one_run_directory(tmp_path, recipe
     overrides = [*TINY, *recipe, "train.epochs=2", "train.batch_size=16", f"run_dir={run_dir}"]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(driver), str(tmp_path),
                *overrides]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT_FOR_CLI)}
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT_FOR_CLI), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     done = subprocess.run(command, cwd=REPO_ROOT_FOR_CLI, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
 
@@ -62,3 +63,43 @@ def test_two_processes_stay_in_sync_and_write_one_run_directory(tmp_path, recipe
     assert ranks[0]["summary"]["recipe"] == ranks[1]["summary"]["recipe"]  # e.g. the guard's history
     assert len([p for p in (run_dir / "checkpoints").iterdir()]) >= 1
     assert not any(Path(tmp_path).glob("run*/run"))  # no second run directory from rank 1
+
+
+@pytest.mark.parametrize("gpus, requested, expected", [
+    (1, "auto", "gloo"),   # two processes, one GPU: the CPU with gloo, and a warning
+    (2, "auto", "nccl"),   # one GPU per process: NCCL on cuda:LOCAL_RANK
+    (0, "auto", "gloo"),
+    (2, "cpu", "gloo"),
+])
+def test_processes_map_to_gpus_by_local_rank_or_fall_back_to_gloo(monkeypatch, gpus, requested, expected):
+    from training import trainer
+
+    chosen = {}
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: chosen.setdefault("device", index))
+    monkeypatch.setattr(trainer.torch_dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(trainer.torch_dist, "init_process_group", lambda backend: chosen.setdefault("backend", backend))
+    dist = trainer.Distributed.from_env(requested)
+    assert chosen["backend"] == expected and dist.rank == 1 and dist.world_size == 2
+    if expected == "nccl":
+        assert chosen["device"] == 1 and dist.device(requested) == torch.device("cuda", 1)
+    else:
+        assert "device" not in chosen and dist.device(requested) == torch.device("cpu")
+
+
+def test_more_processes_than_gpus_with_device_cuda_is_refused_with_what_to_do(monkeypatch):
+    from training import trainer
+    from training.config import ConfigError
+
+    for key, value in (("WORLD_SIZE", "2"), ("RANK", "1"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "2")):
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(trainer.torch_dist, "init_process_group", lambda backend: pytest.fail("must refuse before joining a group"))
+    with pytest.raises(ConfigError, match=r"2 processes on this machine but 1 GPU.*--nproc_per_node=1.*device=cpu"):
+        trainer.Distributed.from_env("cuda")

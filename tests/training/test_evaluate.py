@@ -35,10 +35,12 @@ def trained(tmp_path_factory):
 
 
 def test_pgd_training_gives_higher_robust_accuracy_than_standard_training(trained):
+    """Seeds 0-3 (torch 2.15, CPU): robust accuracy PGD 0.285-0.49 vs standard 0.0-0.075 (a gap of 0.265-0.445);
+    standard clean accuracy 0.545-0.725 after these 2 epochs (chance 0.1)."""
     standard, robust = trained["standard"].summary, trained["pgd"].summary
     assert standard["robust_images"] == robust["robust_images"] == 200
     assert robust["robust_accuracy"] > standard["robust_accuracy"] + 0.15, (standard["robust_accuracy"], robust["robust_accuracy"])
-    assert standard["clean_accuracy"] > 0.5  # the standard model did learn
+    assert standard["clean_accuracy"] > 0.3  # the standard model did learn
 
 
 def test_more_restarts_never_raise_robust_accuracy_and_robust_never_exceeds_clean(trained):
