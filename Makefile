@@ -8,7 +8,7 @@ STAMP       := $(VENV)/.installed-dev
 CONSTRAINTS := constraints.txt
 LATEST      := .venv-latest
 
-.PHONY: test test-slow test-gpu test-latest demo install constraints clean bench
+.PHONY: test test-slow test-gpu test-latest lint demo install constraints clean bench
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml $(CONSTRAINTS) | $(PY)
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# ruff: pyflakes, pycodestyle, import order and bugbear, configured in pyproject.toml.
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 # pyproject's addopts deselect the tests marked slow.
 test: $(STAMP)

@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from results_io import environment, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
+
 from invert import Engine, InversionLoss, noise_images  # noqa: E402
 from training.data import DATASET_STATS, IMAGE_SIZE, load_dataset  # noqa: E402
 from training.models import build_model  # noqa: E402

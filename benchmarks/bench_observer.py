@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from results_io import environment, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
+
 from perceptual.observers import LPIPSObserver  # noqa: E402
 from training.config import resolve_device  # noqa: E402
 

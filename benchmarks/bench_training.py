@@ -169,7 +169,8 @@ def run_ours(args, mode: str, root: Path, workdir: Path) -> dict:
 
 def run_robustness(args, mode: str, root: Path, workdir: Path, device: torch.device) -> dict:
     import_robustness()  # the library, patched for torch 2.x and CPU
-    from robustness import data_augmentation, datasets, model_utils, train as rtrain
+    from robustness import data_augmentation, datasets, model_utils
+    from robustness import train as rtrain
 
     images, labels = first_images(root, args.images)
     test_images, test_labels = images[:16], labels[:16]

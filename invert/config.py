@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any, Mapping, Optional
 
 from omegaconf import OmegaConf
@@ -137,15 +136,22 @@ class InvertConfig:
         return values
 
 
+# The presets as changes to the defaults. The Hydra group ``conf/invert/<name>.yaml`` spells out the same
+# values key by key (a test keeps them equal), so the engine needs no config package to be used on its own.
+PRESETS: dict[str, dict[str, Any]] = {
+    "paper": {},
+    "default": {},
+    "fast": {"steps": 2000, "patience": 200, "precision": "auto", "channels_last": True},
+}
+
+
 def preset_names() -> list[str]:
-    """The presets shipped in ``conf/invert``."""
-    return sorted(p.name[: -len(".yaml")] for p in resources.files("conf").joinpath("invert").iterdir() if p.name.endswith(".yaml"))
+    """The engine's presets (also the Hydra group ``invert``)."""
+    return sorted(PRESETS)
 
 
 def load_preset(name: str, **overrides: Any) -> InvertConfig:
-    """The preset ``conf/invert/<name>.yaml`` (``paper``, ``fast``, ``default``), with overrides."""
-    names = preset_names()
-    if name not in names:
-        raise ValueError(f"unknown invert preset {name!r}; available presets: {names}")
-    text = resources.files("conf").joinpath("invert", f"{name}.yaml").read_text()
-    return InvertConfig.from_dict({**OmegaConf.to_container(OmegaConf.create(text)), **overrides})
+    """The preset ``name`` (``paper``, ``fast``, ``default``), with overrides."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown invert preset {name!r}; available presets: {preset_names()}")
+    return InvertConfig.from_dict({**InvertConfig().to_dict(), **PRESETS[name], **overrides})

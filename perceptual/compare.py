@@ -69,9 +69,9 @@ from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 
 from . import metrics as M
+from .cache import cache_key, cached_json, cached_tensors
 from .conditions import Distortion, make_condition_set, parse_conditions
 from .decisions import ObserverDecisions, model_trials, observer_slug, stable_key
-from .cache import cache_key, cached_json, cached_tensors
 from .measure import ModelSpec, make_panel
 from .report import _save_figure
 from .scores import SCORE_FUNCTIONS, DeepEnsemble, ModelOutputs, Scores, make_score, model_outputs
@@ -401,7 +401,7 @@ class ComparePipeline:
                 pool = self.decider.pools[observer.name]
                 key = cache_key(observer.name, getattr(observer, "seed", None), stimulus_set.fingerprint, pool.tolist(), self.dataset, len(self.train))
                 path = self.out / "cache" / "observers" / observer_slug(observer.name) / f"{distortion.name}.safetensors"
-                distances[observer.name] = cached_tensors(path, key, lambda o=observer: {"distances": self.decider.distances(images, o)})["distances"]
+                distances[observer.name] = cached_tensors(path, key, lambda o=observer, x=images: {"distances": self.decider.distances(x, o)})["distances"]
             table, probabilities = self.decider.decide(distances, self.image_ids, self.labels, dataset=self.dataset, condition=distortion.name)
             tables.append(table)
             for subject in self.decider.subject_names:

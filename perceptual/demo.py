@@ -28,7 +28,6 @@ from .measure import TASKS, ModelSpec, _threat, headline, make_panel, measure_mo
 from .observers import lpips_weights_available
 
 
-
 def pair_configs(cfg: DictConfig) -> dict[str, DictConfig]:
     """The training configs of the standard and the PGD model (same architecture and schedule), checked."""
     configs = {}

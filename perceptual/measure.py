@@ -407,7 +407,8 @@ def run(cfg: DictConfig) -> dict:
     validate_inputs(specs, n_targets=cfg.n_targets, seed_types=list(cfg.seed_types), tasks=list(cfg.tasks), engine=container["invert"],
                     controversial=container.get("controversial"))
     _threat(container.get("threat"))
-    panel = make_panel(cfg.observers if isinstance(cfg.observers, str) else list(cfg.observers), cfg.observer_net, cfg.lpips_weights, resolve_device(cfg.device))
+    observers = cfg.observers if isinstance(cfg.observers, str) else list(cfg.observers)
+    panel = make_panel(observers, cfg.observer_net, cfg.lpips_weights, resolve_device(cfg.device))
     return measure_models(
         specs, container["data"], cfg.out, engine=container["invert"], n_targets=cfg.n_targets, seed_types=list(cfg.seed_types),
         seed=cfg.seed, panel=panel, tasks=list(cfg.tasks), attention_rate=cfg.attention_rate, judge_8bit=cfg.judge_8bit,

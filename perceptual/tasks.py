@@ -34,7 +34,8 @@ def _index(ids: Sequence[str], id_to_row: Mapping[str, int]) -> torch.Tensor:
     return torch.tensor([id_to_row[i] for i in ids], dtype=torch.long)
 
 
-def judge_2afc(trials: pd.DataFrame, images: torch.Tensor, id_to_row: Mapping[str, int], observer: Observer, tie_tolerance: float = TIE_TOLERANCE) -> pd.DataFrame:
+def judge_2afc(trials: pd.DataFrame, images: torch.Tensor, id_to_row: Mapping[str, int], observer: Observer,
+               tie_tolerance: float = TIE_TOLERANCE) -> pd.DataFrame:
     """Per-trial judgements: distances to both options, the choice, credit (1, 0 or 0.5 on a tie)."""
     query = _index(trials["query_id"], id_to_row)
     left, right = _index(trials["left_id"], id_to_row), _index(trials["right_id"], id_to_row)
@@ -49,7 +50,8 @@ def judge_2afc(trials: pd.DataFrame, images: torch.Tensor, id_to_row: Mapping[st
     return out
 
 
-def judge_clustering(trials: pd.DataFrame, images: torch.Tensor, id_to_row: Mapping[str, int], observer: Observer, tie_tolerance: float = TIE_TOLERANCE) -> pd.DataFrame:
+def judge_clustering(trials: pd.DataFrame, images: torch.Tensor, id_to_row: Mapping[str, int], observer: Observer,
+                     tie_tolerance: float = TIE_TOLERANCE) -> pd.DataFrame:
     """Per-row judgements: distances to the three columns, the choice, credit (1/k on a k-way tie)."""
     query = _index(trials["query_id"], id_to_row)
     columns = [_index(trials[f"column_{k}"], id_to_row) for k in range(3)]

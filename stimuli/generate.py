@@ -364,7 +364,8 @@ def _controversial_plan(
         class_keep = origins.labels.clone()
         # The pushed model is driven to another class than the origin's, drawn per origin.
         class_push = torch.tensor(
-            [(int(origins.labels[k]) + 1 + int(torch.randint(classes - 1, (1,), generator=keyed_generator(seed, "class_controversial", k)))) % classes for k in range(n)],
+            [(int(origins.labels[k]) + 1 + int(torch.randint(classes - 1, (1,), generator=keyed_generator(seed, "class_controversial", k))))
+             % classes for k in range(n)],
             dtype=torch.long,
         )
     provenance = {"A": model_a.provenance(), "B": model_b.provenance()}

@@ -76,7 +76,8 @@ def write_preview(path: str | Path, images: Tensor, manifest: pd.DataFrame, titl
             ax = axes[r][c]
             if image_id is not None and image_id in index:
                 image = images[index[image_id]].detach().float().clamp(0, 1).permute(1, 2, 0).cpu().numpy()
-                ax.imshow(image[:, :, 0] if image.shape[2] == 1 else image, cmap="gray" if image.shape[2] == 1 else None, vmin=0, vmax=1, interpolation="nearest")
+                grey = image.shape[2] == 1
+                ax.imshow(image[:, :, 0] if grey else image, cmap="gray" if grey else None, vmin=0, vmax=1, interpolation="nearest")
             if caption:
                 ax.text(0.5, -0.08, caption, transform=ax.transAxes, ha="center", va="top", fontsize=6)
             if r == 0 and titles[c]:

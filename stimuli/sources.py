@@ -31,7 +31,6 @@ from torch import Tensor
 
 from invert import item_generator, noise_images
 
-
 SEED_TYPES = ("noise", "train", "gray", "black", "white")
 CONSTANT_SEEDS = {"gray": 0.5, "black": 0.0, "white": 1.0}
 DEFAULT_SEED_TYPES = ("noise", "train")

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from fractions import Fraction
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Callable, Iterator, Optional
 
 import torch

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import pickle
-import zipfile
 from pathlib import Path
 from typing import Any, Mapping
 

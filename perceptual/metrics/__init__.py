@@ -31,8 +31,8 @@ from .trials import TRIAL_COLUMNS, TrialAggregate, aggregate_trials
 from .unknown import (
     aupr_in,
     aupr_out,
-    auroc,
     aurc,
+    auroc,
     brier_score,
     eaurc,
     expected_calibration_error,

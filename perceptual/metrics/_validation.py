@@ -25,7 +25,7 @@ def as_numpy(x: Any, name: str) -> np.ndarray:
     try:
         return np.asarray(x)
     except (TypeError, ValueError) as err:
-        raise TypeError(f"{name} must be array-like (numpy array, torch tensor or list), got {type(x).__name__}: {err}")
+        raise TypeError(f"{name} must be array-like (numpy array, torch tensor or list), got {type(x).__name__}: {err}") from err
 
 
 def as_float_array(x: Any, name: str, ndim: int | None = None) -> np.ndarray:

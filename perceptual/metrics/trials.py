@@ -178,7 +178,7 @@ def aggregate_trials(trials: Any, metric: Any = "error_consistency", humans: Any
                 f"dataset {dataset!r} has no human subjects; pass humans=... to say which subjects are human"
             )
 
-        def over_conditions(a: Any, b: Any) -> float:
+        def over_conditions(a: Any, b: Any, dataset: Any = dataset, conditions: Any = conditions) -> float:
             return nanmean(
                 _pair_value(metric_name, cells[(dataset, c, a)], cells[(dataset, c, b)], on_undefined,
                             f"dataset {dataset!r}, condition {c!r}, subjects {a!r} and {b!r}")

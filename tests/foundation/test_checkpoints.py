@@ -6,7 +6,8 @@ import argparse
 import pytest
 import torch
 
-from training.checkpoints import CheckpointError, main as convert_main, read_checkpoint, save_checkpoint
+from training.checkpoints import CheckpointError, read_checkpoint, save_checkpoint
+from training.checkpoints import main as convert_main
 from training.models import build_model
 from training.representation import Representation
 

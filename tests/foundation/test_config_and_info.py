@@ -5,7 +5,6 @@ import subprocess
 import sys
 from importlib import resources
 
-import pytest
 from hydra import compose, initialize_config_module
 
 from training.config import dataset_from_config, model_from_config

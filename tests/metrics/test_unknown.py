@@ -11,8 +11,8 @@ from sklearn.metrics import average_precision_score, brier_score_loss, log_loss,
 from perceptual.metrics import (
     aupr_in,
     aupr_out,
-    auroc,
     aurc,
+    auroc,
     brier_score,
     eaurc,
     expected_calibration_error,
@@ -22,7 +22,6 @@ from perceptual.metrics import (
     risk_coverage_curve,
     unknown_detection_aurc,
 )
-
 
 # ---------- AURC / E-AURC ----------
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from training.config import compose as compose_config
 from perceptual.measure import ModelSpec, measure_models
 from perceptual.observers import Panel, default_panel
+from training.config import compose as compose_config
 from training.trainer import train
 
 from ..conftest import TEST_DEVICE

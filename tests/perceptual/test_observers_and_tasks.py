@@ -146,7 +146,8 @@ def test_ssim_agrees_with_scikit_image():
     b = (a + 0.1 * torch.randn_like(a)).clamp(0, 1)
     ours = 1 - SSIMObserver().pairwise_images(a, b).item()
     theirs = structural_similarity(
-        a[0].permute(1, 2, 0).numpy(), b[0].permute(1, 2, 0).numpy(), channel_axis=2, data_range=1.0, gaussian_weights=True, sigma=1.5, use_sample_covariance=False
+        a[0].permute(1, 2, 0).numpy(), b[0].permute(1, 2, 0).numpy(), channel_axis=2, data_range=1.0, gaussian_weights=True, sigma=1.5,
+        use_sample_covariance=False
     )
     assert ours == pytest.approx(theirs, abs=0.02)  # border handling differs (reflect vs scikit-image's crop)
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from training.data import load_dataset
+from training.models import build_model
 from training.optim import ConfigError
 from training.recipes import build_recipe
 from training.trainer import train
-from training.data import load_dataset
-from training.models import build_model
 
 from .conftest import compose_train
 

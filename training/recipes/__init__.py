@@ -9,9 +9,9 @@ from typing import Any, Callable
 
 from ..attacks import ThreatModel, config_number, fgsm_threat
 from ..augment import SimCLRAugment
+from ..config import ConfigError
 from ..data import ImageSet
 from ..models import Classifier
-from ..config import ConfigError
 from .base import Recipe, supervised_augment_from_config
 from .fast_at import GUARD_ACTIONS, CollapseGuard, FastATRecipe, held_batch
 from .simclr import AdversarialSimCLRRecipe, ProjectionHead, SimCLRRecipe, classifier_head, encoder_of, linear_probe
