@@ -31,7 +31,7 @@ import contextlib
 import os
 import warnings
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -310,29 +310,73 @@ class Panel:
         return [o.name for o in self.observers]
 
 
-OBSERVER_NAMES = ("lpips", "lpips-random-backbone", "lpips-no-heads", "lpips-no-heads-random", "ssim", "ms-ssim", "pixel-l2")
+ObserverFactory = Callable[..., Observer]
+# name -> factory(net=, weights_path=, seed=) -> Observer. Add one with @register_observer("name").
+OBSERVERS: dict[str, ObserverFactory] = {}
+
+
+def register_observer(name: str) -> Callable[[ObserverFactory], ObserverFactory]:
+    """Register ``factory(net, weights_path, seed) -> Observer`` under ``name``, which then works everywhere
+    an observer is named (``observers=[name]`` on the command line, :func:`make_observer`)."""
+
+    def register(factory: ObserverFactory) -> ObserverFactory:
+        if name in OBSERVERS and OBSERVERS[name] is not factory:
+            raise ValueError(f"an observer named {name!r} is already registered")
+        OBSERVERS[name] = factory
+        return factory
+
+    return register
+
+
+@register_observer("lpips")
+def _lpips(net: str = "alex", weights_path: str | None = None, seed: int = 0) -> Observer:
+    """LPIPS with the pretrained backbone and the real heads; never falls back to a random backbone."""
+    return LPIPSObserver(net, "pretrained", True, weights_path, seed)
+
+
+@register_observer("lpips-random-backbone")
+def _lpips_random_backbone(net: str = "alex", weights_path: str | None = None, seed: int = 0) -> Observer:
+    return LPIPSObserver(net, "random", True, None, seed)
+
+
+@register_observer("lpips-no-heads")
+def _lpips_no_heads(net: str = "alex", weights_path: str | None = None, seed: int = 0) -> Observer:
+    return LPIPSObserver(net, "pretrained", False, weights_path, seed)
+
+
+@register_observer("lpips-no-heads-random")
+def _lpips_no_heads_random(net: str = "alex", weights_path: str | None = None, seed: int = 0) -> Observer:
+    return LPIPSObserver(net, "random", False, None, seed)
+
+
+@register_observer("ssim")
+def _ssim(net: str = "alex", weights_path: str | None = None, seed: int = 0) -> Observer:
+    return SSIMObserver(multiscale=False)
+
+
+@register_observer("ms-ssim")
+def _ms_ssim(net: str = "alex", weights_path: str | None = None, seed: int = 0) -> Observer:
+    return SSIMObserver(multiscale=True)
+
+
+@register_observer("pixel-l2")
+def _pixel_l2(net: str = "alex", weights_path: str | None = None, seed: int = 0) -> Observer:
+    return PixelL2Observer()
+
+
+def observer_names() -> list[str]:
+    """The registered observer names."""
+    return list(OBSERVERS)
 
 
 def make_observer(kind: str, net: str = "alex", weights_path: str | None = None, seed: int = 0, device=None) -> Observer:
-    """An observer by name: ``lpips`` (pretrained backbone, real heads), ``lpips-random-backbone``,
-    ``lpips-no-heads`` (pretrained backbone), ``lpips-no-heads-random``, ``ssim``, ``ms-ssim``,
-    ``pixel-l2``. A variant that needs weights never falls back silently to a random backbone."""
-    if kind == "lpips":
-        observer: Observer = LPIPSObserver(net, "pretrained", True, weights_path, seed)
-    elif kind == "lpips-random-backbone":
-        observer = LPIPSObserver(net, "random", True, None, seed)
-    elif kind == "lpips-no-heads":
-        observer = LPIPSObserver(net, "pretrained", False, weights_path, seed)
-    elif kind == "lpips-no-heads-random":
-        observer = LPIPSObserver(net, "random", False, None, seed)
-    elif kind == "ssim":
-        observer = SSIMObserver(multiscale=False)
-    elif kind == "ms-ssim":
-        observer = SSIMObserver(multiscale=True)
-    elif kind == "pixel-l2":
-        observer = PixelL2Observer()
-    else:
-        raise ValueError(f"unknown observer {kind!r}: use one of {OBSERVER_NAMES}")
+    """A registered observer by name: ``lpips`` (pretrained backbone, real heads), ``lpips-random-backbone``,
+    ``lpips-no-heads`` (pretrained backbone), ``lpips-no-heads-random``, ``ssim``, ``ms-ssim``, ``pixel-l2``,
+    or one added with :func:`register_observer`. A variant that needs weights never falls back silently to a
+    random backbone."""
+    if kind not in OBSERVERS:
+        raise ValueError(f"unknown observer {kind!r}: use one of {observer_names()}")
+    observer = OBSERVERS[kind](net=net, weights_path=weights_path, seed=seed)
     return observer.to(device) if device is not None else observer
 
 

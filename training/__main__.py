@@ -14,6 +14,8 @@ Writes ``run_dir`` (config, metrics.jsonl, checkpoints, model.safetensors, summa
 """
 from __future__ import annotations
 
+import logging
+import os
 import sys
 
 import hydra
@@ -21,13 +23,16 @@ from omegaconf import DictConfig
 
 from .config import run_checked
 from .sweeps import job_path
-from .trainer import train
+from .trainer import format_summary, train
 
 
 @hydra.main(config_path="pkg://conf", config_name="train", version_base=None)
 def main(cfg: DictConfig) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the trainer's messages (resuming, stopping) on stderr
     cfg.run_dir = str(job_path(cfg.run_dir))  # a multirun's jobs train in folders of their own
-    train(cfg)
+    result = train(cfg)
+    if result.completed and int(os.environ.get("RANK", "0")) == 0:  # one summary, from rank 0 under torchrun
+        print(format_summary(result.summary))
 
 
 if __name__ == "__main__":

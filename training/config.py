@@ -159,12 +159,13 @@ def check_train_config(cfg: DictConfig) -> None:
     """Refuse keys that ``python -m training`` would ignore: every key of ``train`` must be one of the
     chosen recipe's (``conf/train/<recipe>.yaml``), every top-level key one of ``conf/train.yaml``'s."""
     recipe = get(cfg, "train.name")
-    from .recipes import RECIPES
+    from .recipes import RECIPE_DEFAULTS, RECIPES
 
     if recipe not in RECIPES:
         raise ConfigError(f"unknown training recipe {recipe!r}: use one of {sorted(RECIPES)} (train=NAME)")
-    reference = compose("train", [f"train={recipe}"])
-    check_known_keys(cfg.train, reference.train, f"the {recipe} recipe (conf/train/{recipe}.yaml)", prefix="train.")
+    defaults = RECIPE_DEFAULTS.get(recipe, recipe)
+    reference = compose("train", [f"train={defaults}"])
+    check_known_keys(cfg.train, reference.train, f"the {recipe} recipe (conf/train/{defaults}.yaml)", prefix="train.")
     top = {k: v for k, v in cfg.items() if k not in ("model", "data", "train")}
     check_known_keys(top, {k: v for k, v in reference.items() if k not in ("model", "data", "train")}, "conf/train.yaml")
     check_known_keys(cfg.model, {k: None for k in MODEL_KEYS}, "the model config", free=("model.kwargs",), prefix="model.")

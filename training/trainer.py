@@ -359,7 +359,8 @@ def _train(cfg: DictConfig, dist: Distributed) -> TrainResult:
             summary = _summary(cfg, recipe, progress, device, dist, bf16, channels_last, wall_start, status="interrupted")
             if dist.is_main:
                 run.write_summary(summary)
-                print(f"stopped after {epochs_this_call} epoch(s) as asked (stop_after_epochs); continue with resume=true run_dir={run.path}")
+                logger.info("stopped after %d epoch(s) as asked (stop_after_epochs); continue with resume=true run_dir=%s",
+                            epochs_this_call, run.path)
             return TrainResult(recipe.model, summary, run.path, completed=False)
 
     final_model = recipe.finalize(train_set)
@@ -376,12 +377,12 @@ def _train(cfg: DictConfig, dist: Distributed) -> TrainResult:
                                          unbounded_steps=int(masking_cfg.get("unbounded_steps", 50)),
                                          limit=masking_cfg.get("limit", 256), seed=seed)
         summary["gradient_masking"] = report.to_dict()
-        print(report)
+        logger.info("%s", report)
     if dist.is_main:
         run.save_model(final_model, {"recipe": recipe.name, "clean_accuracy": summary["clean_accuracy"],
                                      "robust_accuracy": summary["robust_accuracy"], "epochs": progress.epoch})
         run.write_summary(summary)
-        print(format_summary(summary))
+        logger.info("%s", format_summary(summary))
     dist.barrier()
     return TrainResult(final_model, summary, run.path, completed=True)
 
@@ -416,7 +417,7 @@ def _resume_or_start(run: RunDirectory, cfg: DictConfig, recipe: Recipe, optimiz
                          images=int(state["images"]), stopped=state.get("stopped"), history=list(state.get("history", [])))
     if dist.is_main:
         run.truncate_metrics(progress.epoch)
-        print(f"resuming {run.path} after epoch {progress.epoch}")
+        logger.info("resuming %s after epoch %d", run.path, progress.epoch)
     return progress
 
 

@@ -7,8 +7,7 @@ CIFAR-size architectures its state-dict keys are the ``robustness`` library's).
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -16,41 +15,11 @@ from torch import nn
 from invert.validation import check_images
 
 from ..data import DATASET_STATS, IMAGE_SIZE, NUM_CLASSES
-from . import cifar
+from . import cifar  # noqa: F401  (registers the CIFAR-size architectures)
 from .cifar import KWinnersTakeAll  # noqa: F401  (public: the k-WTA activation)
 from .imagenet import build_torchvision, penultimate_layer, torchvision_classifier_names
+from .registry import CIFAR_ARCHITECTURES, Architecture, register_model  # noqa: F401  (public: the zoo's registry)
 
-
-@dataclass(frozen=True)
-class Architecture:
-    """A zoo entry: how to build the network and which layer is its representation.
-
-    ``fake_relu`` is the default for the representation wrapper (Nanda et al.'s code: on for
-    ResNets and DenseNets, off for VGG, Inception and k-WTA models). ``infer_kwargs`` reads the
-    builder's keyword arguments off a checkpoint's tensor shapes where they show (``width`` of the
-    small CNN), so that a checkpoint of another size gets an error that names the argument.
-    """
-
-    builder: Callable[..., nn.Module]
-    penultimate: str
-    fake_relu: bool
-    infer_kwargs: Optional[Callable[[Mapping[str, torch.Tensor]], dict]] = None
-
-
-def _small_cnn_kwargs(state: Mapping[str, torch.Tensor]) -> dict:
-    first = state.get("net.features.0.weight")
-    return {} if first is None else {"width": int(first.shape[0])}
-
-
-CIFAR_ARCHITECTURES: dict[str, Architecture] = {
-    "resnet18": Architecture(cifar.resnet18, "layer4", True),
-    "resnet50": Architecture(cifar.resnet50, "layer4", True),
-    "vgg16": Architecture(cifar.vgg16, "features", False),
-    "densenet121": Architecture(cifar.densenet121, "act_out", True),
-    "inception_v3": Architecture(cifar.inception_v3, "Mixed_7c", False),
-    "kwta_resnet18": Architecture(cifar.kwta_resnet18, "layer4", False),
-    "small_cnn": Architecture(cifar.small_cnn, "features", True, _small_cnn_kwargs),
-}
 # Data sets whose models are torchvision's ImageNet architectures (224 px); all others use CIFAR-size ones.
 IMAGENET_LIKE = ("imagenet",)
 

@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .registry import register_model
+
 Activation = Callable[[], nn.Module]
 
 
@@ -127,14 +129,17 @@ class ResNet(nn.Module):
         return self.linear(F.adaptive_avg_pool2d(out, 1).flatten(1))
 
 
+@register_model("resnet18", penultimate="layer4", fake_relu=True)
 def resnet18(num_classes: int = 10) -> ResNet:
     return ResNet(BasicBlock, [2, 2, 2, 2], num_classes)
 
 
+@register_model("resnet50", penultimate="layer4", fake_relu=True)
 def resnet50(num_classes: int = 10) -> ResNet:
     return ResNet(Bottleneck, [3, 4, 6, 3], num_classes)
 
 
+@register_model("kwta_resnet18", penultimate="layer4", fake_relu=False)
 def kwta_resnet18(num_classes: int = 10, ratio: float = 0.1) -> ResNet:
     """ResNet18 with every ReLU replaced by a k-WTA activation keeping a fraction ``ratio``."""
     return ResNet(BasicBlock, [2, 2, 2, 2], num_classes, activation=lambda: KWinnersTakeAll(ratio))
@@ -164,6 +169,7 @@ class VGG(nn.Module):
         return self.classifier(self.features(x).flatten(1))
 
 
+@register_model("vgg16", penultimate="features", fake_relu=False)
 def vgg16(num_classes: int = 10) -> VGG:
     return VGG(_VGG16, num_classes)
 
@@ -220,6 +226,7 @@ class DenseNet(nn.Module):
         return self.linear(F.adaptive_avg_pool2d(out, 1).flatten(1))
 
 
+@register_model("densenet121", penultimate="act_out", fake_relu=True)
 def densenet121(num_classes: int = 10) -> DenseNet:
     return DenseNet((6, 12, 24, 16), 32, num_classes=num_classes)
 
@@ -377,6 +384,7 @@ class InceptionV3(nn.Module):
         return self.linear(self.dropout(F.adaptive_avg_pool2d(x, 1).flatten(1)))
 
 
+@register_model("inception_v3", penultimate="Mixed_7c", fake_relu=False)
 def inception_v3(num_classes: int = 10) -> InceptionV3:
     return InceptionV3(num_classes)
 
@@ -399,5 +407,11 @@ class SmallCNN(nn.Module):
         return self.linear(F.adaptive_avg_pool2d(self.features(x), 1).flatten(1))
 
 
+def _small_cnn_kwargs(state) -> dict:
+    first = state.get("net.features.0.weight")
+    return {} if first is None else {"width": int(first.shape[0])}
+
+
+@register_model("small_cnn", penultimate="features", fake_relu=True, infer_kwargs=_small_cnn_kwargs)
 def small_cnn(num_classes: int = 10, width: int = 32) -> SmallCNN:
     return SmallCNN(num_classes, width)

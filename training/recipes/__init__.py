@@ -17,6 +17,29 @@ from .fast_at import GUARD_ACTIONS, CollapseGuard, FastATRecipe, held_batch
 from .simclr import AdversarialSimCLRRecipe, ProjectionHead, SimCLRRecipe, classifier_head, encoder_of, linear_probe
 from .supervised import MartRecipe, PGDRecipe, StandardRecipe, TradesRecipe
 
+RecipeBuilder = Callable[..., Recipe]
+# name -> builder(train_cfg, model, train_data, seed) -> Recipe. Add one with @register_recipe("name").
+RECIPES: dict[str, RecipeBuilder] = {}
+# name -> the conf/train/<file>.yaml holding its keys (a recipe registered in code may reuse another's).
+RECIPE_DEFAULTS: dict[str, str] = {}
+
+
+def register_recipe(name: str, defaults: str | None = None) -> Callable[[RecipeBuilder], RecipeBuilder]:
+    """Register ``builder(train_cfg, model, train_data, seed) -> Recipe`` as ``train.name=<name>``.
+
+    ``defaults`` names the recipe config whose keys it reads (``conf/train/<defaults>.yaml``; default: its own
+    file ``conf/train/<name>.yaml``): ``python -m training train=standard train.name=<name>`` then runs it.
+    """
+
+    def register(builder: RecipeBuilder) -> RecipeBuilder:
+        if name in RECIPES and RECIPES[name] is not builder:
+            raise ValueError(f"a training recipe named {name!r} is already registered")
+        RECIPES[name] = builder
+        RECIPE_DEFAULTS[name] = defaults or name
+        return builder
+
+    return register
+
 
 def _node(cfg, key: str) -> Any:
     value = cfg.get(key)
@@ -33,6 +56,7 @@ def _common(cfg) -> dict[str, Any]:
     return {"augment": supervised_augment_from_config(cfg.get("augment")), "label_smoothing": float(cfg.get("label_smoothing", 0.0) or 0.0)}
 
 
+@register_recipe("standard")
 def _standard(cfg, model, train_data, seed):
     return StandardRecipe(model, **_common(cfg))
 
@@ -41,18 +65,22 @@ def _fold_bn(cfg) -> bool:
     return bool(cfg.get("attack_fold_bn", True))
 
 
+@register_recipe("pgd")
 def _pgd(cfg, model, train_data, seed):
     return PGDRecipe(model, _threat(cfg), attack_bn=cfg.get("attack_bn", "eval"), fold_bn=_fold_bn(cfg), **_common(cfg))
 
 
+@register_recipe("trades")
 def _trades(cfg, model, train_data, seed):
     return TradesRecipe(model, _threat(cfg, random_start=False), beta=float(cfg.get("beta", 6.0)), fold_bn=_fold_bn(cfg), **_common(cfg))
 
 
+@register_recipe("mart")
 def _mart(cfg, model, train_data, seed):
     return MartRecipe(model, _threat(cfg, random_start=False), beta=float(cfg.get("beta", 6.0)), fold_bn=_fold_bn(cfg), **_common(cfg))
 
 
+@register_recipe("fast_at")
 def _fast_at(cfg, model, train_data, seed):
     given = ThreatModel.from_config(_node(cfg, "attack"), steps=1)  # parses and checks norm, eps, step size
     threat = fgsm_threat(given.norm, given.eps, given.step_size, given.random_start)
@@ -84,27 +112,18 @@ def _simclr_kwargs(cfg, train_data: ImageSet) -> dict[str, Any]:
             "probe": {k: (int(v) if k in ("epochs", "batch_size") else float(v)) for k, v in probe.items()}}
 
 
+@register_recipe("simclr")
 def _simclr(cfg, model, train_data, seed):
     kwargs = _simclr_kwargs(cfg, train_data)
     kwargs["probe"].setdefault("seed", seed)
     return SimCLRRecipe(model, kwargs.pop("augment"), **kwargs)
 
 
+@register_recipe("adv_simclr")
 def _adv_simclr(cfg, model, train_data, seed):
     kwargs = _simclr_kwargs(cfg, train_data)
     kwargs["probe"].setdefault("seed", seed)
     return AdversarialSimCLRRecipe(model, kwargs.pop("augment"), threat=_threat(cfg), attack_bn=cfg.get("attack_bn", "train"), **kwargs)
-
-
-RECIPES: dict[str, Callable[..., Recipe]] = {
-    "standard": _standard,
-    "pgd": _pgd,
-    "trades": _trades,
-    "mart": _mart,
-    "fast_at": _fast_at,
-    "simclr": _simclr,
-    "adv_simclr": _adv_simclr,
-}
 
 
 def build_recipe(train_cfg, model: Classifier, train_data: ImageSet, seed: int = 0) -> Recipe:
@@ -119,6 +138,8 @@ def build_recipe(train_cfg, model: Classifier, train_data: ImageSet, seed: int =
 __all__ = [
     "GUARD_ACTIONS",
     "RECIPES",
+    "RECIPE_DEFAULTS",
+    "register_recipe",
     "AdversarialSimCLRRecipe",
     "CollapseGuard",
     "FastATRecipe",

@@ -1,0 +1,96 @@
+"""Each extension point is a registry: a toy entry added here, in the test alone, works from the command-line
+configs without touching any other file."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from training.config import compose
+
+
+@pytest.fixture
+def toy_observer():
+    from perceptual.observers import OBSERVERS, Observer, register_observer
+
+    class MeanIntensity(Observer):
+        name = "toy-mean-intensity"
+
+        def pairwise_images(self, a, b):
+            return (a.flatten(1).mean(1) - b.flatten(1).mean(1)).abs()
+
+    register_observer("toy-mean-intensity")(lambda net="alex", weights_path=None, seed=0: MeanIntensity())
+    yield "toy-mean-intensity"
+    OBSERVERS.pop("toy-mean-intensity")
+
+
+def test_a_registered_observer_judges_from_the_measure_command(tmp_path, toy_observer):
+    from perceptual.measure import run
+    from training.checkpoints import save_checkpoint
+    from training.models import build_model
+
+    torch.manual_seed(0)
+    path = save_checkpoint(build_model("small_cnn", "digits", width=8), tmp_path / "m.safetensors")
+    cfg = compose("measure", [
+        f"out={tmp_path / 'report'}", f"models=[{{name:small_cnn,checkpoint:'{path}',label:toy,kwargs:{{width:8}}}}]",
+        f"observers=[{toy_observer},pixel-l2]", "n_targets=3", "tasks=[2afc]", "threat=null", "accuracy_limit=8", "device=cpu",
+        "invert.steps=2", "invert.progress=false",
+    ])
+    data = run(cfg)
+    assert data["observers"] == [toy_observer, "pixel-l2"]
+    assert data["models"]["toy"]["per_observer"]["2afc"][toy_observer]["overall"]["n"] == 6
+
+
+@pytest.fixture
+def toy_recipe():
+    from training.recipes import RECIPE_DEFAULTS, RECIPES, register_recipe
+    from training.recipes.supervised import StandardRecipe
+
+    class SmoothedRecipe(StandardRecipe):
+        name = "toy_smoothed"
+
+    @register_recipe("toy_smoothed", defaults="standard")
+    def _build(cfg, model, train_data, seed):
+        return SmoothedRecipe(model, label_smoothing=0.2)
+
+    yield "toy_smoothed"
+    RECIPES.pop("toy_smoothed")
+    RECIPE_DEFAULTS.pop("toy_smoothed")
+
+
+def test_a_registered_recipe_trains_from_the_training_config(tmp_path, toy_recipe):
+    from training.trainer import train
+
+    cfg = compose("train", [
+        "model=small_cnn", "+model.kwargs.width=8", "train=standard", f"train.name={toy_recipe}", "train.epochs=1",
+        "train.batch_size=32", "data_limit.train=64", "data_limit.test=16", "train.eval.every=0", "train.eval.final_subset=0",
+        f"run_dir={tmp_path / 'run'}", "progress=false", "device=cpu",
+    ])
+    result = train(cfg)
+    assert result.summary["recipe"]["recipe"] == toy_recipe and result.summary["recipe"]["label_smoothing"] == 0.2
+
+
+@pytest.fixture
+def toy_architecture():
+    from training.models import CIFAR_ARCHITECTURES, register_model
+
+    class TinyMLP(nn.Module):
+        def __init__(self, num_classes: int = 10, hidden: int = 16):
+            super().__init__()
+            self.features = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, hidden), nn.ReLU())
+            self.linear = nn.Linear(hidden, num_classes)
+
+        def forward(self, x):
+            return self.linear(self.features(x))
+
+    register_model("toy_mlp", penultimate="features", fake_relu=False)(lambda num_classes=10, hidden=16: TinyMLP(num_classes, hidden))
+    yield "toy_mlp"
+    CIFAR_ARCHITECTURES.pop("toy_mlp")
+
+
+def test_a_registered_zoo_model_builds_from_the_model_config(toy_architecture):
+    from training.info import describe
+
+    text = describe(compose("config", ["model=small_cnn", f"model.name={toy_architecture}", "+model.kwargs.hidden=12"]))
+    assert f"model          {toy_architecture} for digits (10 classes)" in text
+    assert "shape (N, 12)" in text  # the representation is the registered penultimate layer, with the kwarg applied
