@@ -68,9 +68,9 @@ def test_every_readme_command_parses_and_composes(command, monkeypatch, tmp_path
     if module == "training.convert":
         from unittest import mock
 
-        from training.checkpoints import main
+        from training.convert import main
 
-        with mock.patch("training.checkpoints.convert", return_value=tmp_path / "out") as convert:
+        with mock.patch("training.convert.convert", return_value=tmp_path / "out") as convert:
             main(arguments)  # argparse exits (a test failure) on a bad command line
         assert convert.called
         return

@@ -10,11 +10,10 @@ Pickles load with ``torch.load(weights_only=True)``, which cannot run code. A fi
 library installed.
 
 Command line: ``python -m training.convert SRC DST --arch resnet18 --dataset cifar10`` writes a clean
-safetensors file from any supported format (see :func:`main`).
+safetensors file from any supported format (:mod:`training.convert`).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import pickle
 from pathlib import Path
@@ -211,28 +210,3 @@ def save_checkpoint(model: nn.Module, path: str | Path, metadata: Mapping[str, A
     meta.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in (metadata or {}).items()})
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     return atomic_save(path, lambda tmp: save_file(state, str(tmp), metadata=meta))
-
-
-def convert(src: str | Path, dst: str | Path, arch: str, dataset: str, trust_pickle: bool = False, **build_kwargs) -> Path:
-    """Read ``src`` in any supported format, check it fits ``arch`` on ``dataset``, write safetensors to ``dst``."""
-    from .models import build_model
-
-    model = build_model(arch, dataset, checkpoint=str(src), trust_pickle=trust_pickle, **build_kwargs)
-    return save_checkpoint(model, dst, {"converted_from": str(src)})
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m training.convert",
-        description="Convert a checkpoint (state dict, torchvision weights, robustness checkpoint, safetensors) "
-        "into a clean safetensors file for a zoo architecture.",
-    )
-    parser.add_argument("src")
-    parser.add_argument("dst")
-    parser.add_argument("--arch", required=True, help="zoo architecture, e.g. resnet18")
-    parser.add_argument("--dataset", default="cifar10", help="data set the model was trained on (default cifar10)")
-    parser.add_argument("--num-classes", type=int, default=None)
-    parser.add_argument("--trust-pickle", action="store_true", help="allow pickles that can run code (only for files you trust)")
-    args = parser.parse_args(argv)
-    out = convert(args.src, args.dst, args.arch, args.dataset, trust_pickle=args.trust_pickle, num_classes=args.num_classes)
-    print(f"wrote {out}")

@@ -1,5 +1,40 @@
-"""``python -m training.convert SRC DST --arch NAME --dataset NAME``: any checkpoint → clean safetensors."""
-from .checkpoints import main
+"""``python -m training.convert SRC DST --arch NAME --dataset NAME``: any checkpoint → a clean safetensors file.
+
+Reads a state dict, torchvision weights, a ``robustness``-library checkpoint or safetensors
+(:func:`training.checkpoints.read_checkpoint`), checks that it fits the zoo architecture, and writes the
+classifier's weights (normalisation included) with :func:`training.checkpoints.save_checkpoint`.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .checkpoints import save_checkpoint
+from .models import build_model
+
+
+def convert(src: str | Path, dst: str | Path, arch: str, dataset: str, trust_pickle: bool = False, **build_kwargs) -> Path:
+    """Read ``src`` in any supported format, check it fits ``arch`` on ``dataset``, write safetensors to ``dst``."""
+    model = build_model(arch, dataset, checkpoint=str(src), trust_pickle=trust_pickle, **build_kwargs)
+    return save_checkpoint(model, dst, {"converted_from": str(src)})
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m training.convert",
+        description="Convert a checkpoint (state dict, torchvision weights, robustness checkpoint, safetensors) "
+        "into a clean safetensors file for a zoo architecture.",
+    )
+    parser.add_argument("src")
+    parser.add_argument("dst")
+    parser.add_argument("--arch", required=True, help="zoo architecture, e.g. resnet18")
+    parser.add_argument("--dataset", default="cifar10", help="data set the model was trained on (default cifar10)")
+    parser.add_argument("--num-classes", type=int, default=None)
+    parser.add_argument("--trust-pickle", action="store_true", help="allow pickles that can run code (only for files you trust)")
+    args = parser.parse_args(argv)
+    out = convert(args.src, args.dst, args.arch, args.dataset, trust_pickle=args.trust_pickle, num_classes=args.num_classes)
+    print(f"wrote {out}")
+
 
 if __name__ == "__main__":
     main()

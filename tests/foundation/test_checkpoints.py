@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from training.checkpoints import CheckpointError, read_checkpoint, save_checkpoint
-from training.checkpoints import main as convert_main
+from training.convert import main as convert_main
 from training.models import build_model
 from training.representation import Representation
 
