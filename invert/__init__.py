@@ -5,7 +5,7 @@ for the losses, :mod:`invert.steps` for steppers and projections (shared with th
 ``training``), :mod:`invert.params` for parametrisations and :mod:`invert.config` for the presets.
 """
 from .config import InvertConfig, load_preset, preset_names
-from .engine import Engine, InversionResult, NonFiniteLossError, invert_batch
+from .engine import Engine, InversionResult, NonFiniteLossError, invert_batch, resolve_engine
 from .objectives import (
     ClassControversialLoss,
     ControversialLoss,
@@ -41,5 +41,5 @@ __all__ = [
     "NonFiniteLossError", "Objective", "Pixel", "Sigmoid", "SumObjective", "TotalVariation", "TransformRobust",
     "check_images", "clamp01", "compute_features", "hashed_uniform", "hot_loop", "invert_batch", "item_generator",
     "load_preset", "make_parametrization", "make_stepper", "noise_images", "per_sample_norm", "preset_names",
-    "project_l2", "project_linf", "random_start_l2", "random_start_linf",
+    "project_l2", "project_linf", "random_start_l2", "random_start_linf", "resolve_engine",
 ]

@@ -30,7 +30,7 @@ import contextlib
 import logging
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
@@ -516,6 +516,22 @@ def _to_device(index: np.ndarray, device: torch.device) -> Tensor:
     if device.type == "cuda":
         return tensor.pin_memory().to(device, non_blocking=True)
     return tensor.to(device)
+
+
+def resolve_engine(engine: Engine | InvertConfig | Mapping | str | None) -> Engine:
+    """An :class:`invert.Engine` from an engine, a config, a mapping of config keys, a preset name
+    (``paper``, ``fast``) or None (the paper's settings, :class:`invert.InvertConfig` defaults)."""
+    if engine is None:
+        return Engine(InvertConfig())
+    if isinstance(engine, Engine):
+        return engine
+    if isinstance(engine, InvertConfig):
+        return Engine(engine)
+    if isinstance(engine, str):
+        return Engine.preset(engine)
+    if isinstance(engine, Mapping) or hasattr(engine, "_metadata"):
+        return Engine(InvertConfig.from_dict(engine))
+    raise TypeError(f"engine must be an invert.Engine, InvertConfig, mapping or preset name, got {type(engine).__name__}")
 
 
 def invert_batch(

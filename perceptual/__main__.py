@@ -9,25 +9,21 @@ from __future__ import annotations
 import importlib
 import sys
 
-SUBCOMMANDS = {
-    "measure": ("perceptual.measure", "main"),
-    "demo": ("perceptual.demo", "main"),
-    "compare": ("perceptual.compare", "main"),
-}
+from .pipelines import COMMANDS
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in SUBCOMMANDS:
-        names = ", ".join(SUBCOMMANDS)
+    if not argv or argv[0] not in COMMANDS:
+        names = ", ".join(COMMANDS)
         sys.exit(f"usage: python -m perceptual {{{names}}} [key=value ...]\n{__doc__}")
-    module_name, function = SUBCOMMANDS[argv[0]]
+    module_name = COMMANDS[argv[0]]
     from training.config import run_checked
 
     run_checked(argv[0], argv[1:])  # a misspelt key is refused by name before any work starts
     # Hydra reads sys.argv: hand it the overrides only.
     sys.argv = [f"{sys.argv[0]} {argv[0]}"] + argv[1:]
-    getattr(importlib.import_module(module_name), function)()
+    importlib.import_module(module_name).main()
 
 
 if __name__ == "__main__":

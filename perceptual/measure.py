@@ -27,20 +27,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 import stimuli
-from invert import Engine
+from invert import Engine, resolve_engine
 from training import build_model
 from training.attacks import ThreatModel
 from training.config import dataset_from_config, resolve_device
 from training.data import ImageSet, folder_to_imageset
 from training.evaluate import clean_accuracy, robust_accuracy
 from training.io import atomic_write_json, atomic_write_text
-from training.sweeps import job_path
 
 from . import report
 from .cache import cache_key, cached_json
@@ -256,7 +254,7 @@ def validate_inputs(specs: Sequence[ModelSpec], *, n_targets: int, seed_types: S
     needed = max((MIN_TARGETS[t] for t in tasks), default=1)
     if int(n_targets) < needed:
         raise ValueError(f"n_targets={n_targets} is too few: {', '.join(t for t in tasks if MIN_TARGETS[t] > n_targets)} needs at least {needed} targets")
-    resolved = stimuli.resolve_engine(engine)
+    resolved = resolve_engine(engine)
     if controversial:
         unknown = sorted(set(controversial) - set(CONTROVERSIAL_KEYS))
         if unknown:
@@ -396,41 +394,20 @@ def _grid(models_data: Mapping[str, dict], path: Path, n_columns: int = 6) -> Pa
     return report.image_grid(rows, [f"#{i + 1}" for i in range(n_columns)], path, "Targets, seeds and inversion results")
 
 
-def _threat(cfg) -> ThreatModel | None:
-    """The robust-accuracy threat model from ``threat`` (``eps`` may be a fraction such as 8/255)."""
+def threat_from_config(cfg) -> ThreatModel | None:
+    """The robust-accuracy threat model from a ``threat`` node (``eps`` may be a fraction such as 8/255); None: no attack."""
     return None if cfg is None else ThreatModel.from_config(cfg)
-
-
-def run(cfg: DictConfig) -> dict:
-    specs = [ModelSpec.parse(m) for m in cfg.models]
-    container = OmegaConf.to_container(cfg, resolve=True)
-    validate_inputs(specs, n_targets=cfg.n_targets, seed_types=list(cfg.seed_types), tasks=list(cfg.tasks), engine=container["invert"],
-                    controversial=container.get("controversial"))
-    _threat(container.get("threat"))
-    observers = cfg.observers if isinstance(cfg.observers, str) else list(cfg.observers)
-    panel = make_panel(observers, cfg.observer_net, cfg.lpips_weights, resolve_device(cfg.device))
-    return measure_models(
-        specs, container["data"], cfg.out, engine=container["invert"], n_targets=cfg.n_targets, seed_types=list(cfg.seed_types),
-        seed=cfg.seed, panel=panel, tasks=list(cfg.tasks), attention_rate=cfg.attention_rate, judge_8bit=cfg.judge_8bit,
-        threat=_threat(container.get("threat")), accuracy_limit=cfg.accuracy_limit,
-        controversial=container.get("controversial"), device=cfg.device, config=container,
-    )
 
 
 def headline(data: dict) -> str:
     return report.markdown_table(data["models"])
 
 
-@hydra.main(config_path="pkg://conf", config_name="measure", version_base=None)
-def main(cfg: DictConfig) -> None:
-    cfg.out = str(job_path(cfg.out))  # a multirun's jobs report in folders of their own
-    data = run(cfg)
-    print(headline(data))
-    print(f"report: {Path(cfg.out).resolve() / 'report.md'}")
-
-
 def load_report(path: str | Path) -> dict:
     return json.loads((Path(path) / "report.json").read_text())
 
 
-__all__ = ["ModelSpec", "TASKS", "headline", "load_report", "make_panel", "measure_models", "observe_set", "write_report"]
+__all__ = [
+    "ModelSpec", "TASKS", "controversial_favoured", "controversial_verdict", "headline", "load_report", "make_panel", "measure_models",
+    "observe_set", "threat_from_config", "validate_inputs", "write_report",
+]

@@ -71,7 +71,7 @@ def html_report(models: Mapping[str, Mapping], caption: str, figures: Sequence[s
     )
 
 
-def _save_figure(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     buffer = io.BytesIO()
@@ -103,7 +103,7 @@ def image_grid(rows: Mapping[str, Sequence[torch.Tensor]], column_titles: Sequen
         axes[r][0].set_ylabel(label, fontsize=8, rotation=0, ha="right", va="center")
     if title:
         fig.suptitle(title, fontsize=10)
-    return _save_figure(fig, Path(path))
+    return save_figure(fig, Path(path))
 
 
 def alignment_scatter(models: Mapping[str, Mapping], path: str | Path, task: str = "clustering") -> Path:
@@ -128,7 +128,7 @@ def alignment_scatter(models: Mapping[str, Mapping], path: str | Path, task: str
     ax.set_ylabel(f"observer {task} accuracy (%)")
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(alpha=0.3)
-    return _save_figure(fig, Path(path))
+    return save_figure(fig, Path(path))
 
 
 def write_text(path: str | Path, text: str) -> Path:

@@ -21,8 +21,10 @@ engine, resumable and sharded), :mod:`~stimuli.sets` (the on-disk format, loader
 :mod:`~stimuli.trials` (2AFC, clustering, attention checks), :mod:`~stimuli.distances` (distances
 for hard clustering), :mod:`~stimuli.preview` (the figure), :mod:`~stimuli.commands` (Hydra).
 """
+from invert import resolve_engine  # noqa: F401  (stimuli.resolve_engine: the engine from a preset, config or mapping)
+
 from .distances import pixel_l2_distances, resolve_distance, set_trials, target_distances
-from .generate import DIRECTIONS, ModelRef, make_controversial_set, make_inversion_set, resolve_engine
+from .generate import DIRECTIONS, ModelRef, make_controversial_set, make_inversion_set
 from .sets import (
     COLUMNS,
     FORMAT_VERSION,

@@ -46,7 +46,8 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from invert import ClassControversialLoss, ControversialLoss, Engine, InversionLoss, InvertConfig
+from invert import ClassControversialLoss, ControversialLoss, Engine, InversionLoss, InvertConfig, resolve_engine
+from training.checkpoints import weights_hash
 from training.io import atomic_save, atomic_write_json
 
 from .sets import (
@@ -133,33 +134,6 @@ class ModelRef:
             "fake_relu": getattr(self.representation, "fake_relu", None),
             "weights_sha256": weights_hash(self.classifier if self.classifier is not None else self.representation),
         }
-
-
-def weights_hash(module: nn.Module) -> str:
-    """SHA-256 (16 hex digits) of a module's parameters and buffers: resuming with other weights
-    would mix two models in one set."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(module.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(str(tensor.dtype).encode())
-        digest.update(tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
-    return digest.hexdigest()[:16]
-
-
-def resolve_engine(engine: Engine | InvertConfig | Mapping | str | None) -> Engine:
-    """An :class:`invert.Engine` from an engine, a config, a mapping of config keys, a preset name
-    (``paper``, ``fast``) or None (the paper's settings, :class:`invert.InvertConfig` defaults)."""
-    if engine is None:
-        return Engine(InvertConfig())
-    if isinstance(engine, Engine):
-        return engine
-    if isinstance(engine, InvertConfig):
-        return Engine(engine)
-    if isinstance(engine, str):
-        return Engine.preset(engine)
-    if isinstance(engine, Mapping) or hasattr(engine, "_metadata"):
-        return Engine(InvertConfig.from_dict(engine))
-    raise TypeError(f"engine must be an invert.Engine, InvertConfig, mapping or preset name, got {type(engine).__name__}")
 
 
 def _engine_parameters(engine: Engine) -> dict:
@@ -762,6 +736,4 @@ __all__ = [
     "ModelRef",
     "make_controversial_set",
     "make_inversion_set",
-    "resolve_engine",
-    "weights_hash",
 ]

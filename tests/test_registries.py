@@ -25,7 +25,7 @@ def toy_observer():
 
 
 def test_a_registered_observer_judges_from_the_measure_command(tmp_path, toy_observer):
-    from perceptual.measure import run
+    from perceptual.pipelines.measure import run
     from training.checkpoints import save_checkpoint
     from training.models import build_model
 

@@ -14,6 +14,7 @@ safetensors file from any supported format (:mod:`training.convert`).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 from pathlib import Path
@@ -210,3 +211,14 @@ def save_checkpoint(model: nn.Module, path: str | Path, metadata: Mapping[str, A
     meta.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in (metadata or {}).items()})
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     return atomic_save(path, lambda tmp: save_file(state, str(tmp), metadata=meta))
+
+
+def weights_hash(module: nn.Module) -> str:
+    """SHA-256 (16 hex digits) of a module's parameters and buffers: resuming with other weights
+    would mix two models in one set."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(str(tensor.dtype).encode())
+        digest.update(tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()[:16]

@@ -14,10 +14,14 @@ from hydra import compose, initialize_config_module
 
 import stimuli
 from perceptual import metrics as M
-from perceptual.compare import DIAGONAL, PAIR_METRICS, Responses, metric_correlations, nanmean_matrices, pairwise_matrices, run
+from perceptual.pair_metrics import PAIR_METRIC_REGISTRY, Responses, metric_correlations, nanmean_matrices, pairwise_matrices
+from perceptual.pipelines.compare import run
 from perceptual.decisions import TRIAL_TABLE_COLUMNS
 
 from ..conftest import TEST_DEVICE
+
+PAIR_METRICS = tuple(PAIR_METRIC_REGISTRY)
+DIAGONAL = {name: metric.diagonal for name, metric in PAIR_METRIC_REGISTRY.items()}
 
 LABELS = np.array([0, 1, 2, 0, 1, 2, 0, 1])
 

@@ -10,8 +10,8 @@ from scipy.ndimage import gaussian_filter
 from skimage.color import lab2rgb, rgb2gray, rgb2lab
 
 from invert.rng import hashed_uniform
-from perceptual import conditions as C
-from perceptual.conditions import MVH_GREY, Distortion, parse_conditions
+from stimuli import distortions as C
+from stimuli.distortions import MVH_GREY, Distortion, parse_conditions
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-from perceptual.conditions import Distortion
 from perceptual.decisions import (
     TRIAL_TABLE_COLUMNS,
     ObserverDecisions,
@@ -19,6 +18,7 @@ from perceptual.decisions import (
 )
 from perceptual.metrics import aggregate_trials
 from perceptual.observers import make_observer
+from stimuli.distortions import Distortion
 from training import load_dataset
 
 

@@ -96,7 +96,7 @@ def test_bad_measure_inputs_are_refused_before_any_model_is_built(tmp_path, tiny
 
 
 def test_demo_refuses_a_bad_key_before_training(tmp_path):
-    from perceptual.demo import run as demo_run
+    from perceptual.pipelines.demo import run as demo_run
     from training.config import compose
 
     cfg = compose("demo", [f"out={tmp_path / 'demo'}", "+invert.step=10", "progress=false"])

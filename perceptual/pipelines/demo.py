@@ -24,8 +24,8 @@ from training.config import check_overrides, check_train_config
 from training.sweeps import job_path
 from training.trainer import train
 
-from .measure import TASKS, ModelSpec, _threat, headline, make_panel, measure_models, validate_inputs
-from .observers import lpips_weights_available
+from ..measure import TASKS, ModelSpec, headline, make_panel, measure_models, threat_from_config, validate_inputs
+from ..observers import lpips_weights_available
 
 
 def pair_configs(cfg: DictConfig) -> dict[str, DictConfig]:
@@ -69,7 +69,7 @@ def run(cfg: DictConfig) -> dict:
     controversial = {"model_a": "standard", "model_b": "robust", **container["controversial"]}
     validate_inputs([ModelSpec(cfg.model, None, label) for label in ("standard", "robust")], n_targets=cfg.n_targets,
                     seed_types=list(cfg.seed_types), tasks=TASKS, engine=container["invert"], controversial=controversial)
-    threat = _threat(container["threat"])
+    threat = threat_from_config(container["threat"])
     configs = pair_configs(cfg)
     panel = make_panel("auto", cfg.observer_net)
     if not lpips_weights_available(cfg.observer_net):

@@ -3,7 +3,7 @@ conditions, scored by the metric suite; plus an unknown-detection report.
 
 Given models (zoo names and checkpoints), a data set and conditions, every model and every simulated subject
 (observer network × seed, :mod:`perceptual.decisions`) classifies the same ``n_images`` test images in every
-condition (:mod:`perceptual.conditions`). From their answers, per condition and averaged over conditions:
+condition (:mod:`stimuli.distortions`). From their answers, per condition and averaged over conditions:
 
 * accuracy; observed consistency and error consistency (Geirhos et al., NeurIPS 2020); misclassification
   agreement, class-level error similarity (CLES), softmax-output similarity over all images (SOC) and over the
@@ -46,12 +46,9 @@ recomputes only the metrics and reports, which are cheap. All files are written 
 """
 from __future__ import annotations
 
-import math
 import time
-import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import hydra
 import numpy as np
@@ -62,217 +59,26 @@ from tqdm.auto import tqdm
 
 import stimuli
 from invert.rng import noise_images
-from stimuli.generate import weights_hash
+from stimuli.distortions import Distortion, make_condition_set, parse_conditions
 from training import build_model
+from training.checkpoints import weights_hash
 from training.config import dataset_from_config, resolve_device
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 
-from . import metrics as M
-from .cache import cache_key, cached_json, cached_tensors
-from .conditions import Distortion, make_condition_set, parse_conditions
-from .decisions import ObserverDecisions, model_trials, observer_slug, stable_key
-from .measure import ModelSpec, make_panel
-from .report import _save_figure
-from .scores import SCORE_FUNCTIONS, DeepEnsemble, ModelOutputs, Scores, make_score, model_outputs
+from ..cache import cache_key, cached_json, cached_tensors
+from ..compare_report import _fmt, plain, unknown_metrics, write_outputs
+from ..decisions import ObserverDecisions, model_trials, observer_slug, stable_key
+from ..measure import ModelSpec, make_panel
+from ..pair_metrics import PAIR_METRIC_REGISTRY, Responses, metric_correlations, nanmean_matrices, pairwise_matrices, rankings
+from ..scores import SCORE_FUNCTIONS, DeepEnsemble, ModelOutputs, make_score, model_outputs
 
-PAIR_METRICS = ("observed_consistency", "error_consistency", "misclassification_agreement", "cles", "soc", "soce", "cka")
-MVH_RANKING = (("accuracy_difference", False), ("observed_consistency", True), ("error_consistency", True))
-DIAGONAL = {
-    "observed_consistency": "1",
-    "error_consistency": "1; NaN where the system is right on every image or wrong on every image",
-    "misclassification_agreement": "1; NaN without errors or when all errors carry one wrong label",
-    "cles": "below 1 with the paper variant (pooled smoothing); 1 with jsd; NaN without errors",
-    "soc": "1",
-    "soce": "1; NaN without errors",
-    "cka": "1 for models; NaN for subjects (no feature space)",
-}
 NOISE_SETS = ("noise:gaussian", "noise:uniform")
-
-
-@dataclass
-class Responses:
-    """One system's answers on one image set: predicted labels (N,), answer distributions (N, K), features or None."""
-
-    predictions: np.ndarray
-    probabilities: np.ndarray
-    features: np.ndarray | None = None
-
-
-# ------------------------------------------------------------------------------------------------ caching
 
 
 def _file_name(text: str) -> str:
     """A name safe on every file system (``noise:uniform`` → ``noise-uniform``)."""
     return "".join(ch if ch.isalnum() or ch in "-_.=" else "-" for ch in text)
-
-
-def _plain(obj: Any) -> Any:
-    """JSON-safe: NaN/inf → None, numpy → Python."""
-    if isinstance(obj, Mapping):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _plain(obj.tolist())
-    if isinstance(obj, (np.floating, float)):
-        return float(obj) if math.isfinite(obj) else None
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.bool_):
-        return bool(obj)
-    return obj
-
-
-# ------------------------------------------------------------------------------------------------ metrics
-
-
-def _pair_metric(name: str, labels: np.ndarray, num_classes: int, cles_variant: str, on_undefined: str) -> Callable[[Responses, Responses], float]:
-    if name == "observed_consistency":
-        return lambda a, b: M.observed_consistency(a.predictions == labels, b.predictions == labels)
-    if name == "error_consistency":
-        return lambda a, b: M.error_consistency(a.predictions == labels, b.predictions == labels, on_undefined=on_undefined)
-    if name == "misclassification_agreement":
-        return lambda a, b: M.misclassification_agreement(labels, a.predictions, b.predictions, on_undefined=on_undefined)
-    if name == "cles":
-        return lambda a, b: M.class_level_error_similarity(labels, a.predictions, b.predictions, num_classes, variant=cles_variant)
-    if name == "soc":
-        return lambda a, b: M.softmax_output_similarity(a.probabilities, b.probabilities)
-    if name == "soce":
-        return lambda a, b: M.softmax_output_similarity(a.probabilities, b.probabilities, M.joint_error_mask(labels, a.predictions, b.predictions))
-    if name == "cka":
-        return lambda a, b: M.linear_cka(a.features, b.features) if a.features is not None and b.features is not None else math.nan
-    raise ValueError(f"unknown pair metric {name!r}: use one of {PAIR_METRICS}")
-
-
-def pairwise_matrices(responses: Mapping[str, Responses], labels: np.ndarray, num_classes: int, *, cles_variant: str = "paper",
-                      on_undefined: str = "nan", metrics: Sequence[str] = PAIR_METRICS) -> dict[str, np.ndarray]:
-    """{metric: (S, S) symmetric matrix} over the systems of one condition (rows in ``responses`` order)."""
-    systems = list(responses.values())
-    return {name: M.pairwise_matrix(_pair_metric(name, labels, num_classes, cles_variant, on_undefined), systems) for name in metrics}
-
-
-def nanmean_matrices(matrices: Sequence[np.ndarray]) -> np.ndarray:
-    """Entry-wise mean over conditions, skipping NaN (NaN where every condition is NaN)."""
-    stack = np.stack(matrices)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN entries: NaN is the documented answer
-        return np.nanmean(stack, axis=0)
-
-
-def metric_correlations(matrices: Mapping[str, np.ndarray]) -> dict:
-    """Spearman's rho between every two metrics over the distinct system pairs (NaN pairs omitted)."""
-    names = list(matrices)
-    size = next(iter(matrices.values())).shape[0]
-    rho = np.full((len(names), len(names)), np.nan)
-    pairs = np.zeros((len(names), len(names)), dtype=int)
-    upper = np.triu_indices(size, k=1)
-    for i, a in enumerate(names):
-        for j, b in enumerate(names):
-            both = ~np.isnan(matrices[a][upper]) & ~np.isnan(matrices[b][upper])
-            pairs[i, j] = int(both.sum())
-            if size >= 3 and pairs[i, j] >= 3:
-                rho[i, j] = M.spearman_between(matrices[a], matrices[b], nan_policy="omit")
-    return {"metrics": names, "rho": rho, "pairs": pairs}
-
-
-def rankings(trials: pd.DataFrame, aggregated: Mapping[str, np.ndarray], systems: Sequence[str], models: Sequence[str],
-             subjects: Sequence[str], on_undefined: str) -> dict:
-    """Model-vs-observer values (model-vs-human nesting for its three metrics, the panel mean of the aggregated
-    matrices for the others) and mean ranks (model-vs-human's three metrics; all metrics)."""
-    values: dict[str, dict[str, float]] = {m: {} for m in models}
-    observers_among_themselves = {}
-    for metric in ("accuracy_difference", "observed_consistency", "error_consistency"):
-        result = M.aggregate_trials(trials, metric, humans=list(subjects), on_undefined=on_undefined)
-        for m in models:
-            values[m][metric] = result.models[m]
-        observers_among_themselves[metric] = result.humans
-    rows = [systems.index(m) for m in models]
-    columns = [systems.index(s) for s in subjects]
-    for metric in ("misclassification_agreement", "cles", "soc", "soce"):
-        block = aggregated[metric][np.ix_(rows, columns)]
-        for m, row in zip(models, block):
-            values[m][metric] = _nanmean(row)
-    out = {"values": values, "observers_among_themselves": observers_among_themselves}
-    table = np.array([[values[m][name] for name, _ in MVH_RANKING] for m in models], dtype=float)
-    out["mean_rank_mvh"] = dict(zip(models, _mean_rank(table, [hib for _, hib in MVH_RANKING])))
-    all_metrics = [name for name, _ in MVH_RANKING] + ["misclassification_agreement", "cles", "soce"]
-    table = np.array([[values[m][name] for name in all_metrics] for m in models], dtype=float)
-    out["mean_rank_all"] = dict(zip(models, _mean_rank(table, [False] + [True] * (len(all_metrics) - 1))))
-    out["ranked_metrics"] = {"mvh": [n for n, _ in MVH_RANKING], "all": all_metrics}
-    return out
-
-
-def _nanmean(values) -> float:
-    values = np.asarray(values, dtype=float)
-    values = values[~np.isnan(values)]
-    return float(values.mean()) if values.size else math.nan
-
-
-def _mean_rank(table: np.ndarray, higher_is_better: Sequence[bool]) -> list[float]:
-    """Mean rank per model; a metric column undefined (NaN) for some model is left out of the ranking."""
-    usable = ~np.isnan(table).any(axis=0)
-    if not usable.any():
-        return [math.nan] * table.shape[0]
-    return M.mean_rank(table[:, usable], list(np.asarray(higher_is_better)[usable])).tolist()
-
-
-# ------------------------------------------------------------------------------------------------ figures
-
-
-def heatmap(matrix: np.ndarray, labels: Sequence[str], path: Path, title: str, *, vmin: float | None = None,
-            vmax: float | None = None, cmap: str = "viridis") -> Path:
-    """A square heatmap with values written in the cells (NaN cells grey)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    n = len(labels)
-    fig, ax = plt.subplots(figsize=(1.2 + 0.55 * n, 0.9 + 0.5 * n))
-    cmap_obj = matplotlib.colormaps[cmap].with_extremes(bad="#dddddd")
-    image = ax.imshow(np.ma.masked_invalid(matrix), cmap=cmap_obj, vmin=vmin, vmax=vmax)
-    ax.set_xticks(range(n), labels, rotation=90, fontsize=7)
-    ax.set_yticks(range(n), labels, fontsize=7)
-    lo, hi = image.get_clim()
-    if n <= 16:
-        for i in range(n):
-            for j in range(n):
-                if not math.isnan(matrix[i, j]):
-                    dark = (matrix[i, j] - lo) < 0.5 * (hi - lo)  # light text on the dark end of the colour map
-                    ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=6, color="white" if dark else "black")
-    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-    ax.set_title(title, fontsize=9)
-    return _save_figure(fig, path)
-
-
-def accuracy_figure(accuracy: Mapping[str, Mapping[str, float]], conditions: Sequence[Distortion], models: Sequence[str],
-                    subjects: Sequence[str], path: Path, generator: str) -> Path:
-    """Accuracy against the generator's parameter: one line per model, the subjects' mean ± std as a band."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    chosen = [c for c in conditions if c.generator == generator]
-    x = np.arange(len(chosen))
-    fig, ax = plt.subplots(figsize=(4.8, 3.4))
-    for m in models:
-        ax.plot(x, [accuracy[c.name][m] for c in chosen], marker="o", label=m)
-    panel = np.array([[accuracy[c.name][s] for s in subjects] for c in chosen])
-    mean, std = panel.mean(1), panel.std(1)
-    ax.plot(x, mean, color="black", ls="--", marker="s", label=f"observers (n={len(subjects)})")
-    ax.fill_between(x, mean - std, mean + std, color="grey", alpha=0.25)
-    ax.set_xticks(x, [c.name.split("=", 1)[1] for c in chosen])
-    ax.set_xlabel(generator)
-    ax.set_ylabel("accuracy")
-    ax.set_ylim(0, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    return _save_figure(fig, path)
-
-
-# ------------------------------------------------------------------------------------------------ pipeline
 
 
 class ComparePipeline:
@@ -419,14 +225,14 @@ class ComparePipeline:
             per_condition[name] = pairwise_matrices(ordered, self.labels, len(self.classes), cles_variant=self.metric_cfg["cles_variant"],
                                                     on_undefined=self.metric_cfg["on_undefined"])
             accuracy[name] = {s: float(np.mean(r.predictions == self.labels)) for s, r in ordered.items()}
-        aggregated = {metric: nanmean_matrices([per_condition[c][metric] for c in per_condition]) for metric in PAIR_METRICS}
+        aggregated = {metric: nanmean_matrices([per_condition[c][metric] for c in per_condition]) for metric in PAIR_METRIC_REGISTRY}
         return {
             "systems": systems, "models": models, "subjects": subjects,
             "accuracy": accuracy,
-            "accuracy_mean": {s: _nanmean([accuracy[c][s] for c in accuracy]) for s in systems},
+            "accuracy_mean": {s: float(np.nanmean([accuracy[c][s] for c in accuracy])) for s in systems},
             "per_condition": per_condition,
             "aggregated": aggregated,
-            "diagonal": DIAGONAL,
+            "diagonal": {name: metric.diagonal for name, metric in PAIR_METRIC_REGISTRY.items()},
             "ranking": rankings(trials, aggregated, systems, models, subjects, self.metric_cfg["on_undefined"]),
             "spearman_between_metrics": metric_correlations(aggregated),
         }
@@ -470,12 +276,12 @@ class ComparePipeline:
                 cached = cached_json(path, key)
                 if cached is None:
                     cached = {"key": key, **self._score_one(score_name, params, model, fit, fit_outputs, id_outputs, ood, ood_outputs, labels)}
-                    atomic_write_json(path, _plain(cached))
+                    atomic_write_json(path, plain(cached))
                 results[label][score_name] = {k: v for k, v in cached.items() if k != "key"}
         if cfg.get("ensemble", True) and len(self.models) >= 2:
             id_scores = DeepEnsemble.from_logits(member_logits["id"])
             ood_scores = {name: DeepEnsemble.from_logits(member_logits[name]).scores for name in ood_names}
-            results[f"ensemble({'+'.join(self.models)})"] = {"ensemble": _unknown_metrics(id_scores, None, ood_scores, labels)}
+            results[f"ensemble({'+'.join(self.models)})"] = {"ensemble": unknown_metrics(id_scores, None, ood_scores, labels)}
         return {"ood_sets": ood_names, "n_fit": n_fit, "n_id": len(labels), "systems": results}
 
     def _score_one(self, name, params, model, fit, fit_outputs, id_outputs, ood, ood_outputs, labels) -> dict:
@@ -486,7 +292,7 @@ class ComparePipeline:
             ood_scores = {n: score.score(model, images, batch_size=self.batch_size, outputs=ood_outputs[n]).scores for n, (_, images) in ood.items()}
         except (ValueError, RuntimeError) as err:
             return {"error": str(err)}
-        return _unknown_metrics(id_scores, id_outputs.logits, ood_scores, labels)
+        return unknown_metrics(id_scores, id_outputs.logits, ood_scores, labels)
 
     # -------------------------------------------------------------------------------- run
 
@@ -511,159 +317,6 @@ class ComparePipeline:
         write_outputs(data, unknown, self.out, self.conditions, per_condition_figures=bool(self.metric_cfg["per_condition_figures"]))
         data["unknown"] = unknown
         return data
-
-
-def _unknown_metrics(id_scores: Scores, id_logits: torch.Tensor | None, ood_scores: Mapping[str, np.ndarray], labels: np.ndarray) -> dict:
-    """AURC, E-AURC, unified AURC, AUROC and FPR@95 per OOD set, and calibration where there is a distribution."""
-    probs = id_scores.probs
-    if probs is not None:
-        probs = probs / probs.sum(axis=1, keepdims=True)  # float rounding only
-        predictions = probs.argmax(1)
-    else:
-        predictions = id_logits.argmax(1).numpy()
-    correct = predictions == labels
-    out = {
-        "accuracy": float(correct.mean()),
-        "aurc": M.aurc(id_scores.scores, correct),
-        "eaurc": M.eaurc(id_scores.scores, correct),
-        "unknown_aurc": M.unknown_detection_aurc(id_scores.scores, correct, dict(ood_scores)),
-        "auroc": {name: M.auroc(id_scores.scores, s) for name, s in ood_scores.items()},
-        "fpr_at_95_tpr": {name: M.fpr_at_tpr(id_scores.scores, s, 0.95) for name, s in ood_scores.items()},
-    }
-    if probs is not None:
-        out["ece"] = M.expected_calibration_error(probs, labels)
-        out["nll"] = M.negative_log_likelihood(probs, labels)
-        out["brier"] = M.brier_score(probs, labels)
-    else:
-        out["ece"] = out["nll"] = out["brier"] = None
-        out["calibration"] = "not a probability: this score has no predictive distribution"
-    return out
-
-
-# ------------------------------------------------------------------------------------------------ outputs
-
-
-def _fmt(value: Any, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    return f"{value:.{digits}f}"
-
-
-def write_outputs(data: dict, unknown: dict | None, out: Path, conditions: Sequence[Distortion], per_condition_figures: bool = False) -> None:
-    """metrics.json, unknown.json, figures/*.png and summary.md."""
-    figures_dir = out / "figures"
-    systems, models, subjects = data["systems"], data["models"], data["subjects"]
-    figures = []
-    ranges = {"error_consistency": (-1, 1), "misclassification_agreement": (-1, 1)}
-    for metric, matrix in data["aggregated"].items():
-        lo, hi = ranges.get(metric, (0, 1))
-        figures.append(heatmap(matrix, systems, figures_dir / f"heatmap_{metric}.png", f"{metric} (mean over conditions)", vmin=lo, vmax=hi))
-    if per_condition_figures:
-        for condition, matrices in data["per_condition"].items():
-            for metric, matrix in matrices.items():
-                lo, hi = ranges.get(metric, (0, 1))
-                heatmap(matrix, systems, figures_dir / "conditions" / condition / f"heatmap_{metric}.png", f"{metric}, {condition}", vmin=lo, vmax=hi)
-    for generator in dict.fromkeys(c.generator for c in conditions):
-        figures.append(accuracy_figure(data["accuracy"], conditions, models, subjects, figures_dir / f"accuracy_{generator}.png", generator))
-    spearman = data["spearman_between_metrics"]
-    figures.append(heatmap(spearman["rho"], spearman["metrics"], figures_dir / "spearman_between_metrics.png",
-                           "Spearman's rho between metrics over system pairs", vmin=-1, vmax=1, cmap="coolwarm"))
-    if unknown:
-        figures.append(_unknown_figure(unknown, figures_dir / "unknown_auroc.png"))
-    atomic_write_json(out / "metrics.json", _plain(data))
-    if unknown is not None:
-        atomic_write_json(out / "unknown.json", _plain(unknown))
-    atomic_write_text(out / "summary.md", summary_markdown(data, unknown, [f.relative_to(out).as_posix() for f in figures]))
-
-
-def _unknown_figure(unknown: dict, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows, values = [], []
-    for system, scores in unknown["systems"].items():
-        for score, result in scores.items():
-            rows.append(f"{system} / {score}")
-            values.append([math.nan if "error" in result else result["auroc"][o] for o in unknown["ood_sets"]])
-    matrix = np.array(values, dtype=float).reshape(len(rows), len(unknown["ood_sets"]))
-    fig, ax = plt.subplots(figsize=(2.5 + 1.1 * len(unknown["ood_sets"]), 0.8 + 0.32 * len(rows)))
-    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="#dddddd")
-    image = ax.imshow(np.ma.masked_invalid(matrix), cmap=cmap, vmin=0, vmax=1, aspect="auto")
-    ax.set_xticks(range(len(unknown["ood_sets"])), unknown["ood_sets"], rotation=30, fontsize=7)
-    ax.set_yticks(range(len(rows)), rows, fontsize=7)
-    for i in range(len(rows)):
-        for j in range(matrix.shape[1]):
-            if not math.isnan(matrix[i, j]):
-                ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=6, color="white" if matrix[i, j] < 0.5 else "black")
-    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-    ax.set_title("AUROC (ID: clean test images)", fontsize=9)
-    return _save_figure(fig, path)
-
-
-def summary_markdown(data: dict, unknown: dict | None, figures: Sequence[str]) -> str:
-    models, subjects = data["models"], data["subjects"]
-    lines = [
-        "# Compare report", "",
-        f"Data set {data['data']}, {data['n_images']} test images in {len(data['conditions'])} conditions; models: {', '.join(models)}; "
-        f"{len(subjects)} simulated subjects (observers × seeds: {', '.join(data['observers'])}; k = {data['decisions']['k']}, "
-        f"lapse {data['decisions']['lapse']}, decision noise {data['decisions']['noise']}, "
-        f"{data['decisions']['exemplars_per_class']} exemplars per class).", "",
-    ]
-    variants = sorted(set(data["observers"].values()) - {"weight-free", "lpips"})
-    if variants:
-        lines += [f"LPIPS runs as its labelled offline variant(s) ({'; '.join(variants)}): the AlexNet weights were not available.", ""]
-    lines += ["## Accuracy per condition", "", "| Condition | " + " | ".join(models) + " | observers (mean ± std) |",
-              "|---" * (len(models) + 2) + "|"]
-    for condition, acc in data["accuracy"].items():
-        panel = np.array([acc[s] for s in subjects])
-        lines.append(f"| {condition} | " + " | ".join(_fmt(acc[m]) for m in models) + f" | {_fmt(panel.mean())} ± {_fmt(panel.std())} |")
-    ranking = data["ranking"]
-    metrics = ranking["ranked_metrics"]["all"] + ["soc"]
-    lines += ["", "## Models against the observer panel", "",
-              "Accuracy difference, observed and error consistency in model-vs-human's nesting (subjects as the humans); "
-              "the other metrics are the panel mean of the condition-averaged pairwise values. Mean rank 1 is the most "
-              "observer-like (model-vs-human's ranking: accuracy difference, observed and error consistency).", "",
-              "| Model | " + " | ".join(metrics) + " | mean rank (mvh) | mean rank (all) |", "|---" * (len(metrics) + 3) + "|"]
-    for m in models:
-        lines.append(f"| {m} | " + " | ".join(_fmt(ranking["values"][m].get(k)) for k in metrics)
-                     + f" | {_fmt(ranking['mean_rank_mvh'][m], 2)} | {_fmt(ranking['mean_rank_all'][m], 2)} |")
-    among = ranking["observers_among_themselves"]
-    lines += ["", "Observers among themselves: " + ", ".join(f"{k} {_fmt(v)}" for k, v in among.items()) + ".", ""]
-    spearman = data["spearman_between_metrics"]
-    names = spearman["metrics"]
-    lines += ["## Spearman's rho between metrics over system pairs", "", "| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    for i, a in enumerate(names):
-        lines.append(f"| {a} | " + " | ".join(_fmt(float(spearman["rho"][i][j]), 2) for j in range(len(names))) + " |")
-    lines += ["", "Diagonals of the pairwise matrices (a system against itself):", ""]
-    lines += [f"- {metric}: {text}" for metric, text in data["diagonal"].items()]
-    if unknown:
-        ood = unknown["ood_sets"]
-        lines += ["", "## Unknown detection", "",
-                  f"ID: the {unknown['n_id']} clean test images; OOD: {', '.join(ood)}; scores fit on {unknown['n_fit']} training images.", "",
-                  "| System | Score | AURC | E-AURC | unknown AURC | " + " | ".join(f"AUROC {o} | FPR@95 {o}" for o in ood) + " | ECE | NLL | Brier |",
-                  "|---" * (8 + 2 * len(ood)) + "|"]
-        not_applicable = []
-        for system, scores in unknown["systems"].items():
-            for score, r in scores.items():
-                if "error" in r:
-                    not_applicable.append(f"- {system} / {score}: {r['error']}")
-                    lines.append(f"| {system} | {score} | n/a (below) |" + " |" * (5 + 2 * len(ood)))
-                    continue
-                cells = [_fmt(r["aurc"]), _fmt(r["eaurc"]), _fmt(r["unknown_aurc"])]
-                cells += [x for o in ood for x in (_fmt(r["auroc"][o]), _fmt(r["fpr_at_95_tpr"][o]))]
-                cells += [_fmt(r.get("ece")), _fmt(r.get("nll")), _fmt(r.get("brier"))]
-                lines.append(f"| {system} | {score} | " + " | ".join(cells) + " |")
-        if not_applicable:
-            lines += ["", "Not applicable:", ""] + not_applicable
-        if any("odin" in scores for scores in unknown["systems"].values()):
-            lines += ["", "ODIN's calibration is that of its tempered softmax (temperature T), not the model's."]
-    lines += ["", "## Figures", ""] + [f"- ![{f}]({f})" for f in figures]
-    return "\n".join(lines) + "\n"
-
-
-# ------------------------------------------------------------------------------------------------ entry points
 
 
 def run(cfg: DictConfig | Mapping) -> dict:
@@ -691,5 +344,4 @@ def main(cfg: DictConfig) -> None:
     print(f"report: {(Path(cfg.out) / 'summary.md').resolve()}  ({data['seconds']:.0f} s)")
 
 
-__all__ = ["ComparePipeline", "DIAGONAL", "PAIR_METRICS", "Responses", "heatmap", "main", "metric_correlations", "nanmean_matrices",
-           "pairwise_matrices", "rankings", "run", "summary_markdown", "write_outputs"]
+__all__ = ["ComparePipeline", "NOISE_SETS", "main", "run"]

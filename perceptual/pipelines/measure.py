@@ -1,0 +1,41 @@
+"""``python -m perceptual measure``: observer alignment of models (Nanda et al., AAAI 2023, Table 1), from a Hydra
+config (``conf/measure.yaml``). The work is :func:`perceptual.measure.measure_models`; this module checks the
+config, builds the panel and prints the table."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from training.config import resolve_device
+from training.sweeps import job_path
+
+from ..measure import ModelSpec, headline, make_panel, measure_models, threat_from_config, validate_inputs
+
+
+def run(cfg: DictConfig) -> dict:
+    specs = [ModelSpec.parse(m) for m in cfg.models]
+    container = OmegaConf.to_container(cfg, resolve=True)
+    validate_inputs(specs, n_targets=cfg.n_targets, seed_types=list(cfg.seed_types), tasks=list(cfg.tasks), engine=container["invert"],
+                    controversial=container.get("controversial"))
+    threat_from_config(container.get("threat"))
+    observers = cfg.observers if isinstance(cfg.observers, str) else list(cfg.observers)
+    panel = make_panel(observers, cfg.observer_net, cfg.lpips_weights, resolve_device(cfg.device))
+    return measure_models(
+        specs, container["data"], cfg.out, engine=container["invert"], n_targets=cfg.n_targets, seed_types=list(cfg.seed_types),
+        seed=cfg.seed, panel=panel, tasks=list(cfg.tasks), attention_rate=cfg.attention_rate, judge_8bit=cfg.judge_8bit,
+        threat=threat_from_config(container.get("threat")), accuracy_limit=cfg.accuracy_limit,
+        controversial=container.get("controversial"), device=cfg.device, config=container,
+    )
+
+
+@hydra.main(config_path="pkg://conf", config_name="measure", version_base=None)
+def main(cfg: DictConfig) -> None:
+    cfg.out = str(job_path(cfg.out))  # a multirun's jobs report in folders of their own
+    data = run(cfg)
+    print(headline(data))
+    print(f"report: {Path(cfg.out).resolve() / 'report.md'}")
+
+
+__all__ = ["main", "run"]
