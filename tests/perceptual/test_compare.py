@@ -14,9 +14,9 @@ from hydra import compose, initialize_config_module
 
 import stimuli
 from perceptual import metrics as M
+from perceptual.decisions import TRIAL_TABLE_COLUMNS
 from perceptual.pair_metrics import PAIR_METRIC_REGISTRY, Responses, metric_correlations, nanmean_matrices, pairwise_matrices
 from perceptual.pipelines.compare import run
-from perceptual.decisions import TRIAL_TABLE_COLUMNS
 
 from ..conftest import TEST_DEVICE
 
