@@ -6,6 +6,7 @@ for the losses, :mod:`invert.steps` for steppers and projections (shared with th
 """
 from .config import InvertConfig, load_preset, preset_names
 from .engine import Engine, InversionResult, NonFiniteLossError, invert_batch, resolve_engine
+from .modules import batch_slices, module_device
 from .objectives import (
     ClassControversialLoss,
     ControversialLoss,
@@ -20,7 +21,7 @@ from .objectives import (
     compute_features,
 )
 from .params import Fourier, Pixel, Sigmoid, make_parametrization
-from .rng import hashed_uniform, item_generator, noise_images
+from .rng import hashed_uniform, item_generator, noise_images, stream_seed
 from .steps import (
     Adam,
     L2Step,
@@ -41,5 +42,6 @@ __all__ = [
     "NonFiniteLossError", "Objective", "Pixel", "Sigmoid", "SumObjective", "TotalVariation", "TransformRobust",
     "check_images", "clamp01", "compute_features", "hashed_uniform", "hot_loop", "invert_batch", "item_generator",
     "load_preset", "make_parametrization", "make_stepper", "noise_images", "per_sample_norm", "preset_names",
-    "project_l2", "project_linf", "random_start_l2", "random_start_linf", "resolve_engine",
+    "project_l2", "project_linf", "random_start_l2", "random_start_linf", "resolve_engine", "batch_slices", "module_device",
+    "stream_seed",
 ]

@@ -1,10 +1,30 @@
-"""Small helpers for running someone else's nn.Module inside the engine."""
+"""Small helpers for running someone else's nn.Module: eval mode with frozen weights, the device a module
+lives on, and the slices that cut a batch into chunks. Every package uses these (they live on the lowest floor)."""
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Iterable, Iterator
 
+import torch
 from torch import nn
+
+
+def module_device(*modules: nn.Module | None) -> torch.device:
+    """The device of the first parameter or buffer of the first module that has one (CPU when none has)."""
+    for module in modules:
+        if module is None:
+            continue
+        for tensor in list(module.parameters()) + list(module.buffers()):
+            return tensor.device
+    return torch.device("cpu")
+
+
+def batch_slices(n: int, size: int) -> Iterable[slice]:
+    """``slice``s of at most ``size`` consecutive items covering ``range(n)``."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {size!r}")
+    for start in range(0, n, size):
+        yield slice(start, min(start + size, n))
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ Two tools, for two situations:
 """
 from __future__ import annotations
 
+import hashlib
 from typing import Sequence, Union
 
 import torch
@@ -51,6 +52,14 @@ def hashed_uniform(seed: int, items: Tensor, step: Union[int, Tensor], n: int) -
     h = _combine(h.unsqueeze(1), draws.unsqueeze(0))
     # The top 24 bits convert to float32 exactly, so the result is strictly below 1.
     return (_mix32(h) >> 8).to(torch.float32) / 16777216.0
+
+
+def stream_seed(namespace: str, *parts: object) -> int:
+    """A 31-bit seed for one purpose, derived by SHA-256 from a namespace and parts (e.g. the base seed and a
+    purpose name), so that draws for different purposes never share a random stream and the same purpose gets
+    the same stream in every process (unlike Python's ``hash``)."""
+    text = namespace + ":" + "\x1f".join(str(p) for p in parts)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little") & 0x7FFFFFFF
 
 
 def item_generator(seed: int, item: int, device: Union[str, torch.device] = "cpu") -> torch.Generator:

@@ -23,7 +23,6 @@ correct``; ``category`` is the true class name, ``response`` the answered one); 
 """
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from invert.rng import hashed_uniform
+from invert.rng import hashed_uniform, stream_seed
 
 from .observers import Observer, Panel
 
@@ -43,8 +42,7 @@ TRIAL_TABLE_COLUMNS = ("subject", "dataset", "condition", "image_id", "category"
 
 def stable_key(*parts: object) -> int:
     """A 31-bit integer from strings/numbers, the same in every process (unlike ``hash``)."""
-    text = "\x1f".join(str(p) for p in parts)
-    return int.from_bytes(hashlib.sha256(f"repalign.decisions:{text}".encode()).digest()[:4], "little") & 0x7FFFFFFF
+    return stream_seed("repalign.decisions", *parts)
 
 
 def draw_exemplars(labels: Tensor | Sequence[int], per_class: int, seed: int) -> Tensor:

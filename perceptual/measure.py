@@ -42,10 +42,11 @@ from training.io import atomic_write_json, atomic_write_text
 
 from . import report
 from .cache import cache_key, cached_json
+from .decisions import observer_slug
 from .observers import Panel, default_panel, make_observer, quantize_8bit
 from .tasks import controversial_spread, judge_2afc, judge_clustering, panel_summary, summarize
 
-TASKS = ("2afc", "clustering", "clustering_hard")
+TASKS = stimuli.TASKS  # the trial kinds of stimuli.trials
 FOLDER_ACCURACY_IMAGES = 1000  # accuracy subset of a folder data set when accuracy_limit is not set
 
 
@@ -143,7 +144,7 @@ def observe_set(
         judge = judge_2afc if task == "2afc" else judge_clustering
         for observer in panel:
             key = cache_key(trial_key, observer.name, judge_8bit, interval)
-            slug = observer.name.replace(" ", "").replace("[", "-").replace("]", "").replace(",", "-")
+            slug = observer_slug(observer.name)
             path = out / "observers" / f"{slug}-{task}.json"
             cached = cached_json(path, key)
             if cached is None:

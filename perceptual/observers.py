@@ -31,12 +31,13 @@ import contextlib
 import os
 import warnings
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from invert.modules import batch_slices, module_device
 from invert.validation import check_images
 
 LPIPS_BACKBONES = {"alex": "alexnet", "vgg": "vgg16", "squeeze": "squeezenet1_1"}
@@ -45,11 +46,6 @@ LPIPS_BACKBONES = {"alex": "alexnet", "vgg": "vgg16", "squeeze": "squeezenet1_1"
 def quantize_8bit(x: Tensor) -> Tensor:
     """What people see: round to 8 bits (as the stimulus sets' PNGs are written)."""
     return torch.round(x.clamp(0, 1) * 255) / 255
-
-
-def _chunks(n: int, size: int) -> Iterable[slice]:
-    for start in range(0, n, size):
-        yield slice(start, min(start + size, n))
 
 
 def backbone_weights_file(net: str) -> tuple[str, str]:
@@ -77,7 +73,7 @@ class Observer(nn.Module):
         check_images(images, "observer images")
         i, j = torch.as_tensor(i, dtype=torch.long), torch.as_tensor(j, dtype=torch.long)
         device = self.device
-        out = [self.pairwise_images(images[i[s]].to(device), images[j[s]].to(device)).float().cpu() for s in _chunks(len(i), self.batch_size)]
+        out = [self.pairwise_images(images[i[s]].to(device), images[j[s]].to(device)).float().cpu() for s in batch_slices(len(i), self.batch_size)]
         return torch.cat(out) if out else torch.zeros(0)
 
     @torch.no_grad()
@@ -91,9 +87,7 @@ class Observer(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        for tensor in list(self.parameters()) + list(self.buffers()):
-            return tensor.device
-        return torch.device("cpu")
+        return module_device(self)
 
 
 class PixelL2Observer(Observer):
@@ -248,7 +242,7 @@ class LPIPSObserver(Observer):
         """Per-layer (N, C·H·W) float64 feature matrices (each column weighted) for Gram-product distances."""
         check_images(images, "observer images")
         per_layer: list[list[Tensor]] = []
-        for s in _chunks(len(images), self.batch_size):
+        for s in batch_slices(len(images), self.batch_size):
             feats = self.features(images[s].to(self.device).float())
             for k, f in enumerate(feats):
                 if len(per_layer) <= k:

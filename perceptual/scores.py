@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from invert.modules import batch_slices, module_device
 from invert.validation import check_images
 
 
@@ -60,23 +61,10 @@ class Scores:
     probs: np.ndarray | None = None
 
 
-def _device(model: nn.Module) -> torch.device:
-    for tensor in list(model.parameters()) + list(model.buffers()):
-        return tensor.device
-    return torch.device("cpu")
-
-
 def _as_float_images(images: Tensor) -> Tensor:
     if isinstance(images, Tensor) and images.dtype == torch.uint8:
         images = images.float() / 255
     return check_images(images, "images", channels=3)
-
-
-def _batches(n: int, batch_size: int):
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    for start in range(0, n, batch_size):
-        yield slice(start, min(start + batch_size, n))
 
 
 @torch.no_grad()
@@ -90,7 +78,7 @@ def model_outputs(model: nn.Module, images: Tensor, *, batch_size: int = 256, fe
     from training import Representation
 
     images = _as_float_images(images)
-    device = _device(model)
+    device = module_device(model)
     was_training = model.training
     model.eval()
     if features and representation is None:
@@ -99,7 +87,7 @@ def model_outputs(model: nn.Module, images: Tensor, *, batch_size: int = 256, fe
         representation = None
     logits, feats = [], []
     try:
-        for s in _batches(len(images), batch_size):
+        for s in batch_slices(len(images), batch_size):
             x = images[s].to(device)
             logits.append(model(x).float().cpu())
             if representation is not None:
@@ -201,12 +189,12 @@ class ODIN(ScoreFunction):
 
     def score(self, model: nn.Module, images: Tensor, *, batch_size: int = 256, outputs: ModelOutputs | None = None) -> Scores:
         images = _as_float_images(images)
-        device = _device(model)
+        device = module_device(model)
         was_training = model.training
         model.eval()
         probs = []
         try:
-            for s in _batches(len(images), batch_size):
+            for s in batch_slices(len(images), batch_size):
                 x = self.perturb(model, images[s].to(device)) if self.epsilon > 0 else images[s].to(device)
                 with torch.no_grad():
                     probs.append((model(x).double() / self.temperature).softmax(1).cpu())
@@ -243,7 +231,7 @@ class Mahalanobis(ScoreFunction):
         self._check_fitted("means", "precision")
         feats = self._features(outputs).double()
         nearest = []
-        for s in _batches(len(feats), max(1, 2**22 // max(1, self.means.numel()))):  # bounds the (n, C, D) difference
+        for s in batch_slices(len(feats), max(1, 2**22 // max(1, self.means.numel()))):  # bounds the (n, C, D) difference
             diff = feats[s, None, :] - self.means[None]
             nearest.append(torch.einsum("ncd,de,nce->nc", diff, self.precision, diff).min(1).values)
         return Scores((-torch.cat(nearest)).numpy())
@@ -270,7 +258,7 @@ class KNNDistance(ScoreFunction):
         self._check_fitted("bank")
         feats = F.normalize(self._features(outputs).float(), dim=1)
         k = min(self.k, len(self.bank))
-        kth = [torch.cdist(feats[s], self.bank).topk(k, dim=1, largest=False).values[:, -1] for s in _batches(len(feats), self.chunk)]
+        kth = [torch.cdist(feats[s], self.bank).topk(k, dim=1, largest=False).values[:, -1] for s in batch_slices(len(feats), self.chunk)]
         return Scores((-torch.cat(kth)).double().numpy())
 
 
@@ -364,7 +352,7 @@ class MCDropout(ScoreFunction):
     def score(self, model: nn.Module, images: Tensor, *, batch_size: int = 256, outputs: ModelOutputs | None = None) -> Scores:
         images = _as_float_images(images)
         sampler = self.prepare(model)
-        device = _device(sampler)
+        device = module_device(sampler)
         states = {m: m.training for m in sampler.modules()}
         sampler.eval()  # batch norm (and everything else) frozen ...
         for m in sampler.modules():
@@ -375,7 +363,7 @@ class MCDropout(ScoreFunction):
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 torch.manual_seed(self.seed)
                 for _ in range(self.passes):
-                    probs = torch.cat([sampler(images[s].to(device)).double().softmax(1).cpu() for s in _batches(len(images), batch_size)])
+                    probs = torch.cat([sampler(images[s].to(device)).double().softmax(1).cpu() for s in batch_slices(len(images), batch_size)])
                     total = probs if total is None else total + probs
         finally:
             for m, training in states.items():

@@ -28,13 +28,14 @@ import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from invert.rng import hashed_uniform
+from invert.modules import batch_slices
+from invert.rng import hashed_uniform, stream_seed
 from invert.validation import check_images
 
 # model-vs-human's background grey: "the mean pixel value over all images" (bg_grey in image_manipulation.py).
@@ -237,29 +238,90 @@ def opponent_colour(images: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class GeneratorSpec:
-    """One of model-vs-human's parametric manipulations: its parameter grid and how it is applied."""
+    """One parametric manipulation: its parameter grid, how it is applied and which parameters it accepts.
+
+    ``apply(distortion, images, ids, seed)`` gets the (already greyscale where ``greyscale``) images, their ids
+    and the seed; ``validate(parameter)`` raises ValueError for a parameter it cannot take. Adding a generator is
+    one :func:`register_generator` call with its spec, next to its function.
+    """
 
     name: str
     grid: tuple
     greyscale: bool  # converted to greyscale first, as model-vs-human's stimuli
     description: str
+    apply: Callable[..., Tensor]
+    validate: Callable[[Any], None] = lambda parameter: None
+    identity: tuple = ()  # parameters at which the images pass unchanged (after greyscale)
+    uses_pixel_sigma: bool = False  # the parameter is a filter width in px at the reference size
 
 
-GENERATORS: dict[str, GeneratorSpec] = {
-    spec.name: spec
-    for spec in (
-        GeneratorSpec("colour", ("colour", "greyscale"), False, "colour vs greyscale (model-vs-human 'colour': cr/bw)"),
-        GeneratorSpec("contrast", (1.0, 0.5, 0.3, 0.15, 0.1, 0.05, 0.03, 0.01), True, "contrast c: (1 − c)/2 + c·x"),
-        GeneratorSpec("uniform_noise", (0.0, 0.03, 0.05, 0.1, 0.2, 0.35, 0.6, 0.9), True, "contrast 0.3 plus uniform noise ±w, clipped"),
-        GeneratorSpec("low_pass", (0, 1, 3, 5, 7, 10, 15, 40), True, "Gaussian low-pass, sigma in px at 224 px, padding 0.4423"),
-        GeneratorSpec("high_pass", (math.inf, 3, 1.5, 1, 0.7, 0.55, 0.45, 0.4), True, "x − G_sigma(x) shifted to mean 0.4423, sigma in px at 224 px"),
-        GeneratorSpec("phase_noise", (0, 30, 60, 90, 120, 150, 180), True, "uniform phase shifts of ±w degrees"),
-        GeneratorSpec("power_equalisation", ("original", "equalised"), True, "amplitude spectrum replaced by the set's mean"),
-        GeneratorSpec("rotation", (0, 90, 180, 270), True, "rotation in degrees, counter-clockwise"),
-        GeneratorSpec("opponent_colour", ("true", "opponent"), False, "approximate opponent colours (model-vs-human 'false colour')"),
-    )
-}
-GRIDS: dict[str, tuple] = {name: spec.grid for name, spec in GENERATORS.items()}
+GENERATORS: dict[str, GeneratorSpec] = {}
+
+
+def register_generator(spec: GeneratorSpec) -> GeneratorSpec:
+    """Add a generator (its name must be new); ``Distortion(name, parameter)`` and ``conditions=[name]`` then use it."""
+    if spec.name in GENERATORS and GENERATORS[spec.name] is not spec:
+        raise ValueError(f"a distortion generator named {spec.name!r} is already registered")
+    GENERATORS[spec.name] = spec
+    return spec
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def _power_equalise(d: "Distortion", x: Tensor, ids: Tensor, seed: int) -> Tensor:
+    if d.amplitude is None:
+        raise RuntimeError("power_equalisation=equalised needs the set's mean amplitude: call .fit(images) on the whole set first")
+    return power_equalisation(x, d.amplitude.to(x.device))
+
+
+for _spec_ in (
+    GeneratorSpec("colour", ("colour", "greyscale"), False, "colour vs greyscale (model-vs-human 'colour': cr/bw)",
+                  apply=lambda d, x, ids, seed: x.clone(), identity=("colour", "greyscale")),
+    GeneratorSpec("contrast", (1.0, 0.5, 0.3, 0.15, 0.1, 0.05, 0.03, 0.01), True, "contrast c: (1 − c)/2 + c·x",
+                  apply=lambda d, x, ids, seed: adjust_contrast(x, d.parameter),
+                  validate=lambda p: _require(0 <= p <= 1, f"contrast must lie in [0, 1], got {p}")),
+    GeneratorSpec("uniform_noise", (0.0, 0.03, 0.05, 0.1, 0.2, 0.35, 0.6, 0.9), True, "contrast 0.3 plus uniform noise ±w, clipped",
+                  apply=lambda d, x, ids, seed: uniform_noise(x, d.parameter, image_ids=ids, seed=seed),
+                  validate=lambda p: _require(p >= 0, f"uniform_noise parameter must be >= 0, got {p}")),
+    GeneratorSpec("low_pass", (0, 1, 3, 5, 7, 10, 15, 40), True, "Gaussian low-pass, sigma in px at 224 px, padding 0.4423",
+                  apply=lambda d, x, ids, seed: low_pass(x, d.pixel_sigma(x.shape[-1])), uses_pixel_sigma=True,
+                  validate=lambda p: (_require(p >= 0, f"low_pass parameter must be >= 0, got {p}"),
+                                      _require(not math.isinf(p), "low_pass sigma must be finite"))),
+    GeneratorSpec("high_pass", (math.inf, 3, 1.5, 1, 0.7, 0.55, 0.45, 0.4), True, "x − G_sigma(x) shifted to mean 0.4423, sigma in px at 224 px",
+                  apply=lambda d, x, ids, seed: high_pass(x, d.pixel_sigma(x.shape[-1])), uses_pixel_sigma=True,
+                  validate=lambda p: (_require(p >= 0, f"high_pass parameter must be >= 0, got {p}"),
+                                      _require(p != 0, "high_pass sigma must be > 0 (sigma = 0 would remove the whole image); use inf for no filtering"))),
+    GeneratorSpec("phase_noise", (0, 30, 60, 90, 120, 150, 180), True, "uniform phase shifts of ±w degrees",
+                  apply=lambda d, x, ids, seed: phase_noise(x, d.parameter, image_ids=ids, seed=seed),
+                  validate=lambda p: _require(0 <= p <= 180, f"phase_noise width must lie in [0, 180] degrees, got {p}")),
+    GeneratorSpec("power_equalisation", ("original", "equalised"), True, "amplitude spectrum replaced by the set's mean",
+                  apply=_power_equalise, identity=("original",)),
+    GeneratorSpec("rotation", (0, 90, 180, 270), True, "rotation in degrees, counter-clockwise",
+                  apply=lambda d, x, ids, seed: rotate(x, d.parameter),
+                  validate=lambda p: _require(p in (0, 90, 180, 270), f"rotation must be 0, 90, 180 or 270 degrees, got {p}")),
+    GeneratorSpec("opponent_colour", ("true", "opponent"), False, "approximate opponent colours (model-vs-human 'false colour')",
+                  apply=lambda d, x, ids, seed: opponent_colour(x), identity=("true",)),
+):
+    register_generator(_spec_)
+
+
+class _Grids(Mapping):
+    """Each registered generator's parameter grid, as a read-only mapping that follows the registry."""
+
+    def __getitem__(self, name: str) -> tuple:
+        return GENERATORS[name].grid
+
+    def __iter__(self):
+        return iter(GENERATORS)
+
+    def __len__(self) -> int:
+        return len(GENERATORS)
+
+
+GRIDS: Mapping[str, tuple] = _Grids()
 
 
 def format_parameter(value: Any) -> str:
@@ -315,19 +377,9 @@ class Distortion:
         self.amplitude: Tensor | None = None
 
     def _validate(self) -> None:
-        p = self.parameter
-        if self.generator in ("contrast",) and not 0 <= p <= 1:
-            raise ValueError(f"contrast must lie in [0, 1], got {p}")
-        if self.generator in ("uniform_noise", "low_pass", "high_pass") and p < 0:
-            raise ValueError(f"{self.generator} parameter must be >= 0, got {p}")
-        if self.generator == "low_pass" and math.isinf(p):
-            raise ValueError("low_pass sigma must be finite")
-        if self.generator == "high_pass" and p == 0:
-            raise ValueError("high_pass sigma must be > 0 (sigma = 0 would remove the whole image); use inf for no filtering")
-        if self.generator == "phase_noise" and not 0 <= p <= 180:
-            raise ValueError(f"phase_noise width must lie in [0, 180] degrees, got {p}")
-        if self.generator == "rotation" and p not in (0, 90, 180, 270):
-            raise ValueError(f"rotation must be 0, 90, 180 or 270 degrees, got {p}")
+        if isinstance(self.parameter, float) and math.isnan(self.parameter):
+            raise ValueError(f"{self.generator} parameter is NaN")
+        self.spec.validate(self.parameter)
 
     @property
     def name(self) -> str:
@@ -345,7 +397,7 @@ class Distortion:
         """What the manifest records: generator, parameter, greyscale, and the scaled width for filters."""
         out = {"generator": self.generator, "parameter": format_parameter(self.parameter), "greyscale": self._greyscale,
                "reference_size": self.reference_size, "description": self.spec.description}
-        if self.generator in ("low_pass", "high_pass") and image_size is not None:
+        if self.spec.uses_pixel_sigma and image_size is not None:
             out["sigma_px"] = format_parameter(self.pixel_sigma(image_size))
         return out
 
@@ -365,28 +417,9 @@ class Distortion:
         check_images(images, "images", channels=3)
         ids = _ids(image_ids, len(images), images.device)
         x = to_greyscale(images) if self._greyscale else images
-        g, p = self.generator, self.parameter
-        if g in ("colour",) or (g == "opponent_colour" and p == "true") or (g == "power_equalisation" and p == "original"):
+        if self.parameter in self.spec.identity:
             return x.clone()
-        if g == "contrast":
-            return adjust_contrast(x, p)
-        if g == "uniform_noise":
-            return uniform_noise(x, p, image_ids=ids, seed=seed)
-        if g == "low_pass":
-            return low_pass(x, self.pixel_sigma(x.shape[-1]))
-        if g == "high_pass":
-            return high_pass(x, self.pixel_sigma(x.shape[-1]))
-        if g == "phase_noise":
-            return phase_noise(x, p, image_ids=ids, seed=seed)
-        if g == "power_equalisation":
-            if self.amplitude is None:
-                raise RuntimeError("power_equalisation=equalised needs the set's mean amplitude: call .fit(images) on the whole set first")
-            return power_equalisation(x, self.amplitude.to(x.device))
-        if g == "rotation":
-            return rotate(x, p)
-        if g == "opponent_colour":
-            return opponent_colour(x)
-        raise AssertionError(g)  # pragma: no cover - GENERATORS and this dispatch are kept in step
+        return self.spec.apply(self, x, ids, seed)
 
     def __repr__(self) -> str:
         return f"Distortion({self.name!r})"
@@ -435,7 +468,7 @@ def apply_batched(distortion: Distortion, images: Tensor, image_ids: Tensor, see
     ids = torch.as_tensor(image_ids, dtype=torch.long)
     if distortion.needs_fit:
         distortion.fit(images.to(device))
-    parts = [distortion(images[s].to(device), ids[s].to(device), seed).cpu() for s in _slices(len(images), batch_size)]
+    parts = [distortion(images[s].to(device), ids[s].to(device), seed).cpu() for s in batch_slices(len(images), batch_size)]
     return torch.cat(parts)
 
 
@@ -492,7 +525,7 @@ def make_condition_set(path: str | Path, distortion: Distortion, images: Tensor,
 
 def _salt(purpose: str) -> int:
     """A stable 31-bit stream number per generator, so generators never share noise."""
-    return int.from_bytes(hashlib.sha256(f"repalign.conditions:{purpose}".encode()).digest()[:4], "little") & 0x7FFFFFFF
+    return stream_seed("repalign.conditions", purpose)
 
 
 def _ids(image_ids: Any, n: int | None, device) -> Tensor:
@@ -522,13 +555,8 @@ def _check_nonnegative(value: float, name: str) -> float:
     return value
 
 
-def _slices(n: int, size: int):
-    for start in range(0, n, size):
-        yield slice(start, min(start + size, n))
-
-
 __all__ = [
-    "GENERATORS", "GRIDS", "LUMINANCE_WEIGHTS", "MVH_GREY", "REFERENCE_SIZE", "Distortion", "GeneratorSpec",
+    "GENERATORS", "GRIDS", "register_generator", "LUMINANCE_WEIGHTS", "MVH_GREY", "REFERENCE_SIZE", "Distortion", "GeneratorSpec",
     "adjust_contrast", "apply_batched", "conjugate_index", "format_parameter", "gaussian_blur", "gaussian_kernel1d",
     "condition_parameters", "high_pass", "low_pass", "make_condition_set", "mean_amplitude_spectrum", "opponent_colour",
     "parse_conditions", "phase_noise", "phase_shift_field", "power_equalisation", "rotate", "to_greyscale", "uniform_noise",

@@ -46,7 +46,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from invert import ClassControversialLoss, ControversialLoss, Engine, InversionLoss, InvertConfig, resolve_engine
+from invert import ClassControversialLoss, ControversialLoss, Engine, InversionLoss, InvertConfig, module_device, resolve_engine
 from training.checkpoints import weights_hash
 from training.io import atomic_save, atomic_write_json
 
@@ -120,11 +120,7 @@ class ModelRef:
         return module
 
     def device(self) -> torch.device:
-        for module in (self.representation, self.classifier):
-            if module is not None:
-                for tensor in list(module.parameters()) + list(module.buffers()):
-                    return tensor.device
-        return torch.device("cpu")
+        return module_device(self.representation, self.classifier)
 
     def provenance(self) -> dict:
         return {

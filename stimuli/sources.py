@@ -22,7 +22,6 @@ high-contrast light-and-dark noise.
 """
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -30,6 +29,7 @@ import torch
 from torch import Tensor
 
 from invert import item_generator, noise_images
+from invert import stream_seed as _stream_seed
 
 SEED_TYPES = ("noise", "train", "gray", "black", "white")
 CONSTANT_SEEDS = {"gray": 0.5, "black": 0.0, "white": 1.0}
@@ -39,10 +39,10 @@ DEFAULT_GAUSSIANS = ({"name": "dark", "mean": 0.0, "std": 1.0}, {"name": "light"
 
 
 def stream_seed(seed: int, purpose: str) -> int:
-    """A 31-bit seed for one purpose (targets, noise seeds, train seeds ...) derived from the base
-    seed, so that the draws for different purposes never share a random stream."""
-    digest = hashlib.sha256(f"repalign.stimuli:{int(seed)}:{purpose}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+    """A 31-bit seed for one purpose (targets, noise seeds, train seeds ...) derived from the base seed
+    (:func:`invert.stream_seed` in the ``repalign.stimuli`` namespace), so that the draws for different
+    purposes never share a random stream."""
+    return _stream_seed("repalign.stimuli", f"{int(seed)}:{purpose}")
 
 
 def keyed_generator(seed: int, purpose: str, item: int) -> torch.Generator:

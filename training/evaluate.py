@@ -25,20 +25,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from invert.modules import module_device
 from invert.validation import check_images, hot_loop
 
 from .attacks import ThreatModel, check_norm, pgd
 from .data import ImageSet
 
 Data = Union[ImageSet, tuple[Tensor, Tensor]]
-
-
-def _device_of(model: nn.Module) -> torch.device:
-    for tensor in model.parameters():
-        return tensor.device
-    for tensor in model.buffers():
-        return tensor.device
-    return torch.device("cpu")
 
 
 def _length(data: Data) -> int:
@@ -102,7 +95,7 @@ def correct_counts(model: nn.Module, data: Data, threat: ThreatModel | None = No
     if restarts < 1:
         raise ValueError(f"restarts must be at least 1, got {restarts}")
     data = _prepare(data, limit)
-    device = _device_of(model)
+    device = module_device(model)
     generator = torch.Generator(device=device).manual_seed(seed)
     clean = torch.zeros((), dtype=torch.long, device=device)
     robust = torch.zeros((), dtype=torch.long, device=device)
@@ -174,7 +167,7 @@ class MaskingReport:
 
 
 def _loss_and_accuracy(model: nn.Module, data: Data, threat: ThreatModel | None, batch_size: int, seed: int) -> tuple[float, float]:
-    device = _device_of(model)
+    device = module_device(model)
     generator = torch.Generator(device=device).manual_seed(seed)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     correct = torch.zeros((), dtype=torch.long, device=device)

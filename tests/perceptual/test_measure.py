@@ -60,7 +60,7 @@ def test_pipeline_end_to_end_writes_every_number_and_figure(tmp_path, tiny_check
 def test_rerun_reuses_cached_sets_accuracies_and_judgements(tmp_path, tiny_checkpoints):
     out = tmp_path / "report"
     first = run_pipeline(out, tiny_checkpoints)
-    judged = out / "models" / "narrow" / "observers" / "ssim-2afc.json"
+    judged = out / "models" / "narrow" / "observers" / "ssim-2afc.json"  # observer_slug("ssim") == "ssim"
     accuracy = out / "models" / "narrow" / "accuracy.json"
     stamps = (judged.stat().st_mtime_ns, accuracy.stat().st_mtime_ns)
     second = run_pipeline(out, tiny_checkpoints)
@@ -145,3 +145,15 @@ def test_controversial_verdict_says_when_the_observers_disagree():
     agree = controversial_favoured({"lpips": spread(0.4, 0.3), "ssim": spread(0.5, 0.4)}, {"AB": "standard", "BA": "robust"})
     assert controversial_verdict(agree).startswith("every observer favours robust")
     assert "favour neither" in controversial_verdict({"lpips": None})
+
+
+def test_threat_eps_may_be_a_fraction_on_the_measure_command_line():
+    from omegaconf import OmegaConf
+
+    from perceptual.measure import threat_from_config
+    from training.config import check_overrides
+
+    cfg = check_overrides("measure", ["threat.norm=linf", "threat.eps=8/255", "threat.steps=5"])
+    threat = threat_from_config(OmegaConf.to_container(cfg.threat, resolve=True))
+    assert threat.norm == "linf" and threat.eps == pytest.approx(8 / 255) and threat.steps == 5
+    assert threat_from_config(None) is None
