@@ -4,7 +4,7 @@ Three runs invert the same targets from the same seeds with the same model weigh
 (x <- clamp(x - eta g/||g||_2, 0, 1)), step size and step count, keeping each sample's best iterate:
 
 1. anchor: ``robustness.attacker.AttackerModel`` (1.2.1.post2, patched for torch 2.x/CPU by
-   ``training.robustness_compat``) with a custom loss = the normalised representation distance,
+   ``benchmarks/robustness_compat.py``) with a custom loss = the normalised representation distance,
    the L2 constraint with a huge eps, ``targeted=True``, ``use_best=True``, in batches of
    ``--batch`` (32, as Nanda et al. ran it). Its model is ``robustness.cifar_models.resnet18`` (or
    ``imagenet_models.resnet50``) holding our network's state dict; its representation is
@@ -37,12 +37,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from results_io import environment, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
+from robustness_compat import import_robustness  # noqa: E402  (this folder)
 
 from invert import Engine, InversionLoss, noise_images  # noqa: E402
 from training.data import DATASET_STATS, IMAGE_SIZE, load_dataset  # noqa: E402
 from training.models import build_model  # noqa: E402
 from training.representation import Representation  # noqa: E402
-from training.robustness_compat import import_robustness  # noqa: E402
 
 CIFAR_MINI = REPO.parent / "shared" / "data" / "cifar-10-mini"
 

@@ -10,7 +10,7 @@ steps of 2.5 eps / steps from a random start, last iterate, batch norm in eval m
    model with batch norm folded into its convolutions (``training.folding``); ``precision=auto``
    (bf16 on CUDA, fp32 on CPU).
 2. ``robustness``: the library's ``train.train_model`` (1.2.1.post2, patched for torch 2.x/CPU by
-   ``training.robustness_compat``) with its own ``cifar_models.resnet18``, ``AttackerModel`` and
+   ``benchmarks/robustness_compat.py``) with its own ``cifar_models.resnet18``, ``AttackerModel`` and
    ``TRAIN_TRANSFORMS_DEFAULT(32)``; its loaders are built from the same in-memory images
    (``make_loaders`` would try to download CIFAR), ``use_best=0`` and ``random_start=1`` so the
    attack equals ours.
@@ -57,12 +57,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from results_io import device_name, environment, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
+from robustness_compat import import_robustness  # noqa: E402  (this folder)
 
 from invert.validation import hot_loop  # noqa: E402
 from training.attacks import ThreatModel, attack_mode, bn_mode, pgd  # noqa: E402
 from training.data import load_dataset  # noqa: E402
 from training.models import build_model  # noqa: E402
-from training.robustness_compat import import_robustness  # noqa: E402
 
 CIFAR_MINI = REPO.parent / "shared" / "data" / "cifar-10-mini"
 LR, MOMENTUM, WEIGHT_DECAY = 0.1, 0.9, 5e-4

@@ -58,6 +58,8 @@ class InversionResult:
     images: (N, C, H, W) in [0, 1], each item's best iterate (its last one if ``keep_best`` is off).
     best_loss: (N,) the loss of ``images``.
     initial_loss: (N,) the loss of ``init``.
+    last_loss: (N,) the loss of each item's last iterate (where it stopped, or at ``steps``); with ``keep_best``
+        ``best_loss`` may be lower. The two together say whether an item was still moving.
     steps_used: (N,) gradient steps each item took before it finished or was frozen.
     loss_curve: (len(curve_steps), N) each item's best loss so far at ``curve_steps``
         (0, log_every, 2 log_every, ..., steps).
@@ -68,6 +70,7 @@ class InversionResult:
     images: Tensor
     best_loss: Tensor
     initial_loss: Tensor
+    last_loss: Tensor
     steps_used: Tensor
     loss_curve: Tensor
     curve_steps: list[int]
@@ -123,6 +126,7 @@ class _Working:
     frozen: Tensor
     nonfinite: Tensor
     initial_loss: Tensor
+    last_loss: Tensor
 
     def select(self, keep: Tensor) -> "_Working":
         return _Working(
@@ -136,6 +140,7 @@ class _Working:
             frozen=self.frozen[keep],
             nonfinite=self.nonfinite[keep],
             initial_loss=self.initial_loss[keep],
+            last_loss=self.last_loss[keep],
         )
 
 
@@ -208,6 +213,7 @@ class Engine:
             images=out.images,
             best_loss=out.best_loss,
             initial_loss=out.initial_loss,
+            last_loss=out.last_loss,
             steps_used=out.steps_used,
             loss_curve=_forward_fill(out.curve),
             curve_steps=curve_steps,
@@ -287,6 +293,7 @@ class _Outputs:
     images: Tensor
     best_loss: Tensor
     initial_loss: Tensor
+    last_loss: Tensor
     steps_used: Tensor
     curve: Tensor
 
@@ -297,6 +304,7 @@ class _Outputs:
             images=torch.empty_like(init, memory_format=torch.contiguous_format),
             best_loss=torch.full((n,), math.nan, device=device),
             initial_loss=torch.full((n,), math.nan, device=device),
+            last_loss=torch.full((n,), math.nan, device=device),
             steps_used=torch.zeros(n, dtype=torch.long, device=device),
             curve=torch.full((points, n), math.nan, device=device),
         )
@@ -375,6 +383,7 @@ class _Runner:
             frozen=torch.zeros(n, dtype=torch.bool, device=self.device),
             nonfinite=torch.zeros(n, dtype=torch.bool, device=self.device),
             initial_loss=inf,
+            last_loss=inf,
         )
 
     def _track(self, w: _Working, loss: Tensor) -> None:
@@ -385,6 +394,7 @@ class _Runner:
         w.best_loss = torch.where(improved, loss, w.best_loss)
         w.best_param = torch.where(_bcast(improved, w.param), w.param, w.best_param)
         w.evaluated = w.evaluated + active
+        w.last_loss = torch.where(active, loss, w.last_loss)
         w.nonfinite = w.nonfinite | (active & ~torch.isfinite(loss))
         if cfg.loss_threshold is not None:
             w.frozen = w.frozen | (w.best_loss <= cfg.loss_threshold)
@@ -478,6 +488,7 @@ class _Runner:
         out.images.index_copy_(0, rows, images)
         out.best_loss.index_copy_(0, rows, w.best_loss[index])
         out.initial_loss.index_copy_(0, rows, w.initial_loss[index])
+        out.last_loss.index_copy_(0, rows, w.last_loss[index])
         out.steps_used.index_copy_(0, rows, w.evaluated[index] - 1)
 
     # -- memory probe (CUDA only)

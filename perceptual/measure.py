@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
@@ -42,6 +43,7 @@ from training.io import atomic_write_json, atomic_write_text
 
 from . import report
 from .cache import cache_key, cached_json
+from .convergence import DEFAULT_THRESHOLD, MIN_CONVERGED_FRACTION, convergence_figure, convergence_sentence, convergence_summary, is_converged
 from .decisions import observer_slug
 from .observers import Panel, default_panel, make_observer, quantize_8bit
 from .tasks import controversial_spread, judge_2afc, judge_clustering, panel_summary, summarize
@@ -127,8 +129,12 @@ def observe_set(
     attention_rate: float = 0.0,
     judge_8bit: bool = True,
     interval: str = "wilson",
+    only_results: Sequence[str] | None = None,
 ) -> dict:
-    """Every observer of ``panel`` answers every task on an inversion set; cached per (observer, task)."""
+    """Every observer of ``panel`` answers every task on an inversion set; cached per (observer, task).
+
+    With ``only_results`` (result ids, e.g. the converged ones) each entry also holds ``"restricted"``: the same
+    summary over the trials whose query is one of those results (a clustering row is one result)."""
     images = quantize_8bit(stimulus_set.images) if judge_8bit else stimulus_set.images
     id_to_row = {image_id: i for i, image_id in enumerate(stimulus_set.manifest["id"])}
     hard_distance = None
@@ -152,12 +158,20 @@ def observe_set(
                 atomic_write_text(out / "observers" / f"{slug}-{task}.csv", judged.to_csv(index=False))
                 cached = {"key": key, "observer": observer.name, "task": task, **summarize(judged, interval=interval, seed=seed)}
                 atomic_write_json(path, cached)
+            if only_results is not None:
+                judged = pd.read_csv(out / "observers" / f"{slug}-{task}.csv")
+                kept = judged[judged["query_id"].isin(set(only_results))]
+                cached = {**cached, "restricted": summarize(kept, interval=interval, seed=seed) if len(kept) else None}
             results.setdefault(task, {})[observer.name] = cached
     return results
 
 
-def _panel_scores(observed: Mapping[str, Mapping[str, dict]]) -> dict:
-    return {task: panel_summary({o: r["overall"]["accuracy"] for o, r in per_observer.items()}) for task, per_observer in observed.items()}
+def _panel_scores(observed: Mapping[str, Mapping[str, dict]], restricted: bool = False) -> dict:
+    def accuracy(result: Mapping) -> float:
+        summary = result.get("restricted") if restricted else result
+        return summary["overall"]["accuracy"] if summary else math.nan
+
+    return {task: panel_summary({o: accuracy(r) for o, r in per_observer.items()}) for task, per_observer in observed.items()}
 
 
 def measure_models(
@@ -178,8 +192,15 @@ def measure_models(
     controversial: Mapping | None = None,
     device: str | torch.device | None = "auto",
     config: Mapping | None = None,
+    convergence_threshold: float = DEFAULT_THRESHOLD,
+    converged_only: bool = False,
 ) -> dict:
-    """The measurement pipeline in Python (see the module docstring); returns the report dict."""
+    """The measurement pipeline in Python (see the module docstring); returns the report dict.
+
+    Every model's inversions are checked for convergence (:mod:`perceptual.convergence`: the fraction of items
+    whose normalised distance reached ``convergence_threshold``); the report shows it beside the alignment
+    numbers and marks models below half. ``converged_only`` adds the alignment over converged items only, beside
+    the all-items numbers (``data["models"][label]["converged_only"]``)."""
     out = Path(out)
     device = resolve_device(device)
     engine = validate_inputs(specs, n_targets=n_targets, seed_types=seed_types, tasks=tasks, engine=engine, controversial=controversial)
@@ -204,7 +225,9 @@ def measure_models(
         )
         accuracy_key = cache_key(ref.provenance()["weights_sha256"], threat and vars(threat), accuracy_limit, dataset)
         accuracy = model_accuracy(classifier, test, threat, model_dir, accuracy_key, accuracy_limit)
-        observed = observe_set(stimulus_set, panel, model_dir, tasks=tasks, seed=seed, attention_rate=attention_rate, judge_8bit=judge_8bit)
+        convergence = convergence_summary(stimulus_set, convergence_threshold)
+        observed = observe_set(stimulus_set, panel, model_dir, tasks=tasks, seed=seed, attention_rate=attention_rate, judge_8bit=judge_8bit,
+                               only_results=convergence["converged_ids"] if converged_only else None)
         final_loss = stimulus_set.manifest.loc[stimulus_set.manifest["role"] == "result", "final_loss"]
         results[spec.label] = {
             "model": {"name": spec.name, "checkpoint": spec.checkpoint, "layer": ref.layer, "fake_relu": getattr(ref.representation, "fake_relu", None)},
@@ -213,8 +236,12 @@ def measure_models(
             "clean_accuracy": accuracy["clean_accuracy"],
             "robust_accuracy": accuracy.get("robust_accuracy"),
             **_panel_scores(observed),
+            "convergence": convergence,
+            "converged": is_converged(convergence),
             "per_observer": observed,
         }
+        if converged_only:
+            results[spec.label]["converged_only"] = _panel_scores(observed, restricted=True)
     report_data = {
         "data": dataset,
         "observers": panel.names,
@@ -223,6 +250,9 @@ def measure_models(
         "seed_types": list(seed_types),
         "threat": vars(threat) if threat else None,
         "judged_on": "8-bit images" if judge_8bit else "float images",
+        "convergence_threshold": float(convergence_threshold),
+        "converged_only": bool(converged_only),
+        "not_converged": [label for label, r in results.items() if not r["converged"]],
         "models": results,
     }
     if controversial:
@@ -340,6 +370,11 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
         f"(panel mean ± std): {', '.join(data['observers'])}; judged on {data['judged_on']}."
     )
     notes = [f"LPIPS variant(s) used: {'; '.join(variants) or 'none'}."]
+    with_convergence = {label: m for label, m in models_data.items() if "convergence" in m}
+    if with_convergence:
+        notes += [convergence_sentence(label, m["convergence"]) + "." for label, m in with_convergence.items()]
+        if data.get("not_converged"):
+            notes.append(f"† in the table: fewer than {MIN_CONVERGED_FRACTION:.0%} of the model's inversions converged.")
     if any(v != "lpips" for v in variants):
         notes.append("The LPIPS AlexNet weights were not available: the LPIPS rows use the labelled offline variants.")
     figures = []
@@ -349,7 +384,24 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
     for task in ("2afc", "clustering"):
         if any(task in m for m in models_data.values()):
             figures.append(report.alignment_scatter(models_data, out / f"scatter_{task}.png", task).name)
-    markdown = ["# Alignment report", "", report.markdown_table(models_data, caption)]
+    if with_convergence:
+        figures.append(convergence_figure({k: m["convergence"] for k, m in with_convergence.items()}, out / "convergence.png").name)
+    marked = {(f"{label} †" if not m.get("converged", True) else label): m for label, m in models_data.items()}
+    markdown = ["# Alignment report", "", report.markdown_table(marked, caption)]
+    if with_convergence:
+        threshold = data.get("convergence_threshold", DEFAULT_THRESHOLD)
+        markdown += [
+            f"## Convergence (normalised representation distance; converged: <= {threshold:g})", "",
+            "| Model | best: median | best: 90th pct. | last iterate: median | converged |", "|---|---|---|---|---|",
+        ]
+        markdown += [
+            f"| {label} | {c['best_median']:.4f} | {c['best_p90']:.4f} | {c['last_median']:.4f} | {c['converged_fraction']:.0%} |"
+            for label, c in ((label, m["convergence"]) for label, m in with_convergence.items())
+        ]
+        markdown.append("")
+    if data.get("converged_only"):
+        restricted = {label: {**m, **m["converged_only"]} for label, m in models_data.items() if "converged_only" in m}
+        markdown += ["## Converged items only", "", report.markdown_table(restricted, "The same scores over the converged inversions only."), ""]
     if "controversial" in data:
         c = data["controversial"]
         # Observers measure on different scales: one column each, not a panel average.
@@ -372,7 +424,7 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
         notes.append(f"Controversial stimuli: {c['verdict']}.")
     markdown += [f"- {n}" for n in notes] + [f"- ![{f}]({f})" for f in figures]
     report.write_text(out / "report.md", "\n".join(markdown) + "\n")
-    report.write_text(out / "report.html", report.html_report(models_data, caption, figures, notes))
+    report.write_text(out / "report.html", report.html_report(marked, caption, figures, notes))
     atomic_write_json(out / "report.json", data)
 
 

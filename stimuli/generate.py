@@ -459,6 +459,7 @@ class _Parts:
             "images": result.images.detach().to("cpu", torch.float32).contiguous(),
             "best_loss": result.best_loss.detach().to("cpu", torch.float32).contiguous(),
             "initial_loss": result.initial_loss.detach().to("cpu", torch.float32).contiguous(),
+            "last_loss": result.last_loss.detach().to("cpu", torch.float32).contiguous(),
             "steps_used": result.steps_used.detach().to("cpu", torch.long).contiguous(),
             "loss_curve": result.loss_curve.detach().to("cpu", torch.float32).T.contiguous(),
         }
@@ -586,6 +587,7 @@ def _run_plan(
                 steps_used=int(part["steps_used"][offset]),
                 initial_loss=float(part["initial_loss"][offset]),
                 final_loss=float(part["best_loss"][offset]),
+                last_loss=float(part["last_loss"][offset]) if "last_loss" in part else math.nan,
             )
             result_rows.append(row)
         result_images.append(part["images"])

@@ -56,13 +56,13 @@ STRING_COLUMNS = (
     "pushed_checkpoint", "objective", "png",
 )
 INT_COLUMNS = ("position", "restart", "label", "source_index", "steps_used")
-FLOAT_COLUMNS = ("initial_loss", "final_loss")
+FLOAT_COLUMNS = ("initial_loss", "final_loss", "last_loss")
 DICT_COLUMNS = ("objective_params",)
 COLUMNS = [
     "id", "position", "role", "target_id", "seed_id", "origin_id", "seed_type", "direction", "restart",
     "label", "class_name", "source", "source_split", "source_index",
     "model", "layer", "checkpoint", "pushed_model", "pushed_layer", "pushed_checkpoint",
-    "objective", "objective_params", "steps_used", "initial_loss", "final_loss", "png",
+    "objective", "objective_params", "steps_used", "initial_loss", "final_loss", "last_loss", "png",
 ]
 LINK_COLUMNS = ("target_id", "seed_id", "origin_id")
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

@@ -94,3 +94,37 @@ def test_a_registered_zoo_model_builds_from_the_model_config(toy_architecture):
     text = describe(compose("config", ["model=small_cnn", f"model.name={toy_architecture}", "+model.kwargs.hidden=12"]))
     assert f"model          {toy_architecture} for digits (10 classes)" in text
     assert "shape (N, 12)" in text  # the representation is the registered penultimate layer, with the kwarg applied
+
+
+@pytest.fixture
+def toy_distortion_and_metric():
+    from perceptual.pair_metrics import PAIR_METRIC_REGISTRY, PairMetric, register_pair_metric
+    from stimuli.distortions import GENERATORS, GeneratorSpec, register_generator
+
+    register_generator(GeneratorSpec("negative", ("no", "yes"), False, "photographic negative 1 - x",
+                                     apply=lambda d, x, ids, seed: 1 - x, identity=("no",)))
+    register_pair_metric(PairMetric("same_answer_rate", lambda a, b, c: float((a.predictions == b.predictions).mean()),
+                                    "1", ranked=False))
+    yield "negative", "same_answer_rate"
+    GENERATORS.pop("negative")
+    PAIR_METRIC_REGISTRY.pop("same_answer_rate")
+
+
+def test_a_registered_distortion_and_pair_metric_run_through_the_compare_command(tmp_path, toy_distortion_and_metric):
+    from perceptual.pipelines.compare import run
+    from training.checkpoints import save_checkpoint
+    from training.models import build_model
+
+    generator, metric = toy_distortion_and_metric
+    torch.manual_seed(0)
+    path = save_checkpoint(build_model("small_cnn", "digits", width=8), tmp_path / "m.safetensors")
+    cfg = compose("compare", [
+        f"out={tmp_path / 'compare'}", f"models=[{{name:small_cnn,checkpoint:'{path}',label:toy,kwargs:{{width:8}}}}]",
+        f"conditions=[{generator}]", "n_images=12", "observers=[pixel-l2]", "decisions.seeds=[0]", "decisions.exemplars_per_class=2",
+        "decisions.k=1", "unknown.enabled=false", "device=cpu", "progress=false",
+    ])
+    data = run(cfg)
+    assert data["conditions"] == ["negative=no", "negative=yes"]
+    assert metric in data["aggregated"] and data["aggregated"][metric].shape == (2, 2)
+    assert data["aggregated"][metric][0, 0] == 1.0  # a system always gives its own answers
+    assert (tmp_path / "compare" / "figures" / f"heatmap_{metric}.png").is_file()

@@ -24,8 +24,10 @@ from training.config import check_overrides, check_train_config
 from training.sweeps import job_path
 from training.trainer import train
 
+from ..convergence import convergence_sentence
 from ..measure import TASKS, ModelSpec, headline, make_panel, measure_models, threat_from_config, validate_inputs
 from ..observers import lpips_weights_available
+from .measure import check_convergence
 
 
 def pair_configs(cfg: DictConfig) -> dict[str, DictConfig]:
@@ -93,6 +95,8 @@ def run(cfg: DictConfig) -> dict:
         controversial=controversial,
         device=cfg.device,
         config=container,
+        convergence_threshold=float(cfg.convergence_threshold),
+        converged_only=bool(cfg.converged_only),
     )
     print()
     print(headline(data))
@@ -102,7 +106,10 @@ def run(cfg: DictConfig) -> dict:
             spreads = ", ".join(f"{o} {s[direction]['mean']:.4f}" for o, s in c["per_observer"].items())
             print(f"controversial, {c['directions'][direction]}: spread {spreads}")
         print(f"controversial: {c['verdict']}")
+    for label, result in data["models"].items():
+        print(convergence_sentence(label, result["convergence"]))
     print(f"\nreport: {(out / 'report' / 'report.md').resolve()}  ({time.perf_counter() - started:.0f} s)")
+    check_convergence(data, strict=bool(cfg.strict))
     return data
 
 

@@ -3,6 +3,7 @@ config (``conf/measure.yaml``). The work is :func:`perceptual.measure.measure_mo
 config, builds the panel and prints the table."""
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import hydra
@@ -11,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from training.config import resolve_device
 from training.sweeps import job_path
 
+from ..convergence import convergence_sentence
 from ..measure import ModelSpec, headline, make_panel, measure_models, threat_from_config, validate_inputs
 
 
@@ -27,6 +29,7 @@ def run(cfg: DictConfig) -> dict:
         seed=cfg.seed, panel=panel, tasks=list(cfg.tasks), attention_rate=cfg.attention_rate, judge_8bit=cfg.judge_8bit,
         threat=threat_from_config(container.get("threat")), accuracy_limit=cfg.accuracy_limit,
         controversial=container.get("controversial"), device=cfg.device, config=container,
+        convergence_threshold=float(cfg.convergence_threshold), converged_only=bool(cfg.converged_only),
     )
 
 
@@ -36,6 +39,18 @@ def main(cfg: DictConfig) -> None:
     data = run(cfg)
     print(headline(data))
     print(f"report: {Path(cfg.out).resolve() / 'report.md'}")
+    check_convergence(data, strict=bool(cfg.strict))
 
 
-__all__ = ["main", "run"]
+def check_convergence(data: dict, strict: bool = False) -> None:
+    """Warn (or, with ``strict``, exit with an error) when a model's inversions did not converge."""
+    if not data.get("not_converged"):
+        return
+    lines = [convergence_sentence(label, data["models"][label]["convergence"]) for label in data["not_converged"]]
+    message = "inversions did not converge:\n  " + "\n  ".join(lines)
+    if strict:
+        raise SystemExit(f"error (strict=true): {message}")
+    warnings.warn(message, stacklevel=2)
+
+
+__all__ = ["check_convergence", "main", "run"]

@@ -22,11 +22,21 @@ def _settle_batchnorm(net: torch.nn.Module, seed: int = 0) -> None:
     net.eval()
 
 
+def _robustness_compat():
+    """benchmarks/robustness_compat.py (the library's torch-2.x patches live beside its only other users)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "robustness_compat.py"
+    spec = importlib.util.spec_from_file_location("robustness_compat", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _robustness_checkpoint(arch: str, path, seed: int = 0):
     """Build the library's CIFAR model, save it exactly as its training code does."""
-    from training.robustness_compat import import_robustness
-
-    robustness = import_robustness()
+    robustness = _robustness_compat().import_robustness()
     import dill
     from robustness.attacker import AttackerModel
 

@@ -1,7 +1,7 @@
 """Make the MadryLab ``robustness`` library (1.2.1.post2) import and run under torch 2.x, on CPU too.
 
-Used only where that library is used: checkpoint-interoperability tests and benchmarks (it is the
-speed anchor). Two patches, both applied by :func:`import_robustness`:
+Used only where that library is used: the benchmarks in this folder (it is their speed anchor) and the
+checkpoint-interoperability tests, which load this file by path. Two patches, both applied by :func:`import_robustness`:
 
 1. ``torchvision.models.utils`` no longer exists; the library imports ``load_state_dict_from_url``
    from it. A stub module provides torch.hub's function under the old name.
