@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -429,8 +430,11 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
 
 
 def _grid(models_data: Mapping[str, dict], path: Path, n_columns: int = 6) -> Path:
-    """Rows: the targets, then each model's seed and result per seed type; columns: targets."""
+    """Rows: the targets, then each model's seed and result per seed type; columns: targets. Each result shows
+    its normalised representation distance, and the right column the row's median over the shown items."""
     rows: dict[str, list[torch.Tensor]] = {}
+    captions: dict[str, list[str]] = {}
+    notes: dict[str, str] = {}
     first = True
     for label, result in models_data.items():
         stimulus_set = stimuli.load_set(result["set"])
@@ -443,8 +447,14 @@ def _grid(models_data: Mapping[str, dict], path: Path, n_columns: int = 6) -> Pa
         for seed_type in sorted(results["seed_type"].unique()):
             chosen = results[(results["seed_type"] == seed_type) & results["target_id"].isin(target_ids)].set_index("target_id").loc[target_ids]
             rows[f"{seed_type} seed"] = list(stimulus_set.get(list(chosen["seed_id"])))
-            rows[f"{label}\n({seed_type})"] = list(stimulus_set.get(list(chosen["id"])))
-    return report.image_grid(rows, [f"#{i + 1}" for i in range(n_columns)], path, "Targets, seeds and inversion results")
+            name = f"{label}\n({seed_type})"
+            rows[name] = list(stimulus_set.get(list(chosen["id"])))
+            captions[name] = [f"d = {v:.3f}" for v in chosen["final_loss"]]
+            notes[name] = f"median {float(results.loc[results['seed_type'] == seed_type, 'final_loss'].median()):.3f}\n(all items)"
+    title = ("Targets, seeds and inversion results: where a model's invariances match perception, its results look like the "
+             "targets above them, not like their seeds (d: normalised representation distance; lower = nearer the target's)")
+    return report.image_grid(rows, [f"#{i + 1}" for i in range(n_columns)], path, "\n".join(textwrap.wrap(title, 110)),
+                             captions=captions, row_notes=notes)
 
 
 def threat_from_config(cfg) -> ThreatModel | None:

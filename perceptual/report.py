@@ -80,27 +80,40 @@ def save_figure(fig, path: Path) -> Path:
     return atomic_write_bytes(path, buffer.getvalue())
 
 
-def image_grid(rows: Mapping[str, Sequence[torch.Tensor]], column_titles: Sequence[str], path: str | Path, title: str = "") -> Path:
-    """A grid of images: one row per entry of ``rows`` (its label on the left), columns titled."""
+def image_grid(rows: Mapping[str, Sequence[torch.Tensor]], column_titles: Sequence[str], path: str | Path, title: str = "",
+               captions: Mapping[str, Sequence[str]] | None = None, row_notes: Mapping[str, str] | None = None) -> Path:
+    """A grid of images: one row per entry of ``rows`` (its label on the left), columns titled; optional
+    ``captions`` under the images of a row and a ``row_notes`` column of text at the right."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    n_rows, n_cols = len(rows), max(len(v) for v in rows.values())
-    fig, axes = plt.subplots(n_rows, n_cols, figsize=(1.3 * n_cols + 1, 1.3 * n_rows + 0.6), squeeze=False)
+    captions, row_notes = captions or {}, row_notes or {}
+    n_rows, n_images = len(rows), max(len(v) for v in rows.values())
+    n_cols = n_images + (1 if row_notes else 0)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(1.3 * n_cols + 1, 1.45 * n_rows + 0.8), squeeze=False)
     for r, (label, images) in enumerate(rows.items()):
-        for c in range(n_cols):
+        for c in range(n_images):
             ax = axes[r][c]
             ax.set_xticks([])
             ax.set_yticks([])
             if c < len(images):
                 ax.imshow(images[c].detach().float().clamp(0, 1).permute(1, 2, 0).cpu().numpy(), interpolation="nearest")
+                row_captions = captions.get(label) or ()
+                if c < len(row_captions) and row_captions[c]:
+                    ax.set_xlabel(row_captions[c], fontsize=6, labelpad=1)
             else:
                 ax.axis("off")
             if r == 0 and c < len(column_titles):
                 ax.set_title(column_titles[c], fontsize=8)
         axes[r][0].set_ylabel(label, fontsize=8, rotation=0, ha="right", va="center")
+        if row_notes:
+            note = axes[r][n_images]
+            note.axis("off")
+            note.text(0.0, 0.5, row_notes.get(label, ""), fontsize=7, va="center", ha="left", transform=note.transAxes)
+            if r == 0:
+                note.set_title("representation\ndistance", fontsize=7)
     if title:
         fig.suptitle(title, fontsize=10)
     return save_figure(fig, Path(path))
@@ -126,6 +139,7 @@ def alignment_scatter(models: Mapping[str, Mapping], path: str | Path, task: str
         ax.axhline(50, color="grey", lw=0.8, ls="--", label="chance")
     ax.set_xlabel("robust accuracy (%)")
     ax.set_ylabel(f"observer {task} accuracy (%)")
+    ax.set_title(f"Observer {task} accuracy against robust accuracy\n(error bars: ± std over the observer panel)", fontsize=9)
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(alpha=0.3)
     return save_figure(fig, Path(path))

@@ -27,7 +27,14 @@ def _grid_cells(manifest: pd.DataFrame, max_rows: int) -> tuple[list[str], list[
     origins = manifest[manifest["role"] == "origin"]
     if len(origins):  # controversial
         directions = sorted(d for d in results["direction"].dropna().unique())
-        titles = ["origin", "start"] + [f"result {d}" for d in directions]
+
+        def direction_title(d: str) -> str:
+            one = results[results["direction"] == d].head(1)
+            if not len(one) or "pushed_model" not in one:
+                return f"result {d}"
+            return f"{one['model'].iloc[0]} keeps,\n{one['pushed_model'].iloc[0]} pushed"
+
+        titles = ["origin", "start (noise)"] + [direction_title(d) for d in directions]
         rows = []
         for origin in origins["id"][:max_rows]:
             mine = results[(results["origin_id"] == origin)]

@@ -38,7 +38,8 @@ def pair_configs(cfg: DictConfig) -> dict[str, DictConfig]:
         overrides = [
             f"model={cfg.model}",
             *[f"+model.kwargs.{key}={value}" for key, value in cfg.model_kwargs.items()],
-            "data=digits",
+            f"data={cfg.data.name}",
+            *([f"data.root={cfg.data.root}"] if cfg.data.get("root") else []),
             f"train={recipe}",
             f"run_dir={run_dir}",
             "resume=true",
@@ -83,7 +84,7 @@ def run(cfg: DictConfig) -> dict:
     specs = [ModelSpec(cfg.model, str(path), label, kwargs=dict(cfg.model_kwargs)) for label, path in weights.items()]
     data = measure_models(
         specs,
-        {"name": "digits", "root": None},
+        container["data"],
         out / "report",
         engine=container["invert"],
         n_targets=cfg.n_targets,
