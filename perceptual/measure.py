@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -257,7 +258,8 @@ def measure_models(
         "models": results,
     }
     if controversial:
-        report_data["controversial"] = measure_controversial(classifiers, test, panel, out, controversial, engine, seed, device, judge_8bit, config)
+        report_data["controversial"] = measure_controversial(classifiers, test, panel, out, controversial, engine, seed, device, judge_8bit, config,
+                                                             alignment=results)
     report_data["seconds"] = round(time.perf_counter() - started, 1)
     write_report(report_data, out, {spec.label: classifiers[spec.label] for spec in specs})
     return report_data
@@ -305,8 +307,12 @@ def validate_inputs(specs: Sequence[ModelSpec], *, n_targets: int, seed_types: S
     return resolved
 
 
-def measure_controversial(classifiers, test, panel: Panel, out: Path, cfg: Mapping, engine, seed, device, judge_8bit, config) -> dict:
-    """Controversial stimuli for one model pair in both directions, scored by per-origin spread."""
+def measure_controversial(classifiers, test, panel: Panel, out: Path, cfg: Mapping, engine, seed, device, judge_8bit, config,
+                          alignment: Mapping[str, Mapping] | None = None) -> dict:
+    """Controversial stimuli for one model pair in both directions, scored as Nanda et al.'s Table 2
+    (:func:`perceptual.tasks.controversial_spread`); per observer, the model they favour (with a bootstrap interval
+    over origins) and whether that is the model the observer's clustering scores rank higher (``alignment``: the
+    measured models' results)."""
     a, b = cfg["model_a"], cfg["model_b"]
     for label in (a, b):
         if label not in classifiers:
@@ -331,30 +337,62 @@ def measure_controversial(classifiers, test, panel: Panel, out: Path, cfg: Mappi
         "spread": {d: panel_summary({o: s[d]["mean"] for o, s in per_observer.items()}) for d in directions},
         "per_observer": per_observer,
         "favoured_by_observer": favoured,
+        "agrees_with_alignment": _agreement(favoured, alignment or {}, a, b),
         "verdict": controversial_verdict(favoured),
     }
 
 
-def controversial_favoured(per_observer: Mapping[str, Mapping[str, dict]], keeper: Mapping[str, str]) -> dict[str, str | None]:
-    """Per observer, the model whose "keeps" direction gives the lower spread (the more aligned one by this
-    measure), or None when the two directions tie or one is missing."""
-    out: dict[str, str | None] = {}
-    for observer, spread in per_observer.items():
-        if not all(d in spread for d in keeper):
+def _agreement(favoured: Mapping[str, dict], alignment: Mapping[str, Mapping], a: str, b: str) -> dict[str, bool | None]:
+    """Per observer: does the favoured model have the higher clustering accuracy for that observer? None: undecided."""
+    out: dict[str, bool | None] = {}
+    for observer, f in favoured.items():
+        scores = {m: alignment.get(m, {}).get("per_observer", {}).get("clustering", {}).get(observer, {}).get("overall", {}).get("accuracy")
+                  for m in (a, b)}
+        if f["favours"] is None or None in scores.values() or scores[a] == scores[b]:
             out[observer] = None
-            continue
-        values = {keeper[d]: spread[d]["mean"] for d in keeper}
-        (low, low_value), (_, high_value) = sorted(values.items(), key=lambda kv: kv[1])
-        out[observer] = None if math.isclose(low_value, high_value, rel_tol=1e-9) else low
+        else:
+            out[observer] = f["favours"] == max(scores, key=scores.get)
     return out
 
 
-def controversial_verdict(favoured: Mapping[str, str | None]) -> str:
+def controversial_favoured(per_observer: Mapping[str, Mapping[str, dict]], keeper: Mapping[str, str], n_boot: int = 2000,
+                           seed: int = 0) -> dict[str, dict]:
+    """Per observer, the model whose "keeps" direction gives the lower controversial score (the more aligned one
+    by Table 2), with a percentile-bootstrap 95 % interval over origins of the score difference (first direction
+    minus second, paired by origin). ``favours`` is None when the interval includes 0 (the origins do not separate
+    the directions) or a direction is missing."""
+    directions = list(keeper)
+    out: dict[str, dict] = {}
+    rng = np.random.default_rng(seed)
+    for observer, spread in per_observer.items():
+        if not all(d in spread for d in directions) or len(directions) != 2:
+            out[observer] = {"favours": None, "difference": math.nan, "ci": [math.nan, math.nan], "n_origins": 0}
+            continue
+        first, second = (spread[d].get("per_origin") or {} for d in directions)
+        origins = sorted(set(first) & set(second))
+        if origins:
+            diff = np.array([first[o] - second[o] for o in origins])
+        else:  # summaries without per-origin values: the means alone, no interval
+            diff = np.array([spread[directions[0]]["mean"] - spread[directions[1]]["mean"]])
+        mean = float(diff.mean())
+        if len(diff) > 1:
+            boots = diff[rng.integers(0, len(diff), size=(n_boot, len(diff)))].mean(1)
+            low, high = float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975))
+        else:
+            low = high = mean
+        separated = (low > 0 or high < 0) if len(diff) > 1 else mean != 0
+        favours = (keeper[directions[0]] if mean < 0 else keeper[directions[1]]) if separated else None
+        out[observer] = {"favours": favours, "difference": mean, "ci": [low, high], "n_origins": len(origins)}
+    return out
+
+
+def controversial_verdict(favoured: Mapping[str, Mapping | str | None]) -> str:
     """Plain words for the controversial result: the observers agree on a model, or they disagree (then the
     result says nothing about alignment at this scale, and the report shows every observer's column)."""
+    favoured = {o: (f["favours"] if isinstance(f, Mapping) else f) for o, f in favoured.items()}
     choices = {m for m in favoured.values() if m is not None}
     if not choices:
-        return "no observer separates the two directions: the controversial stimuli favour neither model"
+        return "no observer separates the two directions (every 95% interval over origins includes 0): the controversial stimuli favour neither model"
     if len(choices) == 1 and None not in favoured.values():
         return f"every observer favours {choices.pop()}: its controversial stimuli stay perceptually closer together"
     groups = "; ".join(f"{', '.join(o for o, m in favoured.items() if m == model)} favour {model}" for model in sorted(choices))
@@ -410,8 +448,9 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
         markdown += [
             f"## Controversial stimuli ({c['model_a']} vs {c['model_b']}, lambda {c['lambda']})",
             "",
-            "Mean pairwise perceptual distance among the results of each origin (lower: the stimuli that keep "
-            "the first model's representation stay perceptually closer, i.e. that model is the more aligned).",
+            "Nanda et al.'s Table 2 score: the mean pairwise perceptual distance among each origin x_0 and its results "
+            "(lower: the stimuli that keep the first model's representation stay perceptually closer, i.e. that model is the more "
+            "aligned); below it, the mean distance of the results to x_0.",
             "",
             "| Direction | " + " | ".join(observers) + " |",
             "|---|" + "---|" * len(observers),
@@ -420,7 +459,14 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
             f"| {c['directions'][d]} | " + " | ".join(f"{c['per_observer'][o][d]['mean']:.4f}" for o in observers) + " |"
             for d in c["spread"]
         ]
-        markdown.append("| favours | " + " | ".join(c["favoured_by_observer"].get(o) or "neither" for o in observers) + " |")
+        markdown.append("| distance to origin, " + " / ".join(c["directions"][d].split(",")[0] for d in c["spread"]) + " | "
+                        + " | ".join(" / ".join(f"{c['per_observer'][o][d]['to_origin']['mean']:.4f}" for d in c["spread"]) for o in observers) + " |")
+        markdown.append("| favours (95% CI of the difference) | " + " | ".join(
+            f"{(c['favoured_by_observer'][o]['favours'] or 'neither')} [{c['favoured_by_observer'][o]['ci'][0]:+.3f}, "
+            f"{c['favoured_by_observer'][o]['ci'][1]:+.3f}]" for o in observers) + " |")
+        if c.get("agrees_with_alignment"):
+            markdown.append("| agrees with the clustering ranking | " + " | ".join(
+                {True: "yes", False: "no", None: "–"}[c["agrees_with_alignment"].get(o)] for o in observers) + " |")
         markdown += ["", f"**Reading:** {c['verdict']}.", ""]
         notes.append(f"Controversial stimuli: {c['verdict']}.")
     markdown += [f"- {n}" for n in notes] + [f"- ![{f}]({f})" for f in figures]

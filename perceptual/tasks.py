@@ -124,35 +124,50 @@ def summarize(judged: pd.DataFrame, by: str | None = "seed_type", interval: str 
 
 
 def controversial_spread(manifest: pd.DataFrame, images: torch.Tensor, id_to_row: Mapping[str, int], observer: Observer) -> dict:
-    """Mean pairwise perceptual distance among the results of each origin, per direction (paper Table 2).
+    """The controversial score of Nanda et al. (AAAI 2023, Section 3.1 and Table 2), per direction.
 
-    The model that keeps its representation while its stimuli stay perceptually closer together is
-    the more aligned one. Returns ``{direction: {"mean": m, "std": s, "n_origins": k, "per_origin": {...}}}``.
+    For each origin x_0 and direction, the results x_1..x_k (one per random start) are, with x_0, all perceived
+    alike by the model that keeps its representation; the score is the mean pairwise perceptual distance among
+    {x_0, x_1, ..., x_k} ("all of the x_i, along with x_0"), averaged over origins. Lower: that model's
+    invariances are the more perceptually aligned. Beside it: ``to_origin``, the mean distance of the results to
+    x_0, and ``among_results``, the mean pairwise distance of the results alone (this toolkit's earlier score,
+    which leaves x_0 out).
+
+    Returns ``{direction: {"mean", "std", "n_origins", "per_origin", "to_origin": {"mean", "per_origin"},
+    "among_results": {"mean", "per_origin"}}}``. The origin images must be rows of the set (role ``origin``).
     """
     results = manifest[manifest["role"] == "result"]
     needed = {"origin_id", "direction"} - set(results.columns)
     if needed:
         raise ValueError(f"controversial results need columns {sorted(needed)}: is this a controversial set?")
+    missing = sorted(set(results["origin_id"]) - set(id_to_row))
+    if missing:
+        raise KeyError(f"origin images {missing[:5]} are not in the set: the score includes each origin x_0 (Nanda et al. Table 2)")
     pairs_i, pairs_j, keys = [], [], []
     for (direction, origin), group in results.groupby(["direction", "origin_id"], sort=True):
         rows = _index(group["id"], id_to_row).tolist()
-        for a in range(len(rows)):
-            for b in range(a + 1, len(rows)):
-                pairs_i.append(rows[a])
-                pairs_j.append(rows[b])
-                keys.append((direction, origin))
+        members = [id_to_row[origin]] + rows  # x_0 first
+        for a in range(len(members)):
+            for b in range(a + 1, len(members)):
+                pairs_i.append(members[a])
+                pairs_j.append(members[b])
+                keys.append((direction, origin, a == 0))
     if not keys:
-        raise ValueError("every origin needs at least two results (random starts) to measure their spread")
+        raise ValueError("every origin needs at least one result to score")
     d = observer.pairwise(images, torch.tensor(pairs_i), torch.tensor(pairs_j)).double().numpy()
-    frame = pd.DataFrame(keys, columns=["direction", "origin_id"]).assign(distance=d)
+    frame = pd.DataFrame(keys, columns=["direction", "origin_id", "with_origin"]).assign(distance=d)
     out = {}
     for direction, group in frame.groupby("direction", sort=True):
         per_origin = group.groupby("origin_id")["distance"].mean()
+        to_origin = group[group["with_origin"]].groupby("origin_id")["distance"].mean()
+        among = group[~group["with_origin"]].groupby("origin_id")["distance"].mean()
         out[str(direction)] = {
             "mean": float(per_origin.mean()),
             "std": float(per_origin.std(ddof=1)) if len(per_origin) > 1 else 0.0,
             "n_origins": int(len(per_origin)),
             "per_origin": {str(k): float(v) for k, v in per_origin.items()},
+            "to_origin": {"mean": float(to_origin.mean()), "per_origin": {str(k): float(v) for k, v in to_origin.items()}},
+            "among_results": {"mean": float(among.mean()) if len(among) else math.nan, "per_origin": {str(k): float(v) for k, v in among.items()}},
         }
     return out
 

@@ -105,7 +105,7 @@ def run(cfg: DictConfig) -> dict:
         c = data["controversial"]
         for direction in c["spread"]:
             spreads = ", ".join(f"{o} {s[direction]['mean']:.4f}" for o, s in c["per_observer"].items())
-            print(f"controversial, {c['directions'][direction]}: spread {spreads}")
+            print(f"controversial (Table 2 score), {c['directions'][direction]}: {spreads}")
         print(f"controversial: {c['verdict']}")
     for label, result in data["models"].items():
         print(convergence_sentence(label, result["convergence"]))

@@ -133,18 +133,28 @@ def test_imagenet_style_folder_with_a_torchvision_architecture(tmp_path):
     assert load_set(result["set"]).images.shape[1:] == (3, 224, 224)
 
 
-def test_controversial_verdict_says_when_the_observers_disagree():
+def test_controversial_favoured_model_has_a_bootstrap_interval_over_origins():
     from perceptual.measure import controversial_favoured, controversial_verdict
 
-    spread = lambda ab, ba: {"AB": {"mean": ab}, "BA": {"mean": ba}}  # noqa: E731
-    favoured = controversial_favoured({"lpips": spread(0.2, 0.3), "ssim": spread(0.5, 0.4), "pixel": spread(0.1, 0.1)},
-                                      {"AB": "standard", "BA": "robust"})
-    assert favoured == {"lpips": "standard", "ssim": "robust", "pixel": None}
+    def spread(ab, ba):
+        return {"AB": {"mean": sum(ab) / len(ab), "per_origin": dict(enumerate(ab))},
+                "BA": {"mean": sum(ba) / len(ba), "per_origin": dict(enumerate(ba))}}
+
+    favoured = controversial_favoured({
+        "lpips": spread([0.2, 0.25, 0.22, 0.21], [0.3, 0.35, 0.33, 0.31]),   # AB lower at every origin: standard
+        "ssim": spread([0.5, 0.52, 0.55, 0.51], [0.4, 0.41, 0.45, 0.40]),    # BA lower at every origin: robust
+        "pixel": spread([0.1, 0.3, 0.1, 0.3], [0.3, 0.1, 0.3, 0.1]),         # no consistent difference
+    }, {"AB": "standard", "BA": "robust"})
+    assert favoured["lpips"]["favours"] == "standard" and favoured["lpips"]["ci"][1] < 0
+    assert favoured["ssim"]["favours"] == "robust" and favoured["ssim"]["ci"][0] > 0
+    assert favoured["pixel"]["favours"] is None and favoured["pixel"]["ci"][0] < 0 < favoured["pixel"]["ci"][1]
+    assert favoured["lpips"]["difference"] == pytest.approx(-0.1025)  # (-0.1 - 0.1 - 0.11 - 0.1) / 4
     verdict = controversial_verdict(favoured)
     assert "disagree" in verdict and "lpips favour standard" in verdict and "ssim favour robust" in verdict
-    agree = controversial_favoured({"lpips": spread(0.4, 0.3), "ssim": spread(0.5, 0.4)}, {"AB": "standard", "BA": "robust"})
+    agree = controversial_favoured({"lpips": spread([0.4, 0.45], [0.3, 0.31]), "ssim": spread([0.5, 0.6], [0.4, 0.45])},
+                                   {"AB": "standard", "BA": "robust"})
     assert controversial_verdict(agree).startswith("every observer favours robust")
-    assert "favour neither" in controversial_verdict({"lpips": None})
+    assert "favour neither" in controversial_verdict({"lpips": {"favours": None}})
 
 
 def test_threat_eps_may_be_a_fraction_on_the_measure_command_line():

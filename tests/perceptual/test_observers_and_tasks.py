@@ -194,17 +194,25 @@ def test_panel_summary_and_unique_names():
         Panel([PixelL2Observer(), PixelL2Observer()])
 
 
-def test_controversial_spread_per_direction():
-    images, index = flat_images({"o1-a": 0.1, "o1-b": 0.3, "o1-c": 0.5, "o2-a": 0.5, "o2-b": 0.5, "p1-a": 0.0, "p1-b": 1.0})
+def test_controversial_spread_is_the_papers_table_2_score_with_the_origin():
+    images, index = flat_images({"o1": 0.0, "o1-a": 0.1, "o1-b": 0.3, "o1-c": 0.5, "o2": 0.5, "o2-a": 0.5, "o2-b": 0.5,
+                                 "p1-a": 0.0, "p1-b": 1.0})
     manifest = pd.DataFrame(
         {
             "id": ["o1-a", "o1-b", "o1-c", "o2-a", "o2-b", "p1-a", "p1-b"],
             "role": ["result"] * 7,
-            "origin_id": ["o1", "o1", "o1", "o2", "o2", "p1", "p1"],
+            "origin_id": ["o1", "o1", "o1", "o2", "o2", "o1", "o1"],
             "direction": ["A/B"] * 5 + ["B/A"] * 2,
         }
     )
     spread = controversial_spread(manifest, images, index, PixelL2Observer())
-    # o1: pairs 0.2, 0.4, 0.2 -> 0.2667; o2: 0 -> mean 0.1333
-    assert spread["A/B"]["mean"] == pytest.approx((0.8 / 3 + 0.0) / 2, abs=1e-6)
-    assert spread["B/A"]["mean"] == pytest.approx(1.0, abs=1e-6) and spread["B/A"]["n_origins"] == 1
+    # A/B, o1: {x0=0, .1, .3, .5}: pairs .1 .3 .5 .2 .4 .2 -> 1.7/6; o2: {x0=.5, .5, .5}: 0 -> mean 1.7/12
+    assert spread["A/B"]["mean"] == pytest.approx(1.7 / 12, abs=1e-6) and spread["A/B"]["n_origins"] == 2
+    assert spread["A/B"]["per_origin"]["o1"] == pytest.approx(1.7 / 6, abs=1e-6)
+    # beside it: the distance to the origin (o1: .1 .3 .5 -> .3; o2: 0) and the spread without x0 (o1: .8/3; o2: 0)
+    assert spread["A/B"]["to_origin"]["mean"] == pytest.approx(0.15, abs=1e-6)
+    assert spread["A/B"]["among_results"]["mean"] == pytest.approx((0.8 / 3) / 2, abs=1e-6)
+    # B/A, o1: {0, 0, 1}: pairs 0, 1, 1 -> 2/3
+    assert spread["B/A"]["mean"] == pytest.approx(2 / 3, abs=1e-6) and spread["B/A"]["n_origins"] == 1
+    with pytest.raises(KeyError, match="origin images .* are not in the set"):
+        controversial_spread(manifest.assign(origin_id="nowhere"), images, index, PixelL2Observer())
