@@ -105,7 +105,7 @@ def controversial_command(cfg: DictConfig) -> StimulusSet:
     out = _out(cfg, f"{cfg.objective}-{cfg.model_a.name}-{cfg.model_b.name}-{cfg.data.name}{suffix}")
     result = make_controversial_set(
         out, model_a, model_b, origins, objective=cfg.objective, lam=cfg.lambda_, alpha=cfg.alpha,
-        restarts=cfg.restarts, directions=list(cfg.directions), start=cfg.start, seed=cfg.seed, engine=cfg.invert,
+        restarts=cfg.restarts, directions=list(cfg.directions), start=cfg.start, start_sigma=cfg.start_sigma, seed=cfg.seed, engine=cfg.invert,
         chunk_size=cfg.chunk_size, shard=cfg.shard, n_shards=cfg.n_shards, device=device, config=recorded_config(cfg),
         overwrite=cfg.overwrite, keep_parts=cfg.keep_parts, preview=cfg.preview,
     )

@@ -72,6 +72,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_CHUNK_SIZE = 256
 DIRECTIONS = ("AB", "BA")
 CONTROVERSIAL_OBJECTIVES = ("controversial", "class_controversial")
+# Where the random starts of controversial stimuli come from (Nanda et al. optimise "from different starting
+# values"): uniform noise (the default, like the inversion seeds of the authors' code), Gaussian noise
+# N(0.5, 0.25^2), or the origin plus Gaussian noise of std start_sigma.
+CONTROVERSIAL_STARTS = ("uniform", "gaussian", "origin")
 # Engine settings that may change between a run and its resumption (e.g. a smaller micro-batch
 # after running out of memory) without making it a different set.
 EXECUTION_KEYS = ("progress", "micro_batch", "cpu_micro_batch", "memory_fraction")
@@ -295,6 +299,7 @@ def _controversial_plan(
     restarts: int,
     directions: Sequence[str],
     start: str,
+    start_sigma: float,
     seed: int,
     chunk_size: int,
     engine: Engine,
@@ -309,7 +314,11 @@ def _controversial_plan(
     for k in range(n):
         for r in range(restarts):
             # Keyed by (origin, restart) alone: neither n nor the number of restarts moves a start.
-            image = uniform_noise(shape, seed, f"controversial_start:{r}", k, kind=start)
+            if start == "origin":  # x0 plus Gaussian noise: Eq. 2 has zero gradient at x0 itself
+                noise = torch.randn(shape, generator=keyed_generator(seed, f"controversial_start:{r}", k))
+                image = (origins.images[k] + start_sigma * noise).clamp(0, 1)
+            else:
+                image = uniform_noise(shape, seed, f"controversial_start:{r}", k, kind=start)
             start_of[(k, r)] = len(start_rows)
             start_rows.append({
                 "id": f"{origin_ids[k]}.start.{r:02d}",
@@ -318,7 +327,7 @@ def _controversial_plan(
                 "origin_id": origin_ids[k],
                 "seed_type": "noise",
                 "restart": r,
-                "source": f"{start}_noise",
+                "source": "origin_plus_noise" if start == "origin" else f"{start}_noise",
             })
             start_images.append(image)
     models = {"A": model_a, "B": model_b}
@@ -381,7 +390,7 @@ def _controversial_plan(
     parameters = {
         "kind": objective,
         "origins": origins.params,
-        "starts": {"restarts": restarts, "noise": start, "seed": seed},
+        "starts": {"restarts": restarts, "noise": start, "seed": seed, **({"sigma": start_sigma} if start == "origin" else {})},
         "models": provenance,
         "directions": list(directions),
         "objective": {"name": objective, **({"lambda": lam} if objective == "controversial" else {"alpha": alpha})},
@@ -679,6 +688,7 @@ def make_controversial_set(
     restarts: int = 3,
     directions: Sequence[str] = DIRECTIONS,
     start: str = "uniform",
+    start_sigma: float = 0.1,
     num_classes: int | None = None,
     seed: int = 0,
     engine: Engine | InvertConfig | Mapping | str | None = None,
@@ -699,8 +709,9 @@ def make_controversial_set(
     run in one call, as in the paper's Table 2. ``objective="class_controversial"`` (Golan et al.
     2020): in ``AB`` model A is driven to the origin's class and B to another class drawn per
     origin (smooth minimum with sharpness ``alpha``); needs ``classifier`` on both models.
-    Starts are ``start`` noise (``uniform`` or ``gaussian``, :func:`stimuli.sources.uniform_noise`) keyed by
-    (origin, restart) and shared by both directions. Other arguments as :func:`make_inversion_set`.
+    Starts (:data:`CONTROVERSIAL_STARTS`) are keyed by (origin, restart) and shared by both directions:
+    ``uniform`` (default) or ``gaussian`` noise (:func:`stimuli.sources.uniform_noise`), or ``origin``: the
+    origin plus Gaussian noise of std ``start_sigma``, clamped. Other arguments as :func:`make_inversion_set`.
     """
     if objective not in CONTROVERSIAL_OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}: use one of {CONTROVERSIAL_OBJECTIVES}")
@@ -709,8 +720,10 @@ def make_controversial_set(
         raise ValueError(f"directions must be distinct values of {DIRECTIONS}, got {list(directions)}")
     if int(restarts) < 1:
         raise ValueError(f"restarts must be at least 1, got {restarts}")
-    if start not in ("uniform", "gaussian"):
-        raise ValueError(f"start must be 'uniform' or 'gaussian' noise, got {start!r}")
+    if start not in CONTROVERSIAL_STARTS:
+        raise ValueError(f"start must be one of {CONTROVERSIAL_STARTS}, got {start!r}")
+    if start == "origin" and not (math.isfinite(start_sigma) and start_sigma > 0):
+        raise ValueError(f"start=origin needs start_sigma > 0 (Eq. 2 has no gradient at the origin itself), got {start_sigma}")
     if objective == "controversial" and not math.isfinite(lam):
         raise ValueError(f"lambda must be finite, got {lam}")
     needed = "representation" if objective == "controversial" else "classifier"
@@ -719,7 +732,7 @@ def make_controversial_set(
     engine = resolve_engine(engine)
     plan = _controversial_plan(
         model_a, model_b, origins, objective=objective, lam=float(lam), alpha=float(alpha), restarts=int(restarts),
-        directions=directions, start=start, seed=seed, chunk_size=_check_chunk_size(chunk_size), engine=engine,
+        directions=directions, start=start, start_sigma=float(start_sigma), seed=seed, chunk_size=_check_chunk_size(chunk_size), engine=engine,
         num_classes=num_classes,
     )
     return _run_plan(

@@ -256,3 +256,23 @@ def test_the_manifest_records_the_config_given(tmp_path, digits):
     assert s.config == {"note": "from a test", "n_targets": N_TARGETS}
     info = json.loads((s.path / MANIFEST).read_text())
     assert info["format_version"] == 1 and info["fingerprint"] == s.fingerprint and info["shard"] is None
+
+
+def test_controversial_starts_near_the_origin_are_the_origin_plus_keyed_noise(tmp_path, kit, digits):
+    import stimuli as S
+
+    origins = S.select_targets(digits[0], n=2, seed=0)
+    model = S.ModelRef("tiny", kit.tiny_representation())
+    starts = {}
+    for start, extra in (("origin", {"start_sigma": 0.05}), ("uniform", {})):
+        s = S.make_controversial_set(tmp_path / start, model, model, origins, restarts=2, start=start, engine={"steps": 1, "progress": False},
+                                     preview=False, **extra)
+        seeds, images = s.role("seed")
+        starts[start] = images
+        assert set(seeds["source"]) == ({"origin_plus_noise"} if start == "origin" else {"uniform_noise"})
+    assert 0 < (starts["origin"][0] - origins.images[0]).abs().mean() < 0.06
+    assert (starts["uniform"][0] - origins.images[0]).abs().mean() > 0.2
+    with pytest.raises(ValueError, match="start must be one of"):
+        S.make_controversial_set(tmp_path / "x", model, model, origins, start="zeros")
+    with pytest.raises(ValueError, match="start_sigma > 0"):
+        S.make_controversial_set(tmp_path / "y", model, model, origins, start="origin", start_sigma=0.0)
