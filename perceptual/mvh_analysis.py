@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from .human_trials import texture_category
-from .metrics import error_consistency, observed_consistency, shape_bias
+from .metrics import SIXTEEN_CLASS_NAMES, error_consistency, observed_consistency, shape_bias
 
 log = logging.getLogger(__name__)
 
@@ -172,9 +172,10 @@ def shape_bias_table(trials: pd.DataFrame, humans: Any = None, dataset: str = CU
         raise ValueError(f"no {dataset!r} trials; data sets present: {sorted(trials['dataset'].unique())}")
     human = is_human_test(humans)
     cue["texture"] = cue["imagename"].map(texture_category)
-    unknown = sorted(set(cue["texture"]) - set(cue["category"]))
+    unknown = sorted(set(cue["texture"]) - set(SIXTEEN_CLASS_NAMES))
     if unknown:
-        raise ValueError(f"texture classes {unknown} from the image names are not shape classes: are these cue-conflict names?")
+        raise ValueError(f"texture classes {unknown} from the image names are not among the 16 classes: are these cue-conflict names "
+                         "(<...>_<shape><n>-<texture><n>.png)?")
 
     def row(name: str, scope: str, group: pd.DataFrame, is_human: bool) -> dict:
         conflict = group["category"] != group["texture"]
