@@ -58,19 +58,30 @@ EXPERIMENT_TAGS = {
 }
 
 
-def _split_imagename(imagename: str) -> list[str] | None:
-    """``[trial, experiment tag, subject tag, condition, source image]``, or None when the name has too few parts."""
-    parts = imagename.split("_", 4)
-    return parts if len(parts) == 5 and all(parts) else None
+def _split_imagename(imagename: str, condition: str | None = None) -> list[str] | None:
+    """``[trial, experiment tag, subject tag, condition, source image]``, or None when the name has too few parts.
+
+    With ``condition`` (the row's), a condition that itself contains ``_`` (the toolkit's ``low_pass=40``) is found
+    whole; without it, or when the name does not hold it there, the fourth ``_`` field is the condition.
+    """
+    head = imagename.split("_", 3)
+    if len(head) != 4 or not all(head):
+        return None
+    rest = head[3]
+    if condition and rest.startswith(condition + "_") and len(rest) > len(condition) + 1:
+        return head[:3] + [condition, rest[len(condition) + 1:]]
+    tail = rest.split("_", 1)
+    return head[:3] + tail if len(tail) == 2 and all(tail) else None
 
 
-def source_image(imagename: str) -> str:
+def source_image(imagename: str, condition: str | None = None) -> str:
     """The source image of a benchmark image name: what follows the trial, experiment, subject and condition fields.
 
     ``0001_cl_s01_cr_oven_40_n04111531_14126.png`` → ``oven_40_n04111531_14126.png``. Every observer (human or
-    model, ``..._dnn_...``) who saw that source image in that condition gets the same id.
+    model, ``..._dnn_...``) who saw that source image in that condition gets the same id. Pass the trial's
+    ``condition`` when it may contain ``_``.
     """
-    parts = _split_imagename(str(imagename))
+    parts = _split_imagename(str(imagename), condition)
     if parts is None:
         raise ValueError(f"{imagename!r} is not a model-vs-human image name (<trial>_<experiment>_<subject>_<condition>_<image>)")
     return parts[4]
@@ -196,7 +207,7 @@ def _read_one(path: Path, dataset: str, categories: frozenset, report: TrialRepo
             reasons = [c for c in ("subj", "object_response", "category", "condition", "imagename") if not row[c]]
             reasons += [c for c in ("session", "trial") if row[c] and not _is_int(row[c])]
             reasons += ["rt"] if row["rt"] and not _is_number_or_nan(row["rt"]) else []
-            parts = _split_imagename(row["imagename"]) if row["imagename"] else None
+            parts = _split_imagename(row["imagename"], row["condition"]) if row["imagename"] else None
             if row["imagename"] and parts is None:
                 reasons.append("imagename")
             if reasons:
@@ -335,9 +346,8 @@ def write_trials(table: pd.DataFrame, path: Path | str, *, session: int = 1) -> 
         names = table["imagename"].astype(str).tolist()
     else:
         conditions = table["condition"].astype(str)
-        bad = sorted({c for c in conditions if not c or "_" in c})
-        if bad:
-            raise ValueError(f"conditions must be non-empty and free of '_' (a field of the image name): {bad[:5]}")
+        if (conditions == "").any():
+            raise ValueError("conditions must not be empty: the condition is a field of the image name")
         if (table["image_id"].astype(str) == "").any():
             raise ValueError("image_id must not be empty: it is the source-image part of the image name")
         tag = EXPERIMENT_TAGS.get(str(table["dataset"].iloc[0]), str(table["dataset"].iloc[0]).replace("_", "-"))
