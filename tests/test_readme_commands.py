@@ -24,6 +24,7 @@ CONFIGS = {
     ("stimuli", "invert"): "stimuli_invert", ("stimuli", "controversial"): "stimuli_controversial",
     ("stimuli", "trials"): "stimuli_trials", ("stimuli", "merge"): "stimuli_merge",
     ("perceptual", "measure"): "measure", ("perceptual", "demo"): "demo", ("perceptual", "compare"): "compare",
+    ("perceptual", "humans-mvh"): "humans-mvh",
 }
 
 

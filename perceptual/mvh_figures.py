@@ -1,0 +1,163 @@
+"""The model-vs-human benchmark's figures from :mod:`perceptual.mvh_analysis` tables (matplotlib, Agg, PNG).
+
+After Geirhos et al. (NeurIPS 2021) and bethgelab/model-vs-human (``plotting/plot.py``): accuracy against condition
+per experiment (the human subjects as a band from the lowest to the highest subject, their mean as a line, models
+as lines), error consistency against condition (human-human pairs as a band and mean; each model's mean over the
+humans as a line), a subject × subject error-consistency matrix per experiment, and the shape-bias plot (shape
+bias per category; the benchmark draws the fraction of shape decisions on the x axis, categories on the y axis).
+Each function writes its PNG atomically (:func:`perceptual.report.save_figure`) and returns the path.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .mvh_analysis import condition_order
+from .report import save_figure
+
+HUMAN_COLOUR = "#a51c30"  # the benchmark draws humans in red
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _grid(n: int):
+    plt = _pyplot()
+    cols = min(4, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.0 * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, axes.flat
+
+
+def _band(ax, x, low, mean, high, label):
+    if len(x) == 1:  # one condition: the range as an error bar (a band of one point is invisible)
+        mean_value = float(np.asarray(mean)[0])
+        spread = [[mean_value - float(np.asarray(low)[0])], [float(np.asarray(high)[0]) - mean_value]]
+        ax.errorbar(x, [mean_value], yerr=spread, fmt="o", color=HUMAN_COLOUR, capsize=4, label=f"{label} (mean, range)")
+        return
+    ax.fill_between(x, low, high, color=HUMAN_COLOUR, alpha=0.2, linewidth=0, label=f"{label} (range)")
+    ax.plot(x, mean, "o-", color=HUMAN_COLOUR, markersize=4, label=f"{label} (mean)")
+
+
+def accuracy_figure(per_subject: pd.DataFrame, path: str | Path, title: str = "Accuracy against condition") -> Path:
+    """One panel per experiment: human accuracy band (min–max over subjects) and mean; models as lines.
+
+    ``per_subject``: :func:`perceptual.mvh_analysis.accuracy_per_subject`.
+    """
+    datasets = sorted(per_subject["dataset"].unique())
+    fig, axes = _grid(len(datasets))
+    for ax, dataset in zip(axes, datasets):
+        rows = per_subject[per_subject["dataset"] == dataset]
+        order = condition_order(rows["condition"].unique())
+        x = np.arange(len(order))
+        humans = rows[rows["is_human"]].groupby("condition")["accuracy"]
+        if len(rows[rows["is_human"]]):
+            stats = humans.agg(["min", "mean", "max"]).reindex(order)
+            _band(ax, x, stats["min"], stats["mean"], stats["max"], f"humans (n={rows[rows['is_human']]['subject'].nunique()})")
+        for model, group in rows[~rows["is_human"]].groupby("subject"):
+            ax.plot(x, group.set_index("condition")["accuracy"].reindex(order), "s--", markersize=3, label=model)
+        ax.set_xticks(x, order, rotation=45 if len(order) > 4 else 0, fontsize=7)
+        ax.set_ylim(0, 1)
+        ax.set_title(dataset, fontsize=9)
+        ax.set_xlabel("condition", fontsize=8)
+        ax.set_ylabel("16-class accuracy", fontsize=8)
+    axes[0].legend(fontsize=6, loc="lower left")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return save_figure(fig, Path(path))
+
+
+def error_consistency_figure(pairs: pd.DataFrame, path: str | Path, title: str = "Error consistency against condition") -> Path:
+    """One panel per experiment: human-human error consistency band (min–max over pairs) and mean; for each model its
+    mean error consistency with the humans. ``pairs``: :func:`perceptual.mvh_analysis.pairwise_consistency`."""
+    datasets = sorted(pairs["dataset"].unique())
+    fig, axes = _grid(len(datasets))
+    for ax, dataset in zip(axes, datasets):
+        rows = pairs[pairs["dataset"] == dataset]
+        order = condition_order(rows["condition"].unique())
+        x = np.arange(len(order))
+        human = rows[rows["kind"] == "human-human"]
+        if len(human):
+            stats = human.groupby("condition")["error_consistency"].agg(["min", "mean", "max"]).reindex(order)
+            _band(ax, x, stats["min"], stats["mean"], stats["max"], f"human-human ({len(human) // len(order)} pairs)")
+        for model, group in rows[rows["kind"] == "model-human"].groupby("subject_a"):
+            ax.plot(x, group.groupby("condition")["error_consistency"].mean().reindex(order), "s--", markersize=3, label=f"{model} vs humans")
+        ax.axhline(0, color="grey", linewidth=0.6)
+        ax.set_xticks(x, order, rotation=45 if len(order) > 4 else 0, fontsize=7)
+        ax.set_ylim(-0.2, 1)
+        ax.set_title(dataset, fontsize=9)
+        ax.set_xlabel("condition", fontsize=8)
+        ax.set_ylabel("error consistency (kappa)", fontsize=8)
+    axes[0].legend(fontsize=6, loc="upper left")
+    fig.suptitle(title + " (0: independent errors, 1: the same errors)")
+    fig.tight_layout()
+    return save_figure(fig, Path(path))
+
+
+def consistency_matrix_figure(matrix: pd.DataFrame, path: str | Path, title: str) -> Path:
+    """A subjects × subjects heatmap (:func:`perceptual.mvh_analysis.consistency_matrix`), values written in the cells."""
+    plt = _pyplot()
+    n = len(matrix)
+    fig, ax = plt.subplots(figsize=(1.0 + 0.55 * n, 0.6 + 0.5 * n))
+    image = ax.imshow(matrix.to_numpy(dtype=float), cmap="viridis", vmin=-0.2, vmax=1)
+    for i in range(n):
+        for j in range(n):
+            value = matrix.iat[i, j]
+            if not np.isnan(value):
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6, color="white" if value < 0.5 else "black")
+    ax.set_xticks(range(n), matrix.columns, rotation=90, fontsize=7)
+    ax.set_yticks(range(n), matrix.index, fontsize=7)
+    ax.set_xlabel("observer")
+    ax.set_ylabel("observer")
+    fig.colorbar(image, ax=ax, label="error consistency (mean over conditions)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return save_figure(fig, Path(path))
+
+
+def shape_bias_figure(per_category: pd.DataFrame, overall: pd.DataFrame, path: str | Path,
+                      title: str = "Shape bias on cue-conflict images") -> Path:
+    """Shape bias per shape category (rows) for every subject (grey dots), the humans pooled (red diamonds) and each
+    model (squares); the overall values in the legend. ``per_category``: :func:`perceptual.mvh_analysis.shape_bias_per_category`,
+    ``overall``: :func:`perceptual.mvh_analysis.shape_bias_table`."""
+    plt = _pyplot()
+    categories = sorted(per_category["category"].unique())
+    y = np.arange(len(categories))
+    fig, ax = plt.subplots(figsize=(6, 0.35 * len(categories) + 1.5))
+    totals = overall.set_index("subject")["shape_bias"]
+    subjects = [s for s in per_category["subject"].unique() if s != "all humans"]
+    human_subjects = set(overall.loc[(overall["scope"] == "subject") & overall["is_human"], "subject"])
+    shown_subject_label = False
+    for subject in subjects:
+        values = per_category[per_category["subject"] == subject].set_index("category")["shape_bias"].reindex(categories)
+        if subject in human_subjects:
+            ax.plot(values, y, "o", color="grey", alpha=0.35, markersize=3, label=None if shown_subject_label else "human subjects")
+            shown_subject_label = True
+        else:
+            ax.plot(values, y, "s", markersize=5, label=f"{subject} ({totals.get(subject, np.nan):.2f})")
+    if "all humans" in set(per_category["subject"]):
+        pooled = per_category[per_category["subject"] == "all humans"].set_index("category")["shape_bias"].reindex(categories)
+        ax.plot(pooled, y, "D", color=HUMAN_COLOUR, markersize=6, label=f"humans pooled ({totals.get('all humans', np.nan):.2f})")
+    ax.set_yticks(y, categories, fontsize=8)
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_xlabel("fraction of shape decisions (1 − fraction of texture decisions)")
+    ax.set_ylabel("shape category")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="lower left")
+    ax.set_title(title + "\n(shape bias = shape / (shape + texture) decisions; same-class images excluded)", fontsize=9)
+    fig.tight_layout()
+    return save_figure(fig, Path(path))
+
+
+__all__ = ["accuracy_figure", "consistency_matrix_figure", "error_consistency_figure", "shape_bias_figure"]

@@ -1,0 +1,210 @@
+"""``python -m perceptual humans-mvh``: the model-vs-human benchmark's real human trials, and models next to them.
+
+Reads the benchmark's trial CSVs (:func:`perceptual.human_trials.read_trials`; any problem in the files stops the run
+with the full report unless ``strict=false``) and computes, per experiment and condition (:mod:`perceptual.mvh_analysis`):
+the human-human error consistency over every pair of subjects (the benchmark's ceiling for models), human accuracy with
+its spread across subjects, and the shape bias on the cue-conflict trials per subject, pooled and as the mean of the
+subjects. Model decisions in the same format (``models=[PATH, ...]``) join as further observers, matched by source
+image: their accuracy, their error consistency with the humans, their shape bias, and the benchmark's aggregate
+(:func:`perceptual.metrics.aggregate_trials`: accuracy difference, observed and error consistency) with its mean rank.
+
+Output directory (``out``)::
+
+    report.json              every number below, and the reader's report
+    tables/accuracy.csv      accuracy per experiment, condition and subject
+    tables/accuracy_humans.csv   per experiment and condition: mean, std, min, max over human subjects
+    tables/pairs.csv         observed and error consistency of every pair of observers per experiment and condition
+    tables/error_consistency_humans.csv   per experiment and condition, over the human-human pairs
+    tables/shape_bias.csv, tables/shape_bias_per_category.csv
+    figures/accuracy.png, figures/error_consistency.png, figures/matrix_<experiment>.png, figures/shape_bias.png
+    summary.md               the tables, in words
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import hydra
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from training.config import expand_path
+from training.io import atomic_write_json, atomic_write_text
+from training.sweeps import job_path
+
+from ..compare_report import plain
+from ..human_trials import read_trials
+from ..metrics import aggregate_trials, mean_rank
+from ..mvh_analysis import (
+    CUE_CONFLICT,
+    accuracy_per_subject,
+    accuracy_summary,
+    condition_order,
+    consistency_matrix,
+    consistency_summary,
+    pairwise_consistency,
+    shape_bias_per_category,
+    shape_bias_table,
+)
+from ..mvh_figures import accuracy_figure, consistency_matrix_figure, error_consistency_figure, shape_bias_figure
+
+
+def _fmt(value: float, digits: int = 3) -> str:
+    return "–" if value is None or (isinstance(value, float) and np.isnan(value)) else f"{value:.{digits}f}"
+
+
+def _in_condition_order(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows sorted by experiment, then condition in plotting order (0.4 < 0.45 < 1 < inf; eidolon by reach)."""
+    rank = {}
+    for dataset, group in frame.groupby("dataset"):
+        rank.update({(dataset, c): i for i, c in enumerate(condition_order(group["condition"].unique()))})
+    keys = [rank[(d, c)] for d, c in zip(frame["dataset"], frame["condition"])]
+    return frame.assign(_order=keys).sort_values(["dataset", "_order"], kind="stable").drop(columns="_order").reset_index(drop=True)
+
+
+def _model_benchmark(trials: pd.DataFrame, models: Sequence[str], on_undefined: str) -> dict:
+    """The benchmark's three aggregate metrics per model (conditions, then humans, then experiments) and its mean rank."""
+    metrics = {name: aggregate_trials(trials, name, on_undefined=on_undefined)
+               for name in ("accuracy_difference", "observed_consistency", "error_consistency")}
+    values = {m: {name: result.models.get(m, float("nan")) for name, result in metrics.items()} for m in models}
+    ranks = mean_rank(np.array([[values[m][n] for n in metrics] for m in models]), [False, True, True]) if len(models) > 1 else [1.0]
+    return {"values": values, "humans": {name: result.humans for name, result in metrics.items()},
+            "mean_rank": {m: float(r) for m, r in zip(models, ranks)}}
+
+
+def analyse(root: str | Path, out: str | Path, *, experiments: Sequence[str] | None = None, models: Sequence[str | Path] = (),
+            strict: bool = True, on_undefined: str = "nan", figures: bool = True) -> dict:
+    """The command's work in Python (module docstring); returns what ``report.json`` holds."""
+    started = time.perf_counter()
+    if root is None:
+        raise ValueError("root is not set: pass root=PATH, the benchmark's raw-data folder (<root>/<experiment>/*.csv)")
+    if on_undefined not in ("nan", "one"):
+        raise ValueError(f"on_undefined must be nan or one, got {on_undefined!r}")
+    humans, report = read_trials(expand_path(root), experiments=experiments, strict=strict)
+    not_human = sorted(s for s in humans["subject"].unique() if not str(s).startswith("subject-"))
+    if not_human:
+        raise ValueError(f"subjects {not_human[:5]} under root do not look human (names start with 'subject-'); pass model files as models=")
+    model_report, model_names = None, []
+    trials = humans
+    if models:
+        model_trials, model_report = read_trials([expand_path(m) for m in models], strict=strict)
+        model_names = sorted(model_trials["subject"].unique())
+        clash = [s for s in model_names if str(s).startswith("subject-")]
+        if clash:
+            raise ValueError(f"model subjects {clash} start with 'subject-', the prefix of human observers; rename them")
+        unknown = sorted(set(model_trials["dataset"]) - set(humans["dataset"]))
+        if unknown:
+            raise ValueError(f"model decisions for experiment(s) {unknown} that have no human trials under {root}")
+        trials = pd.concat([humans, model_trials], ignore_index=True)
+    out = Path(out)
+    per_subject = accuracy_per_subject(trials)
+    human_accuracy = _in_condition_order(accuracy_summary(per_subject))
+    pairs = pairwise_consistency(trials, on_undefined=on_undefined)
+    human_consistency = _in_condition_order(consistency_summary(pairs))
+    has_cue = CUE_CONFLICT in set(trials["dataset"])
+    shape = shape_bias_table(trials) if has_cue else None
+    shape_categories = shape_bias_per_category(trials) if has_cue else None
+    tables = {"accuracy": per_subject, "accuracy_humans": human_accuracy, "pairs": pairs, "error_consistency_humans": human_consistency}
+    if has_cue:
+        tables.update({"shape_bias": shape, "shape_bias_per_category": shape_categories})
+    for name, frame in tables.items():
+        atomic_write_text(out / "tables" / f"{name}.csv", frame.to_csv(index=False))
+    figure_paths = []
+    if figures:
+        figure_paths.append(accuracy_figure(per_subject, out / "figures" / "accuracy.png"))
+        figure_paths.append(error_consistency_figure(pairs, out / "figures" / "error_consistency.png"))
+        for dataset in sorted(trials["dataset"].unique()):
+            matrix = consistency_matrix(pairs, dataset)
+            figure_paths.append(consistency_matrix_figure(matrix, out / "figures" / f"matrix_{dataset}.png",
+                                                          f"{dataset}: error consistency between observers (mean over conditions)"))
+        if has_cue:
+            figure_paths.append(shape_bias_figure(shape_categories, shape, out / "figures" / "shape_bias.png"))
+    model_pairs = pairs[pairs["kind"] == "model-human"]
+    data = {
+        "root": str(root), "experiments": sorted(trials["dataset"].unique()), "on_undefined": on_undefined,
+        "reader": report.as_dict(), "model_reader": model_report.as_dict() if model_report else None,
+        "n_subjects": {d: int(g["subject"].nunique()) for d, g in humans.groupby("dataset")},
+        "human_error_consistency": human_consistency.to_dict(orient="records"),
+        "human_error_consistency_per_experiment": {d: float(g["mean"].mean()) for d, g in human_consistency.groupby("dataset")},
+        "human_accuracy": human_accuracy.to_dict(orient="records"),
+        "shape_bias": shape.to_dict(orient="records") if has_cue else None,
+        "models": model_names,
+        "model_accuracy": per_subject[~per_subject["is_human"]].to_dict(orient="records"),
+        "model_error_consistency": (model_pairs.groupby(["subject_a", "dataset", "condition"])["error_consistency"].mean()
+                                    .rename("mean_over_humans").reset_index().rename(columns={"subject_a": "model"})
+                                    .to_dict(orient="records")),
+        "benchmark": _model_benchmark(trials, model_names, on_undefined) if model_names else None,
+        "figures": [str(p.relative_to(out)) for p in figure_paths],
+    }
+    data["seconds"] = round(time.perf_counter() - started, 1)
+    atomic_write_json(out / "report.json", plain(data))
+    atomic_write_text(out / "summary.md", summary_markdown(data))
+    return data
+
+
+def summary_markdown(data: Mapping) -> str:
+    lines = ["# Model-vs-human trials: human baselines", "",
+             f"Trials: {data['reader']['rows']} rows from {data['reader']['files']} files under `{data['root']}`, "
+             f"{data['reader']['unanswered']} unanswered (counted wrong); problems: {data['reader']['problem_counts'] or 'none'}.", "",
+             "## Human-human error consistency per condition (the ceiling for models)", "",
+             "| experiment | condition | pairs | error consistency mean ± std [min, max] | observed consistency | human accuracy mean ± std [min, max] |",
+             "|---|---|---|---|---|---|"]
+    accuracy = {(r["dataset"], r["condition"]): r for r in data["human_accuracy"]}
+    for r in data["human_error_consistency"]:
+        a = accuracy[(r["dataset"], r["condition"])]
+        lines.append(f"| {r['dataset']} | {r['condition']} | {r['n_pairs']} | {_fmt(r['mean'])} ± {_fmt(r['std'])} [{_fmt(r['min'])}, "
+                     f"{_fmt(r['max'])}] | {_fmt(r['observed_mean'])} | {_fmt(a['mean'])} ± {_fmt(a['std'])} [{_fmt(a['min'])}, {_fmt(a['max'])}] |")
+    if data["shape_bias"]:
+        lines += ["", "## Shape bias (cue-conflict; shape / (shape + texture) decisions, same-class images excluded)", "",
+                  "| observer | conflict trials | shape decisions | texture decisions | shape bias |", "|---|---|---|---|---|"]
+        for r in data["shape_bias"]:
+            lines.append(f"| {r['subject']} | {r['n_conflict']} | {_fmt(r['shape_decisions'], 0)} | {_fmt(r['texture_decisions'], 0)} | "
+                         f"{_fmt(r['shape_bias'])} |")
+    if data["benchmark"]:
+        lines += ["", "## Models against the humans (the benchmark's aggregate: conditions, then humans, then experiments)", "",
+                  "| model | accuracy difference | observed consistency | error consistency | mean rank |", "|---|---|---|---|---|"]
+        for m, v in data["benchmark"]["values"].items():
+            lines.append(f"| {m} | {_fmt(v['accuracy_difference'])} | {_fmt(v['observed_consistency'])} | {_fmt(v['error_consistency'])} | "
+                         f"{_fmt(data['benchmark']['mean_rank'][m], 2)} |")
+        h = data["benchmark"]["humans"]
+        lines.append(f"| humans (pairs) | {_fmt(h['accuracy_difference'])} | {_fmt(h['observed_consistency'])} | {_fmt(h['error_consistency'])} | |")
+    lines += ["", "## Figures", ""] + [f"![{p}]({p})" for p in data["figures"]]
+    return "\n".join(lines) + "\n"
+
+
+def run(cfg: DictConfig | Mapping) -> dict:
+    container = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    return analyse(container["root"], container["out"], experiments=container.get("experiments"), models=list(container.get("models") or []),
+                   strict=bool(container["strict"]), on_undefined=str(container["on_undefined"]), figures=bool(container["figures"]))
+
+
+@hydra.main(config_path="pkg://conf", config_name="humans-mvh", version_base=None)
+def main(cfg: DictConfig) -> None:
+    cfg.out = str(job_path(cfg.out))
+    data = run(cfg)
+    print(f"read {data['reader']['rows']} trials from {data['reader']['files']} files ({data['reader']['unanswered']} unanswered, "
+          f"problems: {data['reader']['problem_counts'] or 'none'})")
+    print("human-human error consistency (mean ± std over subject pairs) and human accuracy, per experiment and condition:")
+    accuracy = {(r["dataset"], r["condition"]): r for r in data["human_accuracy"]}
+    for r in data["human_error_consistency"]:
+        a = accuracy[(r["dataset"], r["condition"])]
+        print(f"  {r['dataset']:>18} {r['condition']:>10}: kappa {_fmt(r['mean'])} ± {_fmt(r['std'])} ({r['n_pairs']} pairs), "
+              f"accuracy {_fmt(a['mean'])} ± {_fmt(a['std'])}")
+    if data["shape_bias"]:
+        rows = {r["subject"]: r for r in data["shape_bias"]}
+        humans = [r for r in data["shape_bias"] if r["scope"] == "subject" and r["is_human"]]
+        values = [r["shape_bias"] for r in humans]
+        print(f"human shape bias: {_fmt(rows['all humans']['shape_bias'])} pooled over {rows['all humans']['n_conflict']} cue-conflict "
+              f"trials; mean of {len(values)} subjects {_fmt(rows['mean of humans']['shape_bias'])} (range {_fmt(min(values))}–{_fmt(max(values))})")
+        for r in data["shape_bias"]:
+            if not r["is_human"]:
+                print(f"  {r['subject']}: shape bias {_fmt(r['shape_bias'])}")
+    if data["benchmark"]:
+        for m, v in data["benchmark"]["values"].items():
+            print(f"  {m}: error consistency with humans {_fmt(v['error_consistency'])}, mean rank {_fmt(data['benchmark']['mean_rank'][m], 2)}")
+    print(f"report: {(Path(cfg.out) / 'summary.md').resolve()}  ({data['seconds']:.0f} s)")
+
+
+__all__ = ["analyse", "main", "run", "summary_markdown"]

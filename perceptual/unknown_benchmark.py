@@ -1,0 +1,153 @@
+"""Kim et al.'s unified unknown-detection benchmark: known / near-unknown class splits, far-unknown folders, the table.
+
+Kim et al., "A Unified Benchmark for the Unknown Detection Capability of Deep Neural Networks" (Expert Systems with
+Applications 2023; code and data daintlab/unknown-detection-benchmarks). Its CIFAR benchmark trains on 40 CIFAR-100
+classes (CIFAR-40, in-distribution), treats the other 60 as near-unknown (CIFAR-60), and takes SVHN, LSUN-FIX and
+the Describable Textures as far-unknown image folders (resized to 32 × 32, as its ``dataloader.py`` does for the
+textures). The reference ships the split as image folders, not as a class list in code, so the known classes are an
+argument here (:func:`cifar_benchmark`): pass the 40 folder names of its ``cifar-bench/train/cifar40``.
+
+The table (:func:`unknown_table`) has, per score function, the paper's columns: AURC and E-AURC (misclassification
+detection on the known test images), AUROC and FPR at 95 % TPR per unknown set, ECE where the score has a predictive
+distribution, and the improvement ratio over max-softmax of each column. The ratio is our definition (the paper
+compares methods to the baseline in its text, not by one formula): (baseline − method) / baseline for lower-is-better
+columns and (method − baseline) / baseline for AUROC, so a positive ratio is an improvement in every column.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from training import load_dataset
+from training.data import ImageSet
+
+log = logging.getLogger(__name__)
+
+LOWER_IS_BETTER = ("aurc", "eaurc", "fpr_at_95_tpr", "ece")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+
+
+def known_unknown_split(images: ImageSet, known_classes: Sequence[str]) -> tuple[ImageSet, ImageSet]:
+    """(known, unknown): the images of ``known_classes``, relabelled 0..K−1 in the given order, and all the others
+    (their labels kept, their ``classes`` the unknown class names in the original order, labels re-indexed to them)."""
+    known = list(known_classes)
+    if not known:
+        raise ValueError("known_classes is empty")
+    repeated = sorted({c for c in known if known.count(c) > 1})
+    if repeated:
+        raise ValueError(f"known_classes repeats {repeated}")
+    missing = [c for c in known if c not in images.classes]
+    if missing:
+        raise ValueError(f"known classes {missing} are not classes of {images.name} (e.g. {images.classes[:5]})")
+    if len(known) == len(images.classes):
+        raise ValueError("every class is known: leave some out as the near-unknown classes")
+    old_known = torch.tensor([images.classes.index(c) for c in known])
+    unknown_names = [c for c in images.classes if c not in set(known)]
+    old_unknown = torch.tensor([images.classes.index(c) for c in unknown_names])
+    to_known = torch.full((len(images.classes),), -1, dtype=torch.long)
+    to_known[old_known] = torch.arange(len(known))
+    to_unknown = torch.full((len(images.classes),), -1, dtype=torch.long)
+    to_unknown[old_unknown] = torch.arange(len(unknown_names))
+    is_known = to_known[images.labels] >= 0
+    meta = {**images.meta, "split_of": images.name}
+    known_set = ImageSet(f"{images.name}-known{len(known)}", images.split, images.images[is_known], to_known[images.labels[is_known]], known, meta)
+    unknown_set = ImageSet(f"{images.name}-unknown{len(unknown_names)}", images.split, images.images[~is_known],
+                           to_unknown[images.labels[~is_known]], unknown_names, meta)
+    return known_set, unknown_set
+
+
+def cifar_benchmark(root: str | Path, known_classes: Sequence[str], split: str = "test") -> tuple[ImageSet, ImageSet]:
+    """CIFAR-100's ``split`` from its python-pickle folder under ``root``, split into known (e.g. CIFAR-40) and
+    near-unknown (CIFAR-60) classes (:func:`known_unknown_split`)."""
+    return known_unknown_split(load_dataset("cifar100", split, root=root), known_classes)
+
+
+def read_far_unknown(folder: str | Path, size: int = 32, limit: int | None = None) -> torch.Tensor:
+    """uint8 (N, 3, size, size) images of every image file under ``folder`` (recursively, sorted by path), resized
+    (bilinear) where they differ. The benchmark's far-unknown sets are image folders the user provides."""
+    from PIL import Image
+
+    root = Path(folder).expanduser()
+    if not root.is_dir():
+        raise FileNotFoundError(f"no far-unknown image folder at {root}")
+    files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise FileNotFoundError(f"{root} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+    files = files[:limit] if limit else files
+    images, unreadable = [], []
+    for path in files:
+        try:
+            with Image.open(path) as image:
+                image = image.convert("RGB")
+                if image.size != (size, size):
+                    image = image.resize((size, size), Image.BILINEAR)
+                images.append(torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).permute(2, 0, 1))
+        except OSError as err:
+            unreadable.append(f"{path.name} ({err})")
+    if unreadable:
+        raise ValueError(f"{len(unreadable)} unreadable image(s) in {root}: " + "; ".join(unreadable[:5]))
+    return torch.stack(images)
+
+
+def evaluate_scores(model, known: ImageSet, unknown_sets: Mapping[str, torch.Tensor], score_names: Sequence[str], *, fit: ImageSet | None = None,
+                    score_params: Mapping[str, Mapping] | None = None, batch_size: int = 256) -> dict[str, dict]:
+    """Score name → :func:`perceptual.compare_report.unknown_metrics` (AURC, E-AURC, AUROC and FPR@95 per unknown set,
+    ECE/NLL/Brier) of ``model`` on the known test images against each unknown set (uint8 or [0, 1] images).
+    ``fit``: known training images for the scores that need them (Mahalanobis, k-NN, ReAct). A score that does not
+    apply to the model is reported as ``{"error": reason}``."""
+    from .compare_report import unknown_metrics
+    from .scores import make_score, model_outputs
+
+    scores = {name: make_score(name, **dict((score_params or {}).get(name) or {})) for name in score_names}
+    features = any(getattr(s, "needs_features", False) for s in scores.values())
+    as_float = lambda x: x.float() / 255 if x.dtype == torch.uint8 else x  # noqa: E731
+    id_outputs = model_outputs(model, as_float(known.images), batch_size=batch_size, features=features)
+    ood_outputs = {n: model_outputs(model, as_float(x), batch_size=batch_size, features=features) for n, x in unknown_sets.items()}
+    fit_outputs = model_outputs(model, as_float(fit.images), batch_size=batch_size, features=features) if fit is not None else None
+    labels = known.labels.numpy()
+    results = {}
+    for name, score in scores.items():
+        try:
+            if fit is not None:
+                score.fit(model, as_float(fit.images), fit.labels, batch_size=batch_size, outputs=fit_outputs)
+            id_scores = score.score(model, as_float(known.images), batch_size=batch_size, outputs=id_outputs)
+            ood = {n: score.score(model, as_float(x), batch_size=batch_size, outputs=ood_outputs[n]).scores for n, x in unknown_sets.items()}
+        except (ValueError, RuntimeError) as err:
+            results[name] = {"error": str(err)}
+            continue
+        results[name] = unknown_metrics(id_scores, id_outputs.logits, ood, labels)
+    return results
+
+
+def unknown_table(results: Mapping[str, Mapping], baseline: str = "max_softmax") -> pd.DataFrame:
+    """The paper's table: one row per score function with aurc, eaurc, auroc_<set>, fpr_at_95_tpr_<set>, ece, and
+    ``<column>_improvement`` over ``baseline`` (module docstring; NaN where either value is missing or the baseline is
+    0). Scores reported with an error are rows of NaN with the reason in ``error``."""
+    rows = []
+    for name, result in results.items():
+        row = {"score": name, "error": result.get("error")}
+        if "error" not in result:
+            row.update({"aurc": result["aurc"], "eaurc": result["eaurc"], "ece": result.get("ece")})
+            for metric in ("auroc", "fpr_at_95_tpr"):
+                row.update({f"{metric}_{s}": v for s, v in result[metric].items()})
+        rows.append(row)
+    table = pd.DataFrame(rows).set_index("score")
+    if baseline not in table.index:
+        raise ValueError(f"the baseline {baseline!r} is not among the scores {list(table.index)}")
+    columns = [c for c in table.columns if c != "error"]
+    table[columns] = table[columns].astype(float)
+    base = table.loc[baseline, columns]
+    for column in columns:
+        lower = column.startswith(LOWER_IS_BETTER)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            change = (base[column] - table[column]) if lower else (table[column] - base[column])
+            table[f"{column}_improvement"] = np.where(base[column] != 0, change / base[column], np.nan)
+    return table.reset_index()
+
+
+__all__ = ["cifar_benchmark", "evaluate_scores", "known_unknown_split", "read_far_unknown", "unknown_table"]

@@ -1,0 +1,138 @@
+"""VisAlign's report from a model's abstention scores: Hellinger distance to the humans per group, reliability scores.
+
+Lee et al., "VisAlign: Dataset for Measuring the Degree of Alignment between AI and Humans in Visual Perception"
+(NeurIPS 2023 Datasets & Benchmarks; code jiyounglee-0523/VisAlign, ``evaluate_visual_alignment.py``). Every image
+belongs to a group (Must-Act, Must-Abstain, Uncertain) and carries the humans' answer distribution over the K classes
+plus "abstain". A model answers with its softmax and an abstention probability made from one of the toolkit's
+abstention scores (:data:`perceptual.scores.SCORE_FUNCTIONS`, higher = more known) by min-max scaling
+(:class:`perceptual.metrics.MinMaxAbstentionCalibrator`, abstention = 1 − scaled score); the paper's tables give the
+mean Hellinger distance between the two distributions per group and the reliability score RS_c
+(:func:`perceptual.metrics.reliability_score`).
+
+Human labels come from a CSV (:func:`read_human_labels`): ``image_id, group, label`` and one column per class name plus
+``abstain`` holding the humans' answer counts (or probabilities) for that image. Deliberate difference from the
+reference: the min-max range is fitted on the scored set itself by default (as the reference does) but can come from a
+separate reference set (``calibration=``); its direction is explicit (see the calibrator's docstring).
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .metrics import GROUPS, MinMaxAbstentionCalibrator, abstention_distribution, hellinger, reliability_score
+
+log = logging.getLogger(__name__)
+
+ABSTAIN = "abstain"
+
+
+def read_human_labels(path: str | Path, classes: Sequence[str]) -> pd.DataFrame:
+    """Read and check VisAlign's per-image human labels; every problem is listed with its count before anything runs.
+
+    Returns the table with ``group`` normalised (``Must-Act`` → ``must_act``), ``label_index`` (−1 for a
+    must-abstain image without a class) and the class and ``abstain`` columns as probabilities (rows normalised).
+    """
+    classes = list(classes)
+    table = pd.read_csv(path, dtype={"image_id": str, "group": str, "label": str}, keep_default_na=False)
+    needed = ["image_id", "group", "label", *classes, ABSTAIN]
+    missing = [c for c in needed if c not in table.columns]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {missing}; needed: image_id, group, label, one column per class {classes} and '{ABSTAIN}'")
+    problems: list[str] = []
+
+    def report(what: str, mask: pd.Series) -> None:
+        if mask.any():
+            rows = (np.flatnonzero(mask.to_numpy()) + 2).tolist()  # file line numbers (header is line 1)
+            problems.append(f"{what} × {int(mask.sum())} (lines {rows[:5]}{' ...' if len(rows) > 5 else ''})")
+
+    table["group"] = table["group"].str.strip().str.lower().str.replace("-", "_").str.replace(" ", "_")
+    report("unknown group (must_act, must_abstain, uncertain)", ~table["group"].isin(GROUPS))
+    no_class = table["label"].isin(["", "-1"])
+    report("unknown label", ~no_class & ~table["label"].isin(classes))
+    report("must_act or uncertain image without a label", no_class & table["group"].isin(["must_act", "uncertain"]))
+    report("duplicate image_id", table["image_id"].duplicated(keep=False))
+    counts = table[classes + [ABSTAIN]].apply(pd.to_numeric, errors="coerce")
+    invalid = (counts.isna() | (counts < 0)).any(axis=1)
+    report("non-numeric or negative human answer", invalid)
+    report("no human answers (row sums to 0)", ~invalid & (counts.sum(axis=1) == 0))
+    if problems:
+        raise ValueError(f"{path}: {len(problems)} kind(s) of problem in the human labels:\n  " + "\n  ".join(problems))
+    table[classes + [ABSTAIN]] = counts.div(counts.sum(axis=1), axis=0)
+    index = {c: i for i, c in enumerate(classes)}
+    table["label_index"] = [index.get(label, -1) for label in table["label"]]
+    return table
+
+
+def visalign_table(human: pd.DataFrame, classes: Sequence[str], class_probs, known_scores: Mapping[str, np.ndarray], *,
+                   calibration: Mapping[str, np.ndarray] | None = None, gamma: float = 0.5, lam: float = 0.5,
+                   costs: Sequence[float] = (0, 450, 900)) -> pd.DataFrame:
+    """One row per score function: mean Hellinger distance per group and overall, reliability scores and their counts.
+
+    ``human``: :func:`read_human_labels`. ``class_probs``: the model's (N, K) softmax on the same images in the same
+    order. ``known_scores``: score name → (N,) scores, higher = more known (:mod:`perceptual.scores`).
+    ``calibration``: score name → reference scores to fit the min-max range on (default: the scored set itself, as
+    the reference code does). Columns: score, hellinger_<group> (NaN for a group without images), hellinger_all,
+    rs_<c> per cost, the reliability counts, abstain_rate (fraction with abstention > ``gamma``).
+    """
+    classes = list(classes)
+    probs = np.asarray(class_probs, dtype=np.float64)
+    if probs.shape != (len(human), len(classes)):
+        raise ValueError(f"class_probs must be (images = {len(human)}, classes = {len(classes)}), got {probs.shape}")
+    humans = human[classes + [ABSTAIN]].to_numpy(dtype=np.float64)
+    groups = human["group"].to_numpy()
+    rows = []
+    for name, scores in known_scores.items():
+        scores = np.asarray(scores, dtype=np.float64)
+        if scores.shape != (len(human),):
+            raise ValueError(f"scores of {name!r} must be one per image ({len(human)}), got shape {scores.shape}")
+        calibrator = MinMaxAbstentionCalibrator(higher_means_abstain=False)  # scores: higher = more known
+        calibrator.fit((calibration or {}).get(name, scores))
+        abstain = calibrator.transform(scores)
+        dist = abstention_distribution(probs, abstain)
+        distances = hellinger(dist, humans)
+        reliability = reliability_score(dist, groups, human["label_index"].to_numpy(), human_label_prob=humans[:, :-1], gamma=gamma,
+                                        lam=lam, costs=costs)
+        row = {"score": name}
+        for group in GROUPS:
+            chosen = groups == group
+            row[f"hellinger_{group}"] = float(distances[chosen].mean()) if chosen.any() else float("nan")
+        row["hellinger_all"] = float(distances.mean())
+        row.update({f"rs_{c:g}": v for c, v in reliability.scores.items()})
+        row.update({k: v for k, v in reliability.to_dict().items() if k not in ("scores", "n_items")})
+        row["abstain_rate"] = float(np.mean(abstain > gamma))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def model_visalign_table(model, images, human: pd.DataFrame, classes: Sequence[str], score_names: Sequence[str], *, fit_images=None,
+                         fit_labels=None, score_params: Mapping[str, Mapping] | None = None, batch_size: int = 256, **table_kwargs) -> pd.DataFrame:
+    """:func:`visalign_table` for a model and the toolkit's score functions (fit on ``fit_images``/``fit_labels`` where a
+    score needs in-distribution data: Mahalanobis, k-NN, ReAct). ``images``: [0, 1] (N, 3, H, W) in ``human``'s order.
+    A score that does not apply to the model is left out with a warning that names the reason."""
+    from .scores import make_score, model_outputs
+
+    if len(images) != len(human):
+        raise ValueError(f"{len(images)} images for {len(human)} human label rows")
+    scores = {name: make_score(name, **dict((score_params or {}).get(name) or {})) for name in score_names}
+    features = any(getattr(s, "needs_features", False) for s in scores.values())  # a penultimate layer only where a score uses it
+    outputs = model_outputs(model, images, batch_size=batch_size, features=features)
+    probs = outputs.logits.double().softmax(dim=1).numpy()
+    fit_outputs = model_outputs(model, fit_images, batch_size=batch_size, features=features) if fit_images is not None else None
+    known = {}
+    for name, score in scores.items():
+        try:
+            if fit_images is not None:
+                score.fit(model, fit_images, fit_labels, batch_size=batch_size, outputs=fit_outputs)
+            known[name] = score.score(model, images, batch_size=batch_size, outputs=outputs).scores
+        except (ValueError, RuntimeError) as err:
+            log.warning("score %s left out: %s", name, err)
+    if not known:
+        raise ValueError(f"none of the scores {list(score_names)} applies to this model")
+    return visalign_table(human, classes, probs, known, **table_kwargs)
+
+
+__all__ = ["ABSTAIN", "model_visalign_table", "read_human_labels", "visalign_table"]

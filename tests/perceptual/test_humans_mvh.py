@@ -1,0 +1,127 @@
+"""``python -m perceptual humans-mvh`` and the benchmark's figures on a small raw-data folder the test writes."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from perceptual.__main__ import main as perceptual_main
+from perceptual.decisions import trial_table
+from perceptual.human_trials import TrialDataError, write_trials
+from perceptual.metrics import SIXTEEN_CLASS_NAMES
+from perceptual.pipelines.humans_mvh import analyse
+
+from ..conftest import MVH_RAW
+
+PNG = b"\x89PNG\r\n\x1a\n"
+CLASSES = list(SIXTEEN_CLASS_NAMES)
+
+
+def raw_folder(root):
+    """colour: two subjects × two conditions × two images; cue-conflict: two subjects × three images (one same-class)."""
+    colour = {  # subject → condition → [(image, category, response)]
+        "subject-01": {"cr": [("oven_1.png", "oven", "oven"), ("bear_2.png", "bear", "cat")],
+                       "bw": [("car_3.png", "car", "car"), ("dog_4.png", "dog", "dog")]},
+        "subject-02": {"cr": [("oven_1.png", "oven", "oven"), ("bear_2.png", "bear", "bear")],
+                       "bw": [("car_3.png", "car", "truck"), ("dog_4.png", "dog", "dog")]},
+    }
+    for subject, conditions in colour.items():
+        lines, trial = [], 0
+        for condition, items in conditions.items():
+            for image, category, response in items:
+                trial += 1
+                lines.append(f"{subject},1,{trial},0.5,{response},{category},{condition},{trial:04d}_cl_s{subject[-2:]}_{condition}_{image}")
+        (root / "colour").mkdir(parents=True, exist_ok=True)
+        (root / "colour" / f"colour_{subject}_session_1.csv").write_text(
+            "subj,Session,trial,rt,object_response,category,condition,imagename\n" + "\n".join(lines) + "\n")
+    cue = {"subject-01": ["cat", "cat", "dog"], "subject-02": ["dog", "cat", "dog"]}
+    images = [("cat", "cat_00_cat1-dog2.png"), ("cat", "cat_00_cat2-clock1.png"), ("dog", "dog_00_dog1-dog3.png")]
+    for subject, responses in cue.items():
+        lines = [f"{subject},1,{i + 1},0.5,{r},{c},0,{i + 1:04d}_s5n_s{subject[-2:]}_0_{name}"
+                 for i, ((c, name), r) in enumerate(zip(images, responses))]
+        (root / "cue-conflict").mkdir(parents=True, exist_ok=True)
+        (root / "cue-conflict" / f"cue-conflict_{subject}_session_1.csv").write_text(
+            "subj,session,trial,rt,object_response,category,condition,imagename\n" + "\n".join(lines) + "\n")
+    return root
+
+
+def model_folder(root):
+    """A model's decisions on the same source images, written in the benchmark's format."""
+    ids = ["oven_1.png", "bear_2.png"]
+    cr = trial_table("toynet", "colour", "cr", ids, [CLASSES.index("oven"), CLASSES.index("bear")],
+                     [CLASSES.index("cat"), CLASSES.index("bear")], CLASSES)
+    bw = trial_table("toynet", "colour", "bw", ["car_3.png", "dog_4.png"], [CLASSES.index("car"), CLASSES.index("dog")],
+                     [CLASSES.index("car"), CLASSES.index("cat")], CLASSES)
+    table = pd.concat([cr, bw], ignore_index=True)
+    write_trials(table, root / "colour" / "colour_toynet_session_1.csv")
+    cue = trial_table("toynet", "cue-conflict", "0", ["cat_00_cat1-dog2.png", "cat_00_cat2-clock1.png", "dog_00_dog1-dog3.png"],
+                      [CLASSES.index("cat")] * 2 + [CLASSES.index("dog")], [CLASSES.index(r) for r in ("dog", "clock", "dog")], CLASSES)
+    write_trials(cue, root / "cue-conflict" / "cue-conflict_toynet_session_1.csv")
+    return root
+
+
+def test_the_command_reports_humans_and_models(tmp_path):
+    root, models, out = raw_folder(tmp_path / "raw"), model_folder(tmp_path / "models"), tmp_path / "out"
+    data = analyse(root, out, models=[models])
+    report = json.loads((out / "report.json").read_text())
+    assert report["reader"]["rows"] == 14 and report["model_reader"]["rows"] == 7
+    colour = {r["condition"]: r for r in report["human_accuracy"] if r["dataset"] == "colour"}
+    assert colour["cr"]["mean"] == pytest.approx(0.75) and colour["cr"]["min"] == 0.5 and colour["cr"]["max"] == 1.0
+    # humans in cr: s01 [1, 0], s02 [1, 1]: c_exp = p_a = .5 (s02 always right), c_obs = .5 → kappa 0
+    consistency = {(r["dataset"], r["condition"]): r for r in report["human_error_consistency"]}
+    assert consistency[("colour", "cr")]["mean"] == pytest.approx(0.0) and consistency[("colour", "cr")]["n_pairs"] == 1
+    # shape bias: s01 answers shape, shape on the two conflict images (1.0); s02 texture, shape (0.5); pooled 3/4; model 0
+    shape = {r["subject"]: r["shape_bias"] for r in report["shape_bias"]}
+    assert shape == pytest.approx({"subject-01": 1.0, "subject-02": 0.5, "toynet": 0.0, "all humans": 0.75, "mean of humans": 0.75})
+    assert report["models"] == ["toynet"] and set(report["benchmark"]["values"]["toynet"]) == {
+        "accuracy_difference", "observed_consistency", "error_consistency"}
+    model_accuracy = {(r["dataset"], r["condition"]): r["accuracy"] for r in report["model_accuracy"]}
+    assert model_accuracy == {("colour", "bw"): 0.5, ("colour", "cr"): 0.5, ("cue-conflict", "0"): pytest.approx(1 / 3)}
+    assert sorted(report["figures"]) == ["figures/accuracy.png", "figures/error_consistency.png", "figures/matrix_colour.png",
+                                         "figures/matrix_cue-conflict.png", "figures/shape_bias.png"]
+    for figure in report["figures"]:
+        assert (out / figure).read_bytes()[:8] == PNG
+    for table in ("accuracy", "accuracy_humans", "pairs", "error_consistency_humans", "shape_bias", "shape_bias_per_category"):
+        assert (out / "tables" / f"{table}.csv").is_file()
+    pairs = pd.read_csv(out / "tables" / "pairs.csv")
+    assert set(pairs["kind"]) == {"human-human", "model-human"}
+    summary = (out / "summary.md").read_text()
+    assert "## Human-human error consistency per condition" in summary and "| toynet |" in summary
+    assert data["seconds"] >= 0
+
+
+def test_the_command_line_prints_the_human_numbers(tmp_path, capsys):
+    root, out = raw_folder(tmp_path / "raw"), tmp_path / "out"
+    perceptual_main(["humans-mvh", f"root={root}", f"out={out}", "figures=false"])
+    printed = capsys.readouterr().out
+    assert "read 14 trials from 4 files" in printed
+    assert "colour         cr: kappa 0.000 ± – (1 pairs), accuracy 0.750 ± 0.354" in printed
+    assert "human shape bias: 0.750 pooled over 4 cue-conflict trials; mean of 2 subjects 0.750 (range 0.500–1.000)" in printed
+    assert not (out / "figures").exists()
+
+
+def test_bad_input_stops_before_any_output(tmp_path):
+    root = raw_folder(tmp_path / "raw")
+    path = root / "colour" / "colour_subject-01_session_1.csv"
+    path.write_text(path.read_text().replace(",bear,cr,", ",zebra,cr,"))
+    with pytest.raises(TrialDataError, match="unknown category × 1"):
+        analyse(root, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    data = analyse(root, tmp_path / "out", strict=False, figures=False)
+    assert data["reader"]["problem_counts"] == {"unknown category": 1} and data["reader"]["kept"] == 13
+    with pytest.raises(ValueError, match="root is not set"):
+        analyse(None, tmp_path / "x")
+    with pytest.raises(ValueError, match="do not look human"):
+        analyse(model_folder(tmp_path / "models"), tmp_path / "x")
+    with pytest.raises(SystemExit, match="rooot"):
+        perceptual_main(["humans-mvh", "rooot=x"])
+
+
+@pytest.mark.skipif(not MVH_RAW.is_dir(), reason=f"model-vs-human raw trials not found at {MVH_RAW}")
+def test_the_command_on_two_real_experiments(tmp_path):
+    data = analyse(MVH_RAW, tmp_path / "out", experiments=["cue-conflict", "sketch"], figures=False)
+    assert data["n_subjects"] == {"cue-conflict": 10, "sketch": 7}
+    pooled = next(r for r in data["shape_bias"] if r["subject"] == "all humans")
+    assert pooled["shape_decisions"] + pooled["texture_decisions"] <= pooled["n_conflict"]
+    assert 0.5 < pooled["shape_bias"] <= 1  # the benchmark's humans decide mostly by shape

@@ -1,0 +1,91 @@
+"""The benchmark's figures (perceptual.mvh_figures): what they draw, read back from the matplotlib figure before it is saved."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import perceptual.mvh_figures as figures
+from perceptual.mvh_analysis import accuracy_per_subject, consistency_matrix, pairwise_consistency, shape_bias_per_category, shape_bias_table
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """The figures handed to save_figure (still open), instead of PNG files."""
+    drawn = []
+
+    def keep(fig, path):
+        drawn.append(fig)
+        return Path(path)
+
+    monkeypatch.setattr(figures, "save_figure", keep)
+    yield drawn
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
+def trials():
+    rows = []
+    correct = {  # subject → condition → correctness over images 1..4
+        "subject-01": {"0.4": [0, 0, 0, 1], "3": [1, 1, 1, 0], "inf": [1, 1, 1, 1]},
+        "subject-02": {"0.4": [0, 0, 1, 1], "3": [1, 1, 0, 0], "inf": [1, 1, 1, 0]},
+        "net": {"0.4": [0, 0, 0, 0], "3": [1, 0, 0, 0], "inf": [1, 1, 0, 0]},
+    }
+    for subject, conditions in correct.items():
+        for condition, values in conditions.items():
+            for image, ok in enumerate(values, start=1):
+                rows.append({"subject": subject, "dataset": "high-pass", "condition": condition, "image_id": image, "correct": bool(ok),
+                             "category": "cat", "response": "cat" if ok else "dog"})
+    return pd.DataFrame(rows)
+
+
+def test_accuracy_figure_draws_the_human_band_and_model_lines(captured, tmp_path):
+    figures.accuracy_figure(accuracy_per_subject(trials()), tmp_path / "a.png")
+    (fig,) = captured
+    ax = fig.axes[0]
+    assert ax.get_title() == "high-pass" and ax.get_xlabel() == "condition" and ax.get_ylabel() == "16-class accuracy"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0.4", "3", "inf"]  # numeric order, not string order
+    lines = {line.get_label(): line.get_ydata() for line in ax.get_lines()}
+    np.testing.assert_allclose(lines["humans (n=2) (mean)"], [0.375, 0.625, 0.875])
+    np.testing.assert_allclose(lines["net"], [0.0, 0.25, 0.5])
+    band = ax.collections[0].get_paths()[0].vertices[:, 1]
+    assert band.min() == pytest.approx(0.25) and band.max() == pytest.approx(1.0)  # lowest and highest subject
+    assert fig._suptitle.get_text() == "Accuracy against condition"
+
+
+def test_error_consistency_figure_and_matrix(captured, tmp_path):
+    pairs = pairwise_consistency(trials())
+    figures.error_consistency_figure(pairs, tmp_path / "e.png")
+    ax = captured[0].axes[0]
+    assert ax.get_ylabel() == "error consistency (kappa)"
+    lines = {line.get_label(): line.get_ydata() for line in ax.get_lines() if not line.get_label().startswith("_")}
+    human = pairs[pairs["kind"] == "human-human"].set_index("condition")["error_consistency"]
+    np.testing.assert_allclose(lines["human-human (1 pairs) (mean)"], human.loc[["0.4", "3", "inf"]].to_numpy())
+    model = pairs[pairs["kind"] == "model-human"].groupby("condition")["error_consistency"].mean()
+    np.testing.assert_allclose(lines["net vs humans"], model.loc[["0.4", "3", "inf"]].to_numpy())
+    matrix = consistency_matrix(pairs, "high-pass")
+    figures.consistency_matrix_figure(matrix, tmp_path / "m.png", "high-pass")
+    ax = captured[1].axes[0]
+    np.testing.assert_allclose(ax.get_images()[0].get_array(), matrix.to_numpy(dtype=float))
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["net", "subject-01", "subject-02"]
+
+
+def test_shape_bias_figure(captured, tmp_path):
+    def cue(subject, shape, texture, response, trial):
+        name = f"{trial:04d}_s5n_s01_0_{shape}_00_{shape}1-{texture}2.png"
+        return {"subject": subject, "dataset": "cue-conflict", "condition": "0", "image_id": name.split("_", 4)[4], "category": shape,
+                "response": response, "correct": response == shape, "imagename": name}
+
+    table = pd.DataFrame([cue("subject-01", "cat", "dog", "cat", 1), cue("subject-01", "dog", "cat", "cat", 2),
+                          cue("subject-02", "cat", "dog", "cat", 1), cue("subject-02", "dog", "cat", "dog", 2),
+                          cue("net", "cat", "dog", "dog", 1), cue("net", "dog", "cat", "cat", 2)])
+    figures.shape_bias_figure(shape_bias_per_category(table), shape_bias_table(table), tmp_path / "s.png")
+    ax = captured[0].axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["cat", "dog"]
+    lines = {line.get_label(): line.get_xdata() for line in ax.get_lines()}
+    np.testing.assert_allclose(lines["humans pooled (0.75)"], [1.0, 0.5])  # cat: 2 of 2 by shape; dog: 1 of 2
+    np.testing.assert_allclose(lines["net (0.00)"], [0.0, 0.0])
+    assert ax.get_xlabel().startswith("fraction of shape decisions")
