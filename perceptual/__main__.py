@@ -1,8 +1,9 @@
-"""``python -m perceptual <subcommand> [hydra overrides]``.
+"""``python -m perceptual <command> [hydra overrides]``: the commands of :mod:`perceptual.pipelines`.
 
-Subcommands: ``measure`` (observer alignment of models, the paper's Table 1), ``demo`` (the main job
-on the embedded digits, offline), ``compare`` (models vs the observer panel under distortion
-conditions, the metric suite).
+``measure`` (observer alignment of models, the paper's Table 1), ``demo`` (the main job on the embedded
+digits, offline), ``compare`` (models vs the observer panel under distortion conditions, the metric suite),
+``humans-mvh`` (the model-vs-human benchmark's real human trials); :data:`perceptual.pipelines.COMMANDS`
+lists every command.
 """
 from __future__ import annotations
 
