@@ -265,7 +265,7 @@ def measure_models(
     return report_data
 
 
-CONTROVERSIAL_KEYS = ("model_a", "model_b", "lambda_", "n_origins", "restarts")
+CONTROVERSIAL_KEYS = ("model_a", "model_b", "lambda_", "n_origins", "restarts", "steps")
 MIN_TARGETS = {"2afc": 1, "clustering": 3, "clustering_hard": 3}  # a clustering trial shows three targets
 
 
@@ -318,6 +318,8 @@ def measure_controversial(classifiers, test, panel: Panel, out: Path, cfg: Mappi
         if label not in classifiers:
             raise ValueError(f"controversial model {label!r} is not among the measured models {sorted(classifiers)}")
     origins = stimuli.select_targets(test, n=int(cfg.get("n_origins", 10)), seed=seed + 1)
+    if cfg.get("steps") is not None:  # the controversial stimuli's own step count (default: the inversions')
+        engine = Engine(resolve_engine(engine).config, steps=int(cfg["steps"]))
     stimulus_set = stimuli.make_controversial_set(
         out / "controversial" / f"{a}-vs-{b}", classifiers[a], classifiers[b], origins,
         lam=float(cfg.get("lambda_", 0.1)), restarts=int(cfg.get("restarts", 3)), seed=seed, engine=engine, device=device, config=config,
