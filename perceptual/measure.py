@@ -48,6 +48,7 @@ from .cache import cache_key, cached_json
 from .convergence import DEFAULT_THRESHOLD, MIN_CONVERGED_FRACTION, convergence_figure, convergence_sentence, convergence_summary, is_converged
 from .decisions import observer_slug
 from .observers import Panel, default_panel, make_observer, quantize_8bit
+from .statistics import measurement_statistics
 from .tasks import controversial_spread, judge_2afc, judge_clustering, panel_summary, summarize
 
 TASKS = stimuli.TASKS  # the trial kinds of stimuli.trials
@@ -151,7 +152,7 @@ def observe_set(
         trials = stimuli.set_trials(stimulus_set, task, seed=seed, attention_rate=attention_rate, distance=hard_distance or "pixel_l2")
         judge = judge_2afc if task == "2afc" else judge_clustering
         for observer in panel:
-            key = cache_key(trial_key, observer.name, judge_8bit, interval)
+            key = cache_key(trial_key, observer.name, judge_8bit, interval, "summary-v2")  # v2: per-target scores per seed type
             slug = observer_slug(observer.name)
             path = out / "observers" / f"{slug}-{task}.json"
             cached = cached_json(path, key)
@@ -257,6 +258,7 @@ def measure_models(
         "not_converged": [label for label, r in results.items() if not r["converged"]],
         "models": results,
     }
+    report_data["statistics"] = measurement_statistics(results, tasks, seed=seed)
     if controversial:
         report_data["controversial"] = measure_controversial(classifiers, test, panel, out, controversial, engine, seed, device, judge_8bit, config,
                                                              alignment=results)
@@ -440,6 +442,22 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
             for label, c in ((label, m["convergence"]) for label, m in with_convergence.items())
         ]
         markdown.append("")
+    stats = data.get("statistics") or {}
+    if stats.get("paired_differences"):
+        markdown += ["## Paired differences between models", "",
+                     "Mean difference of the scores on the same targets, with a 95 % paired bootstrap interval over targets and the "
+                     "panel's observers; * where the interval excludes 0.", "", "| Task | Models | Difference (points) | 95 % interval |",
+                     "|---|---|---|---|"]
+        for task, pairs in stats["paired_differences"].items():
+            for pair, r in pairs.items():
+                star = " *" if r["separated"] else ""
+                markdown.append(f"| {task} | {pair} | {100 * r['difference']:+.1f}{star} | [{100 * r['ci_low']:+.1f}, {100 * r['ci_high']:+.1f}] |")
+        markdown.append("")
+    if stats.get("ranking_agreement"):
+        markdown += ["## Does the model ranking hold? (Kendall's tau, 95 % bootstrap interval over targets)", "",
+                     "| Rankings compared | tau | interval |", "|---|---|---|"]
+        markdown += [f"| {name} | {r['tau']:+.2f} | [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}] |" for name, r in stats["ranking_agreement"].items()]
+        markdown += ["", "With two models tau is +1 (same order) or -1 (reversed); the interval says how often resampled targets keep it.", ""]
     if data.get("converged_only"):
         restricted = {label: {**m, **m["converged_only"]} for label, m in models_data.items() if "converged_only" in m}
         markdown += ["## Converged items only", "", report.markdown_table(restricted, "The same scores over the converged inversions only."), ""]

@@ -118,6 +118,9 @@ def summarize(judged: pd.DataFrame, by: str | None = "seed_type", interval: str 
     if by is not None and by in real:
         out[f"by_{by}"] = {str(k): score(g) for k, g in real.groupby(by, sort=True)}
     out["per_target"] = {str(k): float(g["credit"].mean()) for k, g in real.groupby("target_id", sort=True)}
+    if by is not None and by in real:  # per-target scores within each group, for paired statistics across groups
+        out[f"per_target_by_{by}"] = {str(group): {str(k): float(g["credit"].mean()) for k, g in frame.groupby("target_id", sort=True)}
+                                      for group, frame in real.groupby(by, sort=True)}
     out["attention_pass_rate"] = float(checks["credit"].mean()) if len(checks) else None
     out["attention_checks"] = len(checks)
     return out

@@ -1,0 +1,121 @@
+"""Statistics a reviewer trusts: paired bootstrap differences between models, and ranking agreement.
+
+* :func:`paired_difference`: two models measured on the same targets by the same observers. The difference of
+  their scores is bootstrapped by resampling targets (the pairing is kept: a draw takes both models' score on the
+  same target) and, for a panel, observers too (a two-level percentile bootstrap: observers, then targets).
+  Efron & Tibshirani (1993), ch. 13; the resampling unit follows the design, as in the per-target intervals of
+  :func:`perceptual.tasks.bootstrap_interval`.
+* :func:`ranking_agreement`: Kendall's tau (scipy, tau-b) between two rankings of the same models, e.g. by 2AFC from
+  noise seeds and from training seeds, by random and by hard clustering, or by two observers: Nanda et al.'s
+  reliability analysis on the simulated side, with a percentile-bootstrap interval over targets.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+from scipy.stats import kendalltau
+
+PerTarget = Mapping[str, Mapping[str, float]]  # observer -> target id -> score
+
+
+def _common(a: PerTarget, b: PerTarget) -> tuple[list[str], list[str]]:
+    observers = sorted(set(a) & set(b))
+    if not observers:
+        raise ValueError("the two models share no observer: a paired comparison needs the same observers")
+    targets = sorted(set.intersection(*(set(a[o]) & set(b[o]) for o in observers)))
+    if not targets:
+        raise ValueError("the two models share no target: a paired comparison needs the same targets")
+    return observers, targets
+
+
+def paired_difference(a: PerTarget, b: PerTarget, *, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
+    """Mean of ``a - b`` over observers and targets with a paired percentile-bootstrap interval.
+
+    ``a`` and ``b`` map observer -> target -> score (e.g. a model's per-target 2AFC credit). Each bootstrap draw
+    resamples observers (when there are several) and targets with replacement, keeping pairs intact.
+    """
+    observers, targets = _common(a, b)
+    diff = np.array([[a[o][t] - b[o][t] for t in targets] for o in observers], dtype=float)  # (observers, targets)
+    rng = np.random.default_rng(seed)
+    obs_draw = rng.integers(0, len(observers), size=(n_boot, len(observers))) if len(observers) > 1 else np.zeros((n_boot, 1), dtype=int)
+    tgt_draw = rng.integers(0, len(targets), size=(n_boot, len(targets)))
+    boots = np.array([diff[np.ix_(o, t)].mean() for o, t in zip(obs_draw, tgt_draw)])
+    alpha = (1 - level) / 2
+    low, high = float(np.quantile(boots, alpha)), float(np.quantile(boots, 1 - alpha))
+    return {"difference": float(diff.mean()), "ci_low": low, "ci_high": high, "level": level,
+            "separated": bool(low > 0 or high < 0), "n_targets": len(targets), "n_observers": len(observers)}
+
+
+def ranking_agreement(first: Mapping[str, Mapping[str, float]], second: Mapping[str, Mapping[str, float]], *,
+                      n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
+    """Kendall's tau between the model rankings by two scores, with a bootstrap interval over targets.
+
+    ``first`` and ``second`` map model -> target -> score; a model's score is its mean over the targets (the same
+    targets resampled for both rankings in each draw). Fewer than two models: tau is undefined (NaN).
+    """
+    models = sorted(set(first) & set(second))
+    if len(models) < 2:
+        return {"tau": math.nan, "ci_low": math.nan, "ci_high": math.nan, "n_models": len(models), "n_targets": 0}
+    targets = sorted(set.intersection(*(set(first[m]) & set(second[m]) for m in models)))
+    if not targets:
+        raise ValueError("the two rankings share no target")
+    x = np.array([[first[m][t] for t in targets] for m in models], dtype=float)
+    y = np.array([[second[m][t] for t in targets] for m in models], dtype=float)
+
+    def tau(columns: np.ndarray) -> float:
+        value = kendalltau(x[:, columns].mean(1), y[:, columns].mean(1)).statistic
+        return float(value) if value == value else math.nan
+
+    rng = np.random.default_rng(seed)
+    boots = np.array([tau(rng.integers(0, len(targets), len(targets))) for _ in range(n_boot)])
+    boots = boots[~np.isnan(boots)]
+    alpha = (1 - level) / 2
+    low, high = (float(np.quantile(boots, alpha)), float(np.quantile(boots, 1 - alpha))) if boots.size else (math.nan, math.nan)
+    return {"tau": tau(np.arange(len(targets))), "ci_low": low, "ci_high": high, "n_models": len(models), "n_targets": len(targets)}
+
+
+def measurement_statistics(models: Mapping[str, Mapping], tasks: Sequence[str] = ("2afc", "clustering", "clustering_hard"),
+                           n_boot: int = 2000, seed: int = 0) -> dict:
+    """For a measure report's models: paired differences between every two models per task (over targets and the
+    panel's observers), and ranking agreement across seed types, random vs hard clustering and observers."""
+    labels = list(models)
+
+    def per_target(label: str, task: str, seed_type: str | None = None) -> dict[str, dict[str, float]]:
+        per_observer = models[label].get("per_observer", {}).get(task, {})
+        if seed_type is None:
+            return {o: r.get("per_target", {}) for o, r in per_observer.items()}
+        return {o: r.get("per_target_by_seed_type", {}).get(seed_type, {}) for o, r in per_observer.items()}
+
+    out: dict = {"paired_differences": {}, "ranking_agreement": {}}
+    for task in tasks:
+        for i, a in enumerate(labels):
+            for b in labels[i + 1:]:
+                try:
+                    out["paired_differences"].setdefault(task, {})[f"{a} - {b}"] = paired_difference(
+                        per_target(a, task), per_target(b, task), n_boot=n_boot, seed=seed)
+                except ValueError:
+                    continue
+
+    def panel_mean(label: str, task: str, seed_type: str | None = None) -> dict[str, float]:
+        table = per_target(label, task, seed_type)
+        targets = sorted(set.intersection(*(set(v) for v in table.values()))) if table else []
+        return {t: float(np.mean([table[o][t] for o in table])) for t in targets}
+
+    if len(labels) >= 2:
+        agreement = out["ranking_agreement"]
+        agreement["2afc: noise vs train seeds"] = ranking_agreement(
+            {m: panel_mean(m, "2afc", "noise") for m in labels}, {m: panel_mean(m, "2afc", "train") for m in labels}, n_boot=n_boot, seed=seed)
+        agreement["random vs hard clustering"] = ranking_agreement(
+            {m: panel_mean(m, "clustering") for m in labels}, {m: panel_mean(m, "clustering_hard") for m in labels}, n_boot=n_boot, seed=seed)
+        observers = sorted(models[labels[0]].get("per_observer", {}).get("clustering", {}))
+        for i, o1 in enumerate(observers):
+            for o2 in observers[i + 1:]:
+                agreement[f"clustering: {o1} vs {o2}"] = ranking_agreement(
+                    {m: per_target(m, "clustering").get(o1, {}) for m in labels},
+                    {m: per_target(m, "clustering").get(o2, {}) for m in labels}, n_boot=n_boot, seed=seed)
+    return out
+
+
+__all__ = ["measurement_statistics", "paired_difference", "ranking_agreement"]

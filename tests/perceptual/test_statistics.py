@@ -1,0 +1,52 @@
+"""Paired bootstrap differences and ranking agreement on constructed cases."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from perceptual.statistics import measurement_statistics, paired_difference, ranking_agreement
+
+
+def test_a_constant_paired_difference_has_a_zero_width_interval():
+    a = {"obs": {f"t{i}": 0.8 for i in range(10)}}
+    b = {"obs": {f"t{i}": 0.5 for i in range(10)}}
+    r = paired_difference(a, b)
+    assert r["difference"] == pytest.approx(0.3) and r["ci_low"] == pytest.approx(0.3) and r["ci_high"] == pytest.approx(0.3)
+    assert r["separated"] and r["n_targets"] == 10 and r["n_observers"] == 1
+
+
+def test_pairing_removes_the_variation_shared_by_both_models():
+    # targets differ a lot in difficulty, but model a is always exactly 0.1 above b: the paired interval is tight
+    easy_hard = [0.1, 0.9, 0.2, 0.8, 0.3, 0.7, 0.4, 0.6]
+    a = {"o1": {f"t{i}": v + 0.1 for i, v in enumerate(easy_hard)}, "o2": {f"t{i}": v + 0.1 for i, v in enumerate(easy_hard)}}
+    b = {"o1": {f"t{i}": v for i, v in enumerate(easy_hard)}, "o2": {f"t{i}": v for i, v in enumerate(easy_hard)}}
+    r = paired_difference(a, b)
+    assert r["difference"] == pytest.approx(0.1) and r["ci_high"] - r["ci_low"] < 1e-12 and r["n_observers"] == 2
+    # a symmetric difference around 0 is not separated
+    noisy = {"o1": {f"t{i}": (0.2 if i % 2 else -0.2) for i in range(20)}}
+    zero = {"o1": {f"t{i}": 0.0 for i in range(20)}}
+    r = paired_difference(noisy, zero)
+    assert r["difference"] == pytest.approx(0.0) and r["ci_low"] < 0 < r["ci_high"] and not r["separated"]
+    with pytest.raises(ValueError, match="share no target"):
+        paired_difference({"o": {"x": 1.0}}, {"o": {"y": 1.0}})
+
+
+def test_ranking_agreement_is_kendalls_tau_between_mean_scores():
+    first = {"m1": {"t1": 0.9, "t2": 0.8}, "m2": {"t1": 0.5, "t2": 0.6}, "m3": {"t1": 0.1, "t2": 0.2}}
+    same = {"m1": {"t1": 0.7, "t2": 0.7}, "m2": {"t1": 0.4, "t2": 0.4}, "m3": {"t1": 0.0, "t2": 0.1}}
+    reversed_ = {m: {t: -v for t, v in s.items()} for m, s in same.items()}
+    assert ranking_agreement(first, same)["tau"] == pytest.approx(1.0)
+    assert ranking_agreement(first, reversed_)["tau"] == pytest.approx(-1.0)
+    assert math.isnan(ranking_agreement({"m1": {"t": 1.0}}, {"m1": {"t": 1.0}})["tau"])
+
+
+def test_measurement_statistics_reads_a_reports_models():
+    def model(level):
+        per = {"per_target": {f"t{i}": level for i in range(4)},
+               "per_target_by_seed_type": {"noise": {f"t{i}": level for i in range(4)}, "train": {f"t{i}": level for i in range(4)}}}
+        return {"per_observer": {task: {"obs": per} for task in ("2afc", "clustering", "clustering_hard")}}
+
+    stats = measurement_statistics({"a": model(0.9), "b": model(0.4)}, n_boot=200)
+    assert stats["paired_differences"]["clustering"]["a - b"]["difference"] == pytest.approx(0.5)
+    assert stats["ranking_agreement"]["random vs hard clustering"]["tau"] == pytest.approx(1.0)
