@@ -21,7 +21,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -299,6 +299,9 @@ def ranking_agreement(human: Mapping[str, float], observer: Mapping[str, float])
         return {"models": models, "kendall_tau": math.nan, "spearman_rho": math.nan,
                 "note": "fewer than 2 models with both human and observer scores"}
     h, o = [human[m] for m in models], [observer[m] for m in models]
+    if len(set(h)) == 1 or len(set(o)) == 1:
+        return {"models": models, "kendall_tau": math.nan, "spearman_rho": math.nan,
+                "note": "the human or the observer scores are all equal: no ranking to compare"}
     tau = stats.kendalltau(h, o)
     rho = stats.spearmanr(h, o)
     return {"models": models, "kendall_tau": float(tau.statistic), "kendall_p": float(tau.pvalue),
@@ -355,3 +358,108 @@ def observer_choices(package: SurveyPackage, observer: Observer) -> pd.DataFrame
     judged = pd.concat(parts, ignore_index=True)
     judged["choice"] = judged["choice"].astype(str)
     return judged[["trial_id", "row", "choice", "credit"]]
+
+
+def analyse(package: SurveyPackage, responses: Responses, observers: Sequence[Observer] = (), measure_report: Mapping | None = None,
+            max_attention_failures: int = 0, n_boot: int = 2000, seed: int = 0) -> dict:
+    """:func:`human_scores` plus the paper's reliability analysis against ``observers`` (which answer the package's own
+    trials, so the comparison is trial by trial) and against the observers of a measurement report (model rankings)."""
+    data = human_scores(package, responses, max_attention_failures, n_boot, seed)
+    table = scored(responses, package)
+    kept_submissions = {a["submission"] for a in data["attention"] if not a["excluded"]}
+    kept = table[table["submission"].isin(kept_submissions)]
+    human_by_task: dict[str, dict[str, float]] = {}
+    for model, tasks in data["models"].items():
+        for task, entry in tasks.items():
+            human_by_task.setdefault(task, {})[model] = entry["accuracy"]
+    reliability: dict[str, dict] = {}
+    for observer in observers:
+        choices = observer_choices(package, observer)
+        judged = choices.merge(package.truth, on=["trial_id", "row"])
+        judged = judged[~judged["attention_check"]]
+        entry = {"trial_agreement": {task: trial_agreement(kept[kept["task"] == task], choices) for task in sorted(kept["task"].unique())},
+                 "accuracy_on_package": {}, "ranking": {}}
+        for (model, task), group in judged.groupby(["model", "task"], sort=True):
+            entry["accuracy_on_package"].setdefault(task, {})[model] = float(group["credit"].mean())
+        for task, human in human_by_task.items():
+            entry["ranking"][task] = ranking_agreement(human, entry["accuracy_on_package"].get(task, {}))
+        reliability[observer.name] = entry
+    data["reliability"] = reliability
+    if measure_report is not None:
+        ranking: dict[str, dict] = {}
+        for task, human in human_by_task.items():
+            per_observer: dict[str, dict[str, float]] = {}
+            for model, result in measure_report["models"].items():
+                for name, summary in (result.get("per_observer", {}).get(task) or {}).items():
+                    per_observer.setdefault(name, {})[model] = summary["overall"]["accuracy"]
+            ranking[task] = {name: ranking_agreement(human, scores) for name, scores in per_observer.items()}
+        data["measure_ranking"] = ranking
+    return data
+
+
+def with_human_columns(measure_report: dict, data: Mapping) -> dict:
+    """A copy of a measurement report whose models carry ``humans`` ({task: accuracy entry}) for the Table 1 Human columns."""
+    out = json.loads(json.dumps(measure_report))
+    unknown = sorted(set(data["models"]) - set(out["models"]))
+    if unknown:
+        raise ValueError(f"survey models {unknown} are not in the measurement report (models {sorted(out['models'])}): "
+                         "label the survey's sets as the report labels its models (python -m stimuli survey labels=[...])")
+    for model, tasks in data["models"].items():
+        out["models"][model]["humans"] = dict(tasks)
+    out["humans"] = {"package": data["package"], "kept_submissions": data["kept_submissions"], "excluded_counts": data["excluded_counts"]}
+    return out
+
+
+def markdown_summary(data: Mapping) -> str:
+    """The human numbers as Markdown: accuracy per model and task with both intervals, agreement, exclusions, reliability."""
+    pct = lambda v: "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f}"  # noqa: E731
+    lines = ["# Human survey results", "", f"Package {data['package']}: {data['submissions']} submissions read, "
+             f"{data['kept_submissions']} kept after validation and attention checks (at most {data['max_attention_failures']} failures).", "",
+             "| Model | Task | Accuracy (%) | 95% CI workers | 95% CI trials | Workers | Answers |", "|---|---|---|---|---|---|---|"]
+    for model, tasks in data["models"].items():
+        for task, e in tasks.items():
+            lines.append(f"| {model} | {task} | {pct(e['accuracy'])} | {pct(e['ci_workers'][0])}–{pct(e['ci_workers'][1])} | "
+                         f"{pct(e['ci_trials'][0])}–{pct(e['ci_trials'][1])} | {e['n_workers']} | {e['n_answers']} |")
+    lines += ["", "| Task | Fleiss' kappa (mean over surveys) | Worker accuracy mean ± std (min–max) | Workers |", "|---|---|---|---|"]
+    for task, a in data["agreement"].items():
+        kappa = "–" if math.isnan(a["fleiss_kappa_mean"]) else f"{a['fleiss_kappa_mean']:.3f}"
+        lines.append(f"| {task} | {kappa} | {pct(a['worker_accuracy_mean'])} ± {pct(a['worker_accuracy_std'])} "
+                     f"({pct(a['worker_accuracy_min'])}–{pct(a['worker_accuracy_max'])}) | {a['n_workers']} |")
+    lines += ["", "## Excluded", ""] + ([f"- {n} answers: {reason}" for reason, n in data["excluded_counts"].items()] or ["- nothing"])
+    if data.get("reliability"):
+        lines += ["", "## Humans and observers", "", "| Observer | Task | Agreement per answer (%) | With the majority (%) | Kendall's tau | Spearman's rho |",
+                  "|---|---|---|---|---|---|"]
+        for name, r in data["reliability"].items():
+            for task, agreement in r["trial_agreement"].items():
+                rank = r["ranking"].get(task, {})
+                tau, rho = rank.get("kendall_tau", math.nan), rank.get("spearman_rho", math.nan)
+                lines.append(f"| {name} | {task} | {pct(agreement['per_answer'])} | {pct(agreement['majority'])} | "
+                             f"{'–' if math.isnan(tau) else f'{tau:.2f}'} | {'–' if math.isnan(rho) else f'{rho:.2f}'} |")
+    return "\n".join(lines) + "\n"
+
+
+def accuracy_figure(data: Mapping, path: str | Path) -> Path:
+    """Bars: human accuracy per model and task with the bootstrap interval over workers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .report import save_figure
+
+    tasks = sorted({t for m in data["models"].values() for t in m})
+    models = list(data["models"])
+    fig, ax = plt.subplots(figsize=(1.8 + 1.4 * len(tasks) * max(len(models), 1) / 2, 3.2))
+    width = 0.8 / max(len(models), 1)
+    for k, model in enumerate(models):
+        entries = [data["models"][model].get(t) for t in tasks]
+        values = [e["accuracy"] if e else np.nan for e in entries]
+        errors = np.array([[e["accuracy"] - e["ci_workers"][0], e["ci_workers"][1] - e["accuracy"]] if e else [np.nan, np.nan] for e in entries]).T
+        ax.bar(np.arange(len(tasks)) + k * width, values, width, yerr=errors, capsize=3, label=model)
+    ax.set_xticks(np.arange(len(tasks)) + width * (len(models) - 1) / 2, tasks)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("task")
+    ax.set_ylabel("human accuracy (95% CI over workers)")
+    ax.set_title("Human survey accuracy per model")
+    ax.legend(fontsize=8)
+    return save_figure(fig, Path(path))
