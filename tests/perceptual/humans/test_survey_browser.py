@@ -71,7 +71,9 @@ def _wait_for(path_glob: Path, pattern: str, timeout: float = 10.0) -> Path:
 
 
 def _respond(driver, url: str, worker: str, truth: dict, strategy: str, rng: np.random.Generator, reload_at: int | None, shots: dict | None):
-    """Answer a whole survey by clicking; return the number of trials answered."""
+    """Answer a whole survey by clicking (and by keyboard); return the number of trials answered."""
+    from selenium.webdriver.common.keys import Keys
+
     driver.get(f"{url}?workerId={worker}&assignmentId=A-{worker}")
     driver.execute_script("window.localStorage.clear()")
     driver.get(f"{url}?workerId={worker}&assignmentId=A-{worker}")
@@ -97,8 +99,16 @@ def _respond(driver, url: str, worker: str, truth: dict, strategy: str, rng: np.
                 choices.append(next(o for o in options if o != row["answer"]))
             else:
                 choices.append(row["answer"])
-        if trial["task"] == "2afc":
+        by_keyboard = strategy == "correct" and answered % 2 == 1  # the correct respondent alternates keyboard and mouse
+        if trial["task"] == "2afc" and by_keyboard:
+            driver.find_element(_by("TAG_NAME"), "body").send_keys({"left": "f", "right": Keys.ARROW_RIGHT}[choices[0]])
+        elif trial["task"] == "2afc":
             stage.find_element(_by("CSS_SELECTOR"), f'button[data-choice="{choices[0]}"]').click()
+        elif by_keyboard:  # 1/2/3 answer the highlighted row, Enter goes on
+            body = driver.find_element(_by("TAG_NAME"), "body")
+            for choice in choices:
+                body.send_keys(str(int(choice) + 1))
+            body.send_keys(Keys.ENTER)
         else:
             for r, choice in enumerate(choices):
                 driver.find_element(_by("CSS_SELECTOR"), f'#stage .row[data-row="{r}"] button[data-choice="{choice}"]').click()
