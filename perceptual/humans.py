@@ -174,7 +174,7 @@ def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Respo
                 if (trial_id, row) not in truth.index or truth.loc[(trial_id, row), "survey_id"] != sub["survey_id"]:
                     exclude(f"unknown trial id or row for survey {sub['survey_id']}", sub, 1)
                     continue
-                valid = ("left", "right") if task_of[trial_id] == "2afc" else ("0", "1", "2")
+                valid = ("0", "1", "2") if "clustering" in task_of[trial_id] else ("left", "right")
                 if choice not in valid:
                     exclude(f"invalid choice (expected one of {valid})", sub, 1)
                     continue
@@ -343,7 +343,7 @@ def observer_choices(package: SurveyPackage, observer: Observer) -> pd.DataFrame
     images, id_to_row = package_images(package)
     two_afc, clustering = [], []
     for t in package.manifest["trials"]:
-        if t["task"] == "2afc":
+        if "clustering" not in t["task"]:
             query, (left, right) = t["images"]["query"], t["images"]["options"]
             two_afc.append({"trial_id": t["trial_id"], "row": 0, "query_id": query, "left_id": left, "right_id": right, "answer": t["rows"][0]["answer"]})
         else:
@@ -420,6 +420,9 @@ def markdown_summary(data: Mapping) -> str:
         for task, e in tasks.items():
             lines.append(f"| {model} | {task} | {pct(e['accuracy'])} | {pct(e['ci_workers'][0])}–{pct(e['ci_workers'][1])} | "
                          f"{pct(e['ci_trials'][0])}–{pct(e['ci_trials'][1])} | {e['n_workers']} | {e['n_answers']} |")
+    if any("controversial" in tasks for tasks in data["models"].values()):
+        lines += ["", "controversial: the share of answers that find the stimulus keeping model A (direction AB) closer to the origin "
+                  "than the one keeping model B; there is no correct side, 50 % is no preference."]
     lines += ["", "| Task | Fleiss' kappa (mean over surveys) | Worker accuracy mean ± std (min–max) | Workers |", "|---|---|---|---|"]
     for task, a in data["agreement"].items():
         kappa = "–" if math.isnan(a["fleiss_kappa_mean"]) else f"{a['fleiss_kappa_mean']:.3f}"

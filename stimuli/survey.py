@@ -2,7 +2,8 @@
 
 Follows Nanda et al. (AAAI 2023), Fig. 2 and Appendix A: 2AFC (query = an inversion result, options = its
 seed and its target, "which option is perceptually closer to the query?") and clustering (3 targets as
-columns, their results as rows, match each row to a column), random and hard triplets, attention checks
+columns, their results as rows, match each row to a column), random and hard triplets, a 2AFC between the two
+directions of a controversial set (``controversial``, see :func:`_controversial_records`), attention checks
 built as the paper built them (the query IS an option; the rows ARE the columns). The trials come from
 :mod:`stimuli.trials` (sides and row orders counterbalanced with a seed).
 
@@ -50,6 +51,7 @@ PROMPTS = {
     "2afc": "Which option is perceptually closer to the query?",
     "clustering": "Match each row image to the column image it looks most similar to.",
 }
+SURVEY_TASKS = TASKS + ("controversial",)  # controversial: from controversial sets, the others from inversion sets
 PROLIFIC_COMPLETE = "https://app.prolific.com/submissions/complete?cc={code}"
 
 
@@ -63,9 +65,9 @@ def _template_env() -> jinja2.Environment:
 def _check_options(sets: Mapping, tasks: Sequence[str], trials_per_survey: int, attention_rate: float, out: Path, overwrite: bool) -> None:
     if not sets:
         raise ValueError("no stimulus sets given: pass sets={label: path} with at least one inversion set")
-    unknown = [t for t in tasks if t not in TASKS]
+    unknown = [t for t in tasks if t not in SURVEY_TASKS]
     if unknown or not tasks:
-        raise ValueError(f"unknown tasks {unknown or tasks}: use some of {TASKS}")
+        raise ValueError(f"unknown tasks {unknown or tasks}: use some of {SURVEY_TASKS}")
     if trials_per_survey < 1:
         raise ValueError(f"trials_per_survey must be >= 1, got {trials_per_survey}")
     if not 0 <= attention_rate < 1:
@@ -94,6 +96,38 @@ def _trial_records(label: str, stimulus_set: StimulusSet, task: str, seed: int, 
             "rows": [{"query": q, "answer": str(int(a)), "seed_type": s, "target_id": t}
                      for q, a, s, t in zip(group["query_id"], group["answer"], group["seed_type"], group["target_id"])],
         })
+    return records
+
+
+def _controversial_records(label: str, stimulus_set: StimulusSet, seed: int, attention_rate: float) -> list[dict]:
+    """2AFC between the two directions of a controversial set (Nanda et al. Eq. 2): the query is the origin, the options
+    the result that keeps model A (direction AB) and the one that keeps model B (BA) from the same start. There is no
+    correct side; ``answer`` marks the AB option, so the "accuracy" is the fraction of answers that find model A's
+    stimulus closer to the origin (above 1/2: people see A's invariances as more aligned, cf. Table 2). Checks: one
+    option is the origin itself (their answer is the origin's side)."""
+    rng = np.random.default_rng(stream_seed(seed, f"survey:{label}:controversial"))
+    results = stimulus_set.manifest[stimulus_set.manifest["role"] == "result"]
+    directions = set(results["direction"].dropna())
+    if not {"AB", "BA"} <= directions:
+        raise ValueError(f"set {label!r} has directions {sorted(directions)}: a controversial survey needs both AB and BA results")
+    pairs = []
+    for (origin, _), group in results.groupby(["origin_id", "restart"], sort=True):
+        by_direction = dict(zip(group["direction"], group["id"]))
+        if {"AB", "BA"} <= set(by_direction):
+            pairs.append((origin, by_direction["AB"], by_direction["BA"], False))
+    n_checks = int(round(attention_rate * len(pairs) / (1 - attention_rate)))
+    for i in rng.choice(len(pairs), size=n_checks, replace=n_checks > len(pairs)):
+        origin, ab, ba, _ = pairs[i]
+        pairs.append((origin, origin, ab if rng.random() < 0.5 else ba, True))  # the origin against one result
+    n_real = len(pairs) - n_checks
+    # Sides counterbalanced separately among real trials and among checks (as stimuli.trials does).
+    first_left = np.r_[rng.permutation(np.arange(n_real) < (n_real + 1) // 2), rng.permutation(np.arange(n_checks) < (n_checks + 1) // 2)]
+    records = []
+    for (origin, first, second, check), left in zip(pairs, first_left):
+        options = [first, second] if left else [second, first]
+        records.append({"model": label, "task": "controversial", "attention_check": check, "seed_type": None, "target_id": origin,
+                        "query": origin, "options": options,
+                        "rows": [{"query": origin, "answer": "left" if left else "right", "seed_type": "origin" if check else "AB-vs-BA"}]})
     return records
 
 
@@ -147,15 +181,22 @@ def build_survey(
     _check_options(sets, list(tasks), trials_per_survey, attention_rate, out, overwrite)
     loaded = {label: s if isinstance(s, StimulusSet) else load_set(s) for label, s in sets.items()}
     for label, s in loaded.items():
-        if s.kind != "inversion":
-            raise ValueError(
-                f"set {label!r} is a {s.kind} set: surveys are built from inversion sets (2AFC and clustering need "
-                "targets, seeds and results); controversial surveys are not implemented yet"
-            )
+        wanted = "controversial" if s.kind == "controversial" else "inversion" if s.kind == "inversion" else None
+        if wanted is None:
+            raise ValueError(f"set {label!r} is a {s.kind} set: surveys are built from inversion and controversial sets")
+        if wanted == "controversial" and "controversial" not in tasks:
+            raise ValueError(f"set {label!r} is a controversial set: add controversial to tasks (tasks=[...,controversial])")
+        if wanted == "inversion" and not set(tasks) & set(TASKS):
+            raise ValueError(f"set {label!r} is an inversion set: tasks needs one of {TASKS}")
     rng = np.random.default_rng(seed)
     surveys = []
     for task in tasks:
-        records = [r for label, s in loaded.items() for r in _trial_records(label, s, task, seed, attention_rate, distance)]
+        if task == "controversial":
+            records = [r for label, s in loaded.items() if s.kind == "controversial" for r in _controversial_records(label, s, seed, attention_rate)]
+        else:
+            records = [r for label, s in loaded.items() if s.kind == "inversion" for r in _trial_records(label, s, task, seed, attention_rate, distance)]
+        if not records:
+            raise ValueError(f"no set gives {task} trials: {task} needs {'a controversial' if task == 'controversial' else 'an inversion'} set")
         n_surveys = max(1, math.ceil(len(records) / trials_per_survey))
         for k, hand in enumerate(_deal(records, n_surveys, rng)):
             surveys.append({"survey_id": f"{task}-{k:03d}", "task": task, "trials": hand})
@@ -193,13 +234,13 @@ def _write_package(root: Path, loaded: Mapping[str, StimulusSet], surveys: list[
         for position, r in enumerate(survey["trials"]):
             trial_id = f"{survey['survey_id']}/{position:03d}"
             label = r["model"]
-            if r["task"] == "2afc":
+            if r["task"] in ("2afc", "controversial"):
                 shown = {"query": png(label, r["query"]), "options": [png(label, o) for o in r["options"]]}
                 ids = {"query_id": r["query"], "left_id": r["options"][0], "right_id": r["options"][1]}
             else:
                 shown = {"columns": [png(label, c) for c in r["columns"]], "rows": [png(label, row["query"]) for row in r["rows"]]}
                 ids = {f"column_{k}": c for k, c in enumerate(r["columns"])}
-            page_trials.append({"trial_id": trial_id, "task": "2afc" if r["task"] == "2afc" else "clustering", **shown})
+            page_trials.append({"trial_id": trial_id, "task": "clustering" if "clustering" in r["task"] else "2afc", **shown})
             truth.append({
                 "trial_id": trial_id, "survey_id": survey["survey_id"], "position": position, "model": label, "task": r["task"],
                 "attention_check": r["attention_check"], **ids, "images": shown,
@@ -222,7 +263,7 @@ def _write_package(root: Path, loaded: Mapping[str, StimulusSet], surveys: list[
             if _image_name(data) in names:
                 (folder / "images" / _image_name(data)).write_bytes(data)
         code = "".join(rng.choice(list("ABCDEFGHJKLMNPQRSTUVWXYZ23456789"), size=8))
-        task = "2afc" if survey["task"] == "2afc" else "clustering"
+        task = "clustering" if "clustering" in survey["task"] else "2afc"
         page_data = {"package": fingerprint, "survey_id": sid, "task": task, "prompt": PROMPTS[task], "completion_code": code,
                      "format": RESPONSE_FORMAT, "trials": page_trials}
         data_json = json.dumps(page_data, separators=(",", ":")).replace("</", "<\\/")
@@ -254,6 +295,6 @@ def truth_table(manifest: Mapping) -> pd.DataFrame:
     rows = []
     for t in manifest["trials"]:
         for k, row in enumerate(t["rows"]):
-            rows.append({"trial_id": t["trial_id"], "row": k if t["task"] != "2afc" else 0, "survey_id": t["survey_id"], "model": t["model"],
+            rows.append({"trial_id": t["trial_id"], "row": k if "clustering" in t["task"] else 0, "survey_id": t["survey_id"], "model": t["model"],
                          "task": t["task"], "attention_check": t["attention_check"], "seed_type": row.get("seed_type"), "answer": str(row["answer"])})
     return pd.DataFrame(rows)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from invert import Engine, InvertConfig
-from stimuli import ModelRef, make_inversion_set, select_targets
+from stimuli import ModelRef, make_controversial_set, make_inversion_set, select_targets
 from stimuli.survey import build_survey
 
 MODELS = ("standard", "robust")
@@ -39,3 +39,14 @@ def survey_package(inversion_sets, tmp_path_factory):
     out = tmp_path_factory.mktemp("survey-package") / "package"
     build_survey(inversion_sets, out, tasks=("2afc", "clustering", "clustering_hard"), trials_per_survey=15, attention_rate=0.2, seed=0)
     return out
+
+
+@pytest.fixture(scope="session")
+def controversial_set(tmp_path_factory):
+    """A controversial set between the two tiny models: 4 origins × 2 starts × directions AB and BA."""
+    from training import load_dataset
+
+    test = load_dataset("digits", "test")
+    engine = Engine(InvertConfig(steps=2, log_every=1, progress=False))
+    return make_controversial_set(tmp_path_factory.mktemp("controversial") / "set", ModelRef("standard", _representation(0)),
+                                  ModelRef("robust", _representation(1)), select_targets(test, 4, seed=0), restarts=2, engine=engine, preview=False)

@@ -132,3 +132,33 @@ def test_humans_command_adds_human_columns_to_a_measure_report(package_dir, tmp_
     results = package_dir / "results"
     assert (results / "accuracy.png").stat().st_size > 1000 and json.loads((results / "humans.json").read_text())["package"] == package.fingerprint
     assert "Fleiss' kappa" in (results / "humans.md").read_text()
+
+
+def test_controversial_survey_asks_which_direction_looks_closer_to_the_origin(controversial_set, inversion_sets, tmp_path):
+    from perceptual.humans import human_scores, read_responses
+
+    with pytest.raises(ValueError, match="add controversial to tasks"):
+        build_survey({"pair": controversial_set}, tmp_path / "no")
+    out = tmp_path / "pkg"
+    build_survey({"pair": controversial_set, "standard": inversion_sets["standard"]}, out, tasks=["2afc", "controversial"], attention_rate=0.2,
+                 trials_per_survey=100)
+    package = load_package(out)
+    trials = [t for t in package.manifest["trials"] if t["task"] == "controversial"]
+    real = [t for t in trials if not t["attention_check"]]
+    assert len(real) == 4 * 2 and len(trials) == 10  # one per (origin, start); round(0.2 * 8 / 0.8) = 2 checks
+    assert sum(t["rows"][0]["answer"] == "left" for t in real) == 4  # AB on the left exactly half of the time
+    for t in real:
+        ab = t["options"] if "options" in t else [t["left_id"], t["right_id"]]
+        assert t["query_id"] == t["left_id"].split(".")[0] and {d.split(".")[1] for d in ab} == {"AB", "BA"}
+    for t in trials:
+        if t["attention_check"]:
+            assert t["images"]["query"] in t["images"]["options"]
+    page = (out / "surveys" / "controversial-000" / "index.html").read_text()
+    assert ".AB." not in page and ".BA." not in page and "Which option is perceptually closer to the query?" in page
+    # a worker who always picks model A's stimulus (and passes the checks) prefers A every time
+    units = package.truth[package.truth["survey_id"] == "controversial-000"]
+    sub = {"package_fingerprint": package.fingerprint, "survey_id": "controversial-000", "worker_id": "w",
+           "answers": [{"trial_id": u.trial_id, "row": 0, "choice": u.answer} for u in units.itertuples()]}
+    (tmp_path / "w.json").write_text(json.dumps(sub))
+    result = human_scores(package, read_responses([tmp_path / "w.json"], package), n_boot=50)
+    assert result["models"]["pair"]["controversial"]["accuracy"] == 1.0
