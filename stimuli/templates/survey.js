@@ -167,7 +167,10 @@
   }
 
   $("worker-id").value = state.worker_id;
-  function canStart() { $("start").disabled = !($("consent-box").checked && $("worker-id").value.trim()); }
+  // MTurk shows the page in preview before a worker accepts the HIT: answers then could not be submitted.
+  var preview = params.get("assignmentId") === "ASSIGNMENT_ID_NOT_AVAILABLE";
+  if (preview) { $("start").textContent = "Accept the HIT to start"; }
+  function canStart() { $("start").disabled = preview || !($("consent-box").checked && $("worker-id").value.trim()); }
   $("consent-box").addEventListener("change", canStart);
   $("worker-id").addEventListener("input", canStart);
   $("start").addEventListener("click", function () {

@@ -136,6 +136,10 @@ def test_three_scripted_respondents_in_chromium(survey_package, server, tmp_path
     rng = np.random.default_rng(0)
     files = []
     try:
+        # MTurk's preview (before a worker accepts the HIT) cannot start, even with consent and an id.
+        driver.get(f"{server}/surveys/2afc-000/index.html?assignmentId=ASSIGNMENT_ID_NOT_AVAILABLE&workerId=preview")
+        driver.find_element(_by("ID"), "consent-box").click()
+        assert not driver.find_element(_by("ID"), "start").is_enabled()
         # One survey per task keeps the test near 25 s on 2 shared cores (the others are built the same way).
         for survey in [s for s in package.manifest["surveys"] if s["survey_id"] in ("2afc-000", "clustering-000")]:
             sid, n_trials = survey["survey_id"], survey["n_trials"]
