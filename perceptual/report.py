@@ -35,14 +35,25 @@ TABLE_COLUMNS = (
 )
 
 
+# Shown when a model has a ``humans`` entry (perceptual.humans: accuracy of the workers kept after attention checks).
+HUMAN_COLUMNS = (("human:2afc", "Human 2AFC (%)"), ("human:clustering", "Human clustering (%)"), ("human:clustering_hard", "Human hard clustering (%)"))
+
+
+def table_columns(models: Mapping[str, Mapping]) -> tuple:
+    """TABLE_COLUMNS, plus the Human columns of Nanda et al. Table 1 when any model has survey results."""
+    return TABLE_COLUMNS + (HUMAN_COLUMNS if any(m.get("humans") for m in models.values()) else ())
+
+
 def table_rows(models: Mapping[str, Mapping]) -> list[list[str]]:
-    """One row per model: panel mean ± std for the observer tasks, accuracies."""
+    """One row per model: panel mean ± std for the observer tasks, accuracies, human accuracy when present."""
     rows = []
     for name, result in models.items():
         row = [name]
-        for key, _ in TABLE_COLUMNS[1:]:
+        for key, _ in table_columns(models)[1:]:
             entry = result.get(key)
-            if isinstance(entry, Mapping):
+            if key.startswith("human:"):
+                row.append(_fmt((result.get("humans") or {}).get(key[len("human:"):], {}).get("accuracy")))
+            elif isinstance(entry, Mapping):
                 row.append(_fmt(entry.get("mean"), entry.get("std")))
             else:
                 row.append(_fmt(entry))
@@ -51,14 +62,14 @@ def table_rows(models: Mapping[str, Mapping]) -> list[list[str]]:
 
 
 def markdown_table(models: Mapping[str, Mapping], caption: str = "") -> str:
-    header = [title for _, title in TABLE_COLUMNS]
+    header = [title for _, title in table_columns(models)]
     lines = ([caption, ""] if caption else []) + ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(models)]
     return "\n".join(lines) + "\n"
 
 
 def html_report(models: Mapping[str, Mapping], caption: str, figures: Sequence[str], notes: Sequence[str] = ()) -> str:
-    header = "".join(f"<th>{html.escape(title)}</th>" for _, title in TABLE_COLUMNS)
+    header = "".join(f"<th>{html.escape(title)}</th>" for _, title in table_columns(models))
     body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in table_rows(models))
     notes_html = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
     images = "".join(f'<figure><img src="{html.escape(f)}" style="max-width:100%"><figcaption>{html.escape(f)}</figcaption></figure>' for f in figures)

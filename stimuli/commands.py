@@ -1,4 +1,4 @@
-"""Hydra commands behind ``python -m stimuli {invert,controversial,trials,merge}``.
+"""Hydra commands behind ``python -m stimuli {invert,controversial,trials,merge,survey}``.
 
 Each ``*_command(cfg)`` does the work for a composed config (``conf/stimuli_<name>.yaml``) and is
 what the tests call; the ``*_main`` functions are the Hydra entry points that
@@ -23,6 +23,7 @@ from .distances import set_trials
 from .generate import ModelRef, make_controversial_set, make_inversion_set
 from .sets import StimulusSet, find_shards, load_set, merge_sets, shard_path
 from .sources import Targets, gaussian_targets, select_targets, stream_seed
+from .survey import build_survey
 
 logger = logging.getLogger("stimuli")
 
@@ -134,6 +135,20 @@ def merge_command(cfg: DictConfig) -> StimulusSet:
     return result
 
 
+def survey_command(cfg: DictConfig) -> dict:
+    sets = [str(s) for s in cfg.sets]
+    labels = list(cfg.labels) if cfg.labels else [load_set(s).parameters.get("model", {}).get("name") or Path(s).name for s in sets]
+    if len(labels) != len(sets) or len(set(labels)) != len(labels):
+        raise ValueError(f"labels {labels} must name each of the {len(sets)} sets once: pass labels=[...] with distinct names")
+    manifest = build_survey(
+        dict(zip(labels, sets)), cfg.out, tasks=list(cfg.tasks), trials_per_survey=cfg.trials_per_survey, attention_rate=cfg.attention_rate,
+        seed=cfg.seed, distance=cfg.distance, title=cfg.title, base_url=cfg.base_url, minutes=cfg.minutes, overwrite=cfg.overwrite,
+    )
+    logger.info("%d surveys, %d trials, package %s at %s (serve it and put input.csv on the platform; keep manifest.json private)",
+                len(manifest["surveys"]), len(manifest["trials"]), manifest["fingerprint"], cfg.out)
+    return manifest
+
+
 @hydra.main(config_path="pkg://conf", config_name="stimuli_invert", version_base=None)
 def invert_main(cfg: DictConfig) -> None:
     invert_command(cfg)
@@ -154,4 +169,9 @@ def merge_main(cfg: DictConfig) -> None:
     merge_command(cfg)
 
 
-COMMANDS = {"invert": invert_main, "controversial": controversial_main, "trials": trials_main, "merge": merge_main}
+@hydra.main(config_path="pkg://conf", config_name="stimuli_survey", version_base=None)
+def survey_main(cfg: DictConfig) -> None:
+    survey_command(cfg)
+
+
+COMMANDS = {"invert": invert_main, "controversial": controversial_main, "trials": trials_main, "merge": merge_main, "survey": survey_main}

@@ -22,9 +22,10 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 CONFIGS = {
     ("training",): "train", ("training.info",): "config",
     ("stimuli", "invert"): "stimuli_invert", ("stimuli", "controversial"): "stimuli_controversial",
-    ("stimuli", "trials"): "stimuli_trials", ("stimuli", "merge"): "stimuli_merge",
+    ("stimuli", "trials"): "stimuli_trials", ("stimuli", "merge"): "stimuli_merge", ("stimuli", "survey"): "stimuli_survey",
     ("perceptual", "measure"): "measure", ("perceptual", "demo"): "demo", ("perceptual", "compare"): "compare",
     ("perceptual", "humans-mvh"): "humans-mvh",
+    ("perceptual", "humans"): "humans",
 }
 
 

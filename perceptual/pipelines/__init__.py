@@ -1,9 +1,11 @@
 """The commands of ``python -m perceptual``, each a thin composition of library calls: ``measure`` (observer
-alignment, Table 1), ``compare`` (models vs the observer panel under distortions, the metric suite) and ``demo``
-(the main job on the embedded digits). :data:`COMMANDS` maps a command to its module."""
+alignment, Table 1), ``compare`` (models vs the observer panel under distortions, the metric suite), ``demo``
+(the main job on the embedded digits), ``humans`` (survey answers read back) and ``humans-mvh`` (the
+model-vs-human benchmark's human trials). :data:`COMMANDS` maps a command to its module."""
 COMMANDS = {
     "measure": "perceptual.pipelines.measure",
     "demo": "perceptual.pipelines.demo",
     "compare": "perceptual.pipelines.compare",
     "humans-mvh": "perceptual.pipelines.humans_mvh",
+    "humans": "perceptual.pipelines.humans",
 }

@@ -1,0 +1,468 @@
+"""Human survey answers read back and scored: the Human columns of Nanda et al. (AAAI 2023), Table 1.
+
+Reads what a :func:`stimuli.survey.build_survey` package collects: the page's JSON and CSV downloads and
+MTurk's batch results CSV (``WorkerId``, ``AssignmentId``, ``AssignmentStatus``, ``Answer.responses`` holding
+the page's JSON, which the page posts to MTurk's ``externalSubmit``). Every answer is checked against the
+package manifest; what cannot be used is excluded with a reason and counted, never dropped silently.
+
+Scoring follows the paper's Appendix A: workers who fail attention checks are excluded (default: any failure);
+accuracy per model and task (2AFC: the target chosen; clustering: a row matched to its target's column) with
+95 % percentile-bootstrap intervals over workers and over trials (:func:`perceptual.tasks.bootstrap_interval`,
+resampling whole clusters); agreement between annotators as Fleiss' kappa per survey (the paper had 3 workers
+per survey) and the spread of per-worker accuracy (the paper's "variance between annotators"). The paper's
+reliability analysis compares the human ranking of models with each observer's (Kendall's tau, Spearman's
+rho, :mod:`scipy.stats`) and the answers trial by trial (:func:`trial_agreement`).
+"""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy import stats
+
+from stimuli.sets import read_png
+from stimuli.survey import FORMAT, truth_table
+
+from .metrics.survey import fleiss_kappa
+from .observers import Observer
+from .tasks import bootstrap_interval, judge_2afc, judge_clustering
+
+logger = logging.getLogger("perceptual")
+
+ANSWER_COLUMNS = ["submission", "source", "worker_id", "survey_id", "trial_id", "row", "choice"]
+
+
+@dataclass
+class SurveyPackage:
+    """A survey package's manifest and its answer units (one row per 2AFC trial or clustering row)."""
+
+    path: Path
+    manifest: dict
+    truth: pd.DataFrame
+
+    @property
+    def fingerprint(self) -> str:
+        return self.manifest["fingerprint"]
+
+
+def load_package(path: str | Path) -> SurveyPackage:
+    path = Path(path)
+    file = path / "manifest.json"
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} not found: pass the folder that `python -m stimuli survey` wrote (it holds manifest.json)")
+    manifest = json.loads(file.read_text())
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{file} is not a survey package manifest (format {manifest.get('format')!r}, expected {FORMAT!r})")
+    return SurveyPackage(path, manifest, truth_table(manifest))
+
+
+@dataclass
+class Responses:
+    """Answers that passed validation, and a log of everything excluded with its reason."""
+
+    answers: pd.DataFrame
+    excluded: list[dict] = field(default_factory=list)
+    submissions: int = 0
+
+    def exclusion_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for e in self.excluded:
+            counts[e["reason"]] = counts.get(e["reason"], 0) + e["answers"]
+        return counts
+
+
+def _submissions_from_file(path: Path) -> list[dict]:
+    """Raw submissions (dicts like the page's JSON download) from one file of any supported format."""
+    text = path.read_text(encoding="utf-8-sig")
+    if path.suffix.lower() == ".json":
+        data = json.loads(text)
+        items = data if isinstance(data, list) else [data]
+        return [{**item, "source": str(path)} for item in items]
+    if path.suffix.lower() != ".csv":
+        raise ValueError(f"{path}: unsupported file type; give the page's .json or .csv downloads or an MTurk batch results .csv")
+    table = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
+    if "Answer.responses" in table.columns:  # MTurk batch results
+        missing = {"WorkerId", "AssignmentId"} - set(table.columns)
+        if missing:
+            raise ValueError(f"{path}: an MTurk batch results file needs columns {sorted(missing)}")
+        return [_mturk_submission(record, path) for record in table.to_dict("records")]
+    needed = {"package_fingerprint", "survey_id", "worker_id", "trial_id", "row", "choice"}
+    if not needed <= set(table.columns):
+        raise ValueError(f"{path}: a page CSV needs columns {sorted(needed)}, found {list(table.columns)}; an MTurk file needs Answer.responses")
+    out = []
+    for (fingerprint, survey, worker), group in table.groupby(["package_fingerprint", "survey_id", "worker_id"], sort=False):
+        answers = group[["trial_id", "row", "choice"]].to_dict("records")
+        out.append({"package_fingerprint": fingerprint, "survey_id": survey, "worker_id": worker, "answers": answers, "source": str(path)})
+    return out
+
+
+def _mturk_submission(record: Mapping, path: Path) -> dict:
+    base = {"worker_id": record.get("WorkerId", ""), "assignment_id": record.get("AssignmentId", ""), "source": f"{path}#{record.get('AssignmentId', '')}",
+            "status": record.get("AssignmentStatus", "")}
+    try:
+        payload = json.loads(record["Answer.responses"])
+    except (TypeError, ValueError) as error:
+        return {**base, "invalid": f"Answer.responses is not the page's JSON ({error})"}
+    return {**payload, **base}
+
+
+def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Responses:
+    """Read and validate answers from files (page JSON/CSV downloads, MTurk batch results) against ``package``.
+
+    Excluded, each with its reason: submissions from another package (fingerprint), of unknown surveys, without a
+    worker id, rejected on MTurk, or repeated (a worker's second submission of a survey: the first is kept);
+    answers to unknown trials or rows, with invalid choices, or repeated within a submission. Trials a worker
+    left unanswered are counted as ``missing answer``.
+    """
+    surveys = {s["survey_id"] for s in package.manifest["surveys"]}
+    truth = package.truth.set_index(["trial_id", "row"])
+    units_by_survey = package.truth.groupby("survey_id").size().to_dict()
+    task_of = dict(zip(package.truth["trial_id"], package.truth["task"]))
+    files = [Path(p) for p in paths]
+    for f in files:
+        if not f.is_file():
+            raise FileNotFoundError(f"response file {f} not found")
+    rows, excluded, seen = [], [], set()
+
+    def exclude(reason: str, sub: Mapping, n: int) -> None:
+        excluded.append({"reason": reason, "source": sub.get("source"), "worker_id": sub.get("worker_id"), "survey_id": sub.get("survey_id"), "answers": n})
+
+    n_submissions = 0
+    for f in files:
+        for sub in _submissions_from_file(f):
+            n_submissions += 1
+            answers = sub.get("answers") or []
+            n = max(len(answers), 1)
+            if "invalid" in sub:
+                exclude(sub["invalid"], sub, n)
+                continue
+            if sub.get("status", "").lower() == "rejected":
+                exclude("assignment rejected on MTurk", sub, n)
+                continue
+            if sub.get("package_fingerprint") != package.fingerprint:
+                other = sub.get("package_fingerprint")
+                exclude(f"answers from a package with another fingerprint ({other!r}, this package is {package.fingerprint!r})", sub, n)
+                continue
+            if sub.get("survey_id") not in surveys:
+                exclude(f"unknown survey id {sub.get('survey_id')!r}", sub, n)
+                continue
+            worker = str(sub.get("worker_id") or "").strip()
+            if not worker:
+                exclude("no worker id", sub, n)
+                continue
+            key = (worker, sub["survey_id"])
+            if key in seen:
+                exclude("duplicate submission (the worker's first submission of this survey is kept)", sub, n)
+                continue
+            seen.add(key)
+            submission = f"{worker}@{sub['survey_id']}"
+            kept, answered = 0, set()
+            for a in answers:
+                trial_id, row, choice = str(a.get("trial_id")), a.get("row"), str(a.get("choice"))
+                try:
+                    row = int(row)
+                except (TypeError, ValueError):
+                    row = -1
+                if (trial_id, row) not in truth.index or truth.loc[(trial_id, row), "survey_id"] != sub["survey_id"]:
+                    exclude(f"unknown trial id or row for survey {sub['survey_id']}", sub, 1)
+                    continue
+                valid = ("0", "1", "2") if "clustering" in task_of[trial_id] else ("left", "right")
+                if choice not in valid:
+                    exclude(f"invalid choice (expected one of {valid})", sub, 1)
+                    continue
+                if (trial_id, row) in answered:
+                    exclude("repeated answer within a submission", sub, 1)
+                    continue
+                answered.add((trial_id, row))
+                rows.append({"submission": submission, "source": sub.get("source"), "worker_id": worker, "survey_id": sub["survey_id"],
+                             "trial_id": trial_id, "row": row, "choice": choice})
+                kept += 1
+            missing = units_by_survey[sub["survey_id"]] - kept
+            if missing:
+                exclude("missing answer", sub, missing)
+    answers = pd.DataFrame(rows, columns=ANSWER_COLUMNS)
+    result = Responses(answers, excluded, n_submissions)
+    for reason, count in result.exclusion_counts().items():
+        logger.warning("excluded %d answers: %s", count, reason)
+    return result
+
+
+def scored(responses: Responses, package: SurveyPackage) -> pd.DataFrame:
+    """Answers joined with their ground truth and a ``correct`` column."""
+    table = responses.answers.merge(package.truth.drop(columns="survey_id"), on=["trial_id", "row"], how="left")
+    table["correct"] = (table["choice"] == table["answer"]).astype(float)
+    return table
+
+
+def attention_failures(table: pd.DataFrame, package: SurveyPackage, max_failures: int = 0) -> pd.DataFrame:
+    """Per submission: attention checks answered, failed, unanswered, and whether the worker is excluded.
+
+    A check counts as failed when any of its rows is wrong; an unanswered check counts as failed. A submission
+    is excluded when failures exceed ``max_failures`` (the paper: any failure).
+    """
+    checks = package.truth[package.truth["attention_check"]]
+    n_checks = checks.groupby("survey_id")["trial_id"].nunique().to_dict()
+    out = []
+    for (submission, worker, survey), group in table.groupby(["submission", "worker_id", "survey_id"], sort=True):
+        answered = group[group["attention_check"].astype(bool)]
+        per_trial = answered.groupby("trial_id")["correct"].min()
+        total = n_checks.get(survey, 0)
+        failed = int((per_trial < 1).sum()) + (total - len(per_trial))
+        out.append({"submission": submission, "worker_id": worker, "survey_id": survey, "checks": total, "failed": failed,
+                    "excluded": failed > max_failures})
+    return pd.DataFrame(out, columns=["submission", "worker_id", "survey_id", "checks", "failed", "excluded"])
+
+
+def _accuracy(frame: pd.DataFrame, n_boot: int, seed: int) -> dict:
+    if frame.empty:
+        return {"accuracy": math.nan, "n_answers": 0, "n_workers": 0, "n_trials": 0}
+    credit = frame["correct"].to_numpy(float)
+    units = (frame["trial_id"] + "#" + frame["row"].astype(str)).to_numpy()
+    return {
+        "accuracy": float(credit.mean()),
+        "ci_workers": list(bootstrap_interval(credit, frame["worker_id"].to_numpy(), n_boot=n_boot, seed=seed)),
+        "ci_trials": list(bootstrap_interval(credit, units, n_boot=n_boot, seed=seed)),
+        "n_answers": int(len(frame)), "n_workers": int(frame["worker_id"].nunique()), "n_trials": int(frame["trial_id"].nunique()),
+    }
+
+
+def survey_kappa(table: pd.DataFrame) -> dict[str, float]:
+    """Fleiss' kappa per survey over its real answer units answered by every kept worker (NaN with < 2 workers)."""
+    out = {}
+    for survey, group in table[~table["attention_check"].astype(bool)].groupby("survey_id", sort=True):
+        workers = group["worker_id"].nunique()
+        if workers < 2:
+            out[survey] = math.nan
+            continue
+        counts = group.groupby(["trial_id", "row"])["choice"].value_counts().unstack(fill_value=0)
+        counts = counts[counts.sum(axis=1) == workers]
+        out[survey] = fleiss_kappa(counts.to_numpy()) if len(counts) else math.nan
+    return out
+
+
+def human_scores(package: SurveyPackage, responses: Responses, max_attention_failures: int = 0, n_boot: int = 2000, seed: int = 0) -> dict:
+    """Everything the report needs: per model and task accuracy with intervals, per seed type, agreement, exclusions."""
+    table = scored(responses, package)
+    attention = attention_failures(table, package, max_attention_failures)
+    dropped = set(attention.loc[attention["excluded"], "submission"])
+    kept = table[~table["submission"].isin(dropped)]
+    excluded = list(responses.excluded)
+    for row in attention[attention["excluded"]].itertuples():
+        excluded.append({"reason": f"failed attention checks ({row.failed} of {row.checks}, more than {max_attention_failures} allowed)",
+                         "source": None, "worker_id": row.worker_id, "survey_id": row.survey_id,
+                         "answers": int((table["submission"] == row.submission).sum())})
+    real = kept[~kept["attention_check"].astype(bool)]
+    models: dict[str, dict] = {}
+    for (model, task), group in real.groupby(["model", "task"], sort=True):
+        entry = _accuracy(group, n_boot, seed)
+        entry["by_seed_type"] = {str(k): _accuracy(g, n_boot, seed) for k, g in group.groupby("seed_type", sort=True)}
+        models.setdefault(model, {})[task] = entry
+    kappas = survey_kappa(kept)
+    task_of_survey = {s["survey_id"]: s["task"] for s in package.manifest["surveys"]}
+    agreement = {}
+    for task in sorted(set(task_of_survey.values())):
+        values = [k for s, k in kappas.items() if task_of_survey[s] == task]
+        finite = [k for k in values if not math.isnan(k)]
+        per_worker = real[real["task"] == task].groupby("worker_id")["correct"].mean()
+        agreement[task] = {
+            "fleiss_kappa_mean": float(np.mean(finite)) if finite else math.nan,
+            "fleiss_kappa_per_survey": {s: k for s, k in kappas.items() if task_of_survey[s] == task},
+            "worker_accuracy_mean": float(per_worker.mean()) if len(per_worker) else math.nan,
+            "worker_accuracy_std": float(per_worker.std(ddof=1)) if len(per_worker) > 1 else math.nan,
+            "worker_accuracy_min": float(per_worker.min()) if len(per_worker) else math.nan,
+            "worker_accuracy_max": float(per_worker.max()) if len(per_worker) else math.nan,
+            "n_workers": int(len(per_worker)),
+        }
+    counts: dict[str, int] = {}
+    for e in excluded:
+        counts[e["reason"]] = counts.get(e["reason"], 0) + e["answers"]
+    return {
+        "package": package.fingerprint, "submissions": responses.submissions, "kept_submissions": int(kept["submission"].nunique()),
+        "kept_answers": int(len(kept)), "excluded_counts": counts, "excluded": excluded,
+        "attention": attention.to_dict("records"), "max_attention_failures": max_attention_failures,
+        "models": models, "agreement": agreement,
+    }
+
+
+def ranking_agreement(human: Mapping[str, float], observer: Mapping[str, float]) -> dict:
+    """Kendall's tau and Spearman's rho between human and observer scores over the models both have."""
+    models = sorted(set(human) & set(observer))
+    if len(models) < 2:
+        return {"models": models, "kendall_tau": math.nan, "spearman_rho": math.nan,
+                "note": "fewer than 2 models with both human and observer scores"}
+    h, o = [human[m] for m in models], [observer[m] for m in models]
+    if len(set(h)) == 1 or len(set(o)) == 1:
+        return {"models": models, "kendall_tau": math.nan, "spearman_rho": math.nan,
+                "note": "the human or the observer scores are all equal: no ranking to compare"}
+    tau = stats.kendalltau(h, o)
+    rho = stats.spearmanr(h, o)
+    return {"models": models, "kendall_tau": float(tau.statistic), "kendall_p": float(tau.pvalue),
+            "spearman_rho": float(rho.statistic), "spearman_p": float(rho.pvalue),
+            "same_order": [m for m, _ in sorted(zip(models, h), key=lambda x: -x[1])] == [m for m, _ in sorted(zip(models, o), key=lambda x: -x[1])]}
+
+
+def trial_agreement(table: pd.DataFrame, observer_choices: pd.DataFrame) -> dict:
+    """How often a human's answer equals the observer's, answer by answer and against the majority human answer.
+
+    ``observer_choices`` has ``trial_id, row, choice`` (``tie`` / -1 for ties, which count as disagreement) for
+    the package's answer units. Attention checks are left out.
+    """
+    real = table[~table["attention_check"].astype(bool)]
+    merged = real.merge(observer_choices[["trial_id", "row", "choice"]].astype({"choice": str}), on=["trial_id", "row"], suffixes=("", "_observer"))
+    if merged.empty:
+        return {"per_answer": math.nan, "majority": math.nan, "n_answers": 0}
+    per_answer = float((merged["choice"] == merged["choice_observer"]).mean())
+    majority = merged.groupby(["trial_id", "row"]).agg(human=("choice", lambda c: c.mode().sort_values().iloc[0]), observer=("choice_observer", "first"))
+    return {"per_answer": per_answer, "majority": float((majority["human"] == majority["observer"]).mean()),
+            "n_answers": int(len(merged)), "n_units": int(len(majority))}
+
+
+def package_images(package: SurveyPackage) -> tuple[torch.Tensor, dict[str, int]]:
+    """Every image the package shows, as [0, 1] floats, with a file-name-to-row map (the observer sees what people saw)."""
+    files = {}
+    for t in package.manifest["trials"]:
+        names = [t["images"].get("query")] + t["images"].get("options", []) + t["images"].get("columns", []) + t["images"].get("rows", [])
+        for name in names:
+            if name and name not in files:
+                files[name] = package.path / "surveys" / t["survey_id"] / "images" / name
+    names = sorted(files)
+    images = torch.stack([read_png(files[n]) for n in names]).float() / 255
+    return images, {n: i for i, n in enumerate(names)}
+
+
+def observer_choices(package: SurveyPackage, observer: Observer) -> pd.DataFrame:
+    """The observer's answer to every answer unit of the package (``trial_id, row, choice, credit``)."""
+    images, id_to_row = package_images(package)
+    two_afc, clustering = [], []
+    for t in package.manifest["trials"]:
+        if "clustering" not in t["task"]:
+            query, (left, right) = t["images"]["query"], t["images"]["options"]
+            two_afc.append({"trial_id": t["trial_id"], "row": 0, "query_id": query, "left_id": left, "right_id": right, "answer": t["rows"][0]["answer"]})
+        else:
+            for k, row in enumerate(t["rows"]):
+                clustering.append({"trial_id": t["trial_id"], "row": k, "query_id": row["query_file"],
+                                   **{f"column_{c}": name for c, name in enumerate(t["images"]["columns"])}, "answer": int(row["answer"])})
+    parts = []
+    if two_afc:
+        parts.append(judge_2afc(pd.DataFrame(two_afc), images, id_to_row, observer))
+    if clustering:
+        parts.append(judge_clustering(pd.DataFrame(clustering), images, id_to_row, observer))
+    judged = pd.concat(parts, ignore_index=True)
+    judged["choice"] = judged["choice"].astype(str)
+    return judged[["trial_id", "row", "choice", "credit"]]
+
+
+def analyse(package: SurveyPackage, responses: Responses, observers: Sequence[Observer] = (), measure_report: Mapping | None = None,
+            max_attention_failures: int = 0, n_boot: int = 2000, seed: int = 0) -> dict:
+    """:func:`human_scores` plus the paper's reliability analysis against ``observers`` (which answer the package's own
+    trials, so the comparison is trial by trial) and against the observers of a measurement report (model rankings)."""
+    data = human_scores(package, responses, max_attention_failures, n_boot, seed)
+    table = scored(responses, package)
+    kept_submissions = {a["submission"] for a in data["attention"] if not a["excluded"]}
+    kept = table[table["submission"].isin(kept_submissions)]
+    human_by_task: dict[str, dict[str, float]] = {}
+    for model, tasks in data["models"].items():
+        for task, entry in tasks.items():
+            human_by_task.setdefault(task, {})[model] = entry["accuracy"]
+    reliability: dict[str, dict] = {}
+    for observer in observers:
+        choices = observer_choices(package, observer)
+        judged = choices.merge(package.truth, on=["trial_id", "row"])
+        judged = judged[~judged["attention_check"]]
+        entry = {"trial_agreement": {task: trial_agreement(kept[kept["task"] == task], choices) for task in sorted(kept["task"].unique())},
+                 "accuracy_on_package": {}, "ranking": {}}
+        for (model, task), group in judged.groupby(["model", "task"], sort=True):
+            entry["accuracy_on_package"].setdefault(task, {})[model] = float(group["credit"].mean())
+        for task, human in human_by_task.items():
+            entry["ranking"][task] = ranking_agreement(human, entry["accuracy_on_package"].get(task, {}))
+        reliability[observer.name] = entry
+    data["reliability"] = reliability
+    if measure_report is not None:
+        ranking: dict[str, dict] = {}
+        for task, human in human_by_task.items():
+            per_observer: dict[str, dict[str, float]] = {}
+            for model, result in measure_report["models"].items():
+                for name, summary in (result.get("per_observer", {}).get(task) or {}).items():
+                    per_observer.setdefault(name, {})[model] = summary["overall"]["accuracy"]
+            ranking[task] = {name: ranking_agreement(human, scores) for name, scores in per_observer.items()}
+        data["measure_ranking"] = ranking
+    return data
+
+
+def with_human_columns(measure_report: dict, data: Mapping) -> dict:
+    """A copy of a measurement report whose models carry ``humans`` ({task: accuracy entry}) for the Table 1 Human columns."""
+    out = json.loads(json.dumps(measure_report))
+    unknown = sorted(set(data["models"]) - set(out["models"]))
+    if unknown:
+        raise ValueError(f"survey models {unknown} are not in the measurement report (models {sorted(out['models'])}): "
+                         "label the survey's sets as the report labels its models (python -m stimuli survey labels=[...])")
+    for model, tasks in data["models"].items():
+        out["models"][model]["humans"] = dict(tasks)
+    out["humans"] = {"package": data["package"], "kept_submissions": data["kept_submissions"], "excluded_counts": data["excluded_counts"]}
+    return out
+
+
+def markdown_summary(data: Mapping) -> str:
+    """The human numbers as Markdown: accuracy per model and task with both intervals, agreement, exclusions, reliability."""
+    pct = lambda v: "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f}"  # noqa: E731
+    lines = ["# Human survey results", "", f"Package {data['package']}: {data['submissions']} submissions read, "
+             f"{data['kept_submissions']} kept after validation and attention checks (at most {data['max_attention_failures']} failures).", "",
+             "| Model | Task | Accuracy (%) | 95% CI workers | 95% CI trials | Workers | Answers |", "|---|---|---|---|---|---|---|"]
+    for model, tasks in data["models"].items():
+        for task, e in tasks.items():
+            lines.append(f"| {model} | {task} | {pct(e['accuracy'])} | {pct(e['ci_workers'][0])}–{pct(e['ci_workers'][1])} | "
+                         f"{pct(e['ci_trials'][0])}–{pct(e['ci_trials'][1])} | {e['n_workers']} | {e['n_answers']} |")
+    if any("controversial" in tasks for tasks in data["models"].values()):
+        lines += ["", "controversial: the share of answers that find the stimulus keeping model A (direction AB) closer to the origin "
+                  "than the one keeping model B; there is no correct side, 50 % is no preference."]
+    lines += ["", "| Task | Fleiss' kappa (mean over surveys) | Worker accuracy mean ± std (min–max) | Workers |", "|---|---|---|---|"]
+    for task, a in data["agreement"].items():
+        kappa = "–" if math.isnan(a["fleiss_kappa_mean"]) else f"{a['fleiss_kappa_mean']:.3f}"
+        lines.append(f"| {task} | {kappa} | {pct(a['worker_accuracy_mean'])} ± {pct(a['worker_accuracy_std'])} "
+                     f"({pct(a['worker_accuracy_min'])}–{pct(a['worker_accuracy_max'])}) | {a['n_workers']} |")
+    lines += ["", "## Excluded", ""] + ([f"- {n} answers: {reason}" for reason, n in data["excluded_counts"].items()] or ["- nothing"])
+    if data.get("reliability"):
+        lines += ["", "## Humans and observers", "", "| Observer | Task | Agreement per answer (%) | With the majority (%) | Kendall's tau | Spearman's rho |",
+                  "|---|---|---|---|---|---|"]
+        for name, r in data["reliability"].items():
+            for task, agreement in r["trial_agreement"].items():
+                rank = r["ranking"].get(task, {})
+                tau, rho = rank.get("kendall_tau", math.nan), rank.get("spearman_rho", math.nan)
+                lines.append(f"| {name} | {task} | {pct(agreement['per_answer'])} | {pct(agreement['majority'])} | "
+                             f"{'–' if math.isnan(tau) else f'{tau:.2f}'} | {'–' if math.isnan(rho) else f'{rho:.2f}'} |")
+    return "\n".join(lines) + "\n"
+
+
+def accuracy_figure(data: Mapping, path: str | Path) -> Path:
+    """Bars: human accuracy per model and task with the bootstrap interval over workers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .report import save_figure
+
+    tasks = sorted({t for m in data["models"].values() for t in m})
+    models = list(data["models"])
+    fig, ax = plt.subplots(figsize=(1.8 + 1.4 * len(tasks) * max(len(models), 1) / 2, 3.2))
+    width = 0.8 / max(len(models), 1)
+    for k, model in enumerate(models):
+        entries = [data["models"][model].get(t) for t in tasks]
+        values = [e["accuracy"] if e else np.nan for e in entries]
+        errors = np.array([[e["accuracy"] - e["ci_workers"][0], e["ci_workers"][1] - e["accuracy"]] if e else [np.nan, np.nan] for e in entries]).T
+        ax.bar(np.arange(len(tasks)) + k * width, values, width, yerr=errors, capsize=3, label=model)
+    ax.set_xticks(np.arange(len(tasks)) + width * (len(models) - 1) / 2, tasks)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("task")
+    ax.set_ylabel("human accuracy (95% CI over workers)")
+    ax.set_title("Human survey accuracy per model")
+    ax.legend(fontsize=8)
+    return save_figure(fig, Path(path))

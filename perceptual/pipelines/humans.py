@@ -1,0 +1,64 @@
+"""``python -m perceptual humans``: human survey answers read back and scored (Nanda et al., AAAI 2023, Table 1 Human
+columns and Appendix A), from a Hydra config (``conf/humans.yaml``). The work is :mod:`perceptual.humans`; this module
+finds the files, builds the observers, writes ``humans.json``, ``humans.md`` and a figure, and, given a measurement
+report, rewrites that report with the Human columns next to the observer columns."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from training.config import resolve_device
+from training.io import atomic_write_json, atomic_write_text
+
+from .. import humans
+from ..measure import load_report, make_panel, write_report
+
+
+def response_files(entries) -> list[Path]:
+    """Files as given, and every .json / .csv inside the folders given."""
+    files = []
+    for entry in [entries] if isinstance(entries, str) else list(entries):
+        path = Path(entry).expanduser()
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.suffix.lower() in (".json", ".csv"))
+            if not found:
+                raise FileNotFoundError(f"{path} holds no .json or .csv files: put the page downloads or MTurk batch results there")
+            files += found
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"response file or folder {path} not found")
+    return files
+
+
+def run(cfg: DictConfig) -> dict:
+    if cfg.max_attention_failures < 0 or cfg.n_boot < 1:
+        raise ValueError(f"max_attention_failures must be >= 0 and n_boot >= 1, got {cfg.max_attention_failures} and {cfg.n_boot}")
+    package = humans.load_package(cfg.package)
+    files = response_files(cfg.responses)
+    measure = load_report(cfg.measure_report) if cfg.measure_report else None
+    observers = list(make_panel(list(cfg.observers), cfg.observer_net, cfg.lpips_weights, resolve_device(cfg.device))) if cfg.observers else []
+    responses = humans.read_responses(files, package)
+    data = humans.analyse(package, responses, observers, measure, cfg.max_attention_failures, cfg.n_boot, cfg.seed)
+    out = Path(cfg.out) if cfg.out else package.path / "results"
+    atomic_write_json(out / "humans.json", data)
+    atomic_write_text(out / "humans.md", humans.markdown_summary(data) + "\n![accuracy](accuracy.png)\n")
+    humans.accuracy_figure(data, out / "accuracy.png")
+    if measure is not None:
+        write_report(humans.with_human_columns(measure, data), Path(cfg.measure_report))
+    return data
+
+
+@hydra.main(config_path="pkg://conf", config_name="humans", version_base=None)
+def main(cfg: DictConfig) -> None:
+    data = run(cfg)
+    print(humans.markdown_summary(data))
+    out = Path(cfg.out) if cfg.out else Path(cfg.package) / "results"
+    print(f"results: {out.resolve() / 'humans.md'}")
+    if cfg.measure_report:
+        print(f"report with the Human columns: {Path(cfg.measure_report).resolve() / 'report.md'}")
+
+
+__all__ = ["main", "response_files", "run"]

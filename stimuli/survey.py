@@ -1,0 +1,300 @@
+"""Survey packages for people: the paper's 2AFC and clustering tasks as static web pages.
+
+Follows Nanda et al. (AAAI 2023), Fig. 2 and Appendix A: 2AFC (query = an inversion result, options = its
+seed and its target, "which option is perceptually closer to the query?") and clustering (3 targets as
+columns, their results as rows, match each row to a column), random and hard triplets, a 2AFC between the two
+directions of a controversial set (``controversial``, see :func:`_controversial_records`), attention checks
+built as the paper built them (the query IS an option; the rows ARE the columns). The trials come from
+:mod:`stimuli.trials` (sides and row orders counterbalanced with a seed).
+
+A package is a folder::
+
+    manifest.json               every trial's ground truth (model, seed type, answer, attention check); NOT served
+    input.csv                   one row per survey: MTurk's batch input (survey_url placeholder, completion code,
+                                Prolific completion URL)
+    surveys/<survey_id>/index.html   a self-contained page (Jinja2 template, inline dependency-free JS)
+    surveys/<survey_id>/images/*.png the 8-bit PNGs it shows, under opaque content-hash names
+
+The page carries only what a respondent sees: image file names are hashes of their bytes, so neither a name
+nor the page's data says which option is the target or which trial is a check. Deliberate differences from the
+paper: each survey holds one task (the instructions differ), and trials of all models are dealt round-robin
+into surveys so that no worker sees only one model.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import jinja2
+import numpy as np
+import pandas as pd
+
+from .distances import set_trials
+from .sets import StimulusSet, canonical_json, load_set
+from .sources import stream_seed
+from .trials import TASKS
+
+logger = logging.getLogger("stimuli")
+
+FORMAT = "repalign-survey-package/1"
+RESPONSE_FORMAT = "repalign-survey-responses/1"
+PROMPTS = {
+    "2afc": "Which option is perceptually closer to the query?",
+    "clustering": "Match each row image to the column image it looks most similar to.",
+}
+SURVEY_TASKS = TASKS + ("controversial",)  # controversial: from controversial sets, the others from inversion sets
+PROLIFIC_COMPLETE = "https://app.prolific.com/submissions/complete?cc={code}"
+
+
+def _template_env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("stimuli", "templates"), autoescape=jinja2.select_autoescape(["html", "j2"]),
+        undefined=jinja2.StrictUndefined,
+    )
+
+
+def _check_options(sets: Mapping, tasks: Sequence[str], trials_per_survey: int, attention_rate: float, out: Path, overwrite: bool) -> None:
+    if not sets:
+        raise ValueError("no stimulus sets given: pass sets={label: path} with at least one inversion set")
+    unknown = [t for t in tasks if t not in SURVEY_TASKS]
+    if unknown or not tasks:
+        raise ValueError(f"unknown tasks {unknown or tasks}: use some of {SURVEY_TASKS}")
+    if trials_per_survey < 1:
+        raise ValueError(f"trials_per_survey must be >= 1, got {trials_per_survey}")
+    if not 0 <= attention_rate < 1:
+        raise ValueError(f"attention_rate must be in [0, 1), got {attention_rate}")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise FileExistsError(f"{out} exists and is not empty: choose another out or pass overwrite=true")
+
+
+def _trial_records(label: str, stimulus_set: StimulusSet, task: str, seed: int, attention_rate: float, distance) -> list[dict]:
+    """The trials of one set and task as records with the set's image ids (ground truth included)."""
+    table = set_trials(stimulus_set, task, seed=stream_seed(seed, f"survey:{label}:{task}"), attention_rate=attention_rate, distance=distance)
+    records = []
+    if task == "2afc":
+        for r in table.itertuples():
+            records.append({
+                "model": label, "task": task, "attention_check": bool(r.attention_check), "seed_type": r.seed_type,
+                "target_id": r.target_id, "query": r.query_id, "options": [r.left_id, r.right_id],
+                "rows": [{"query": r.query_id, "answer": r.answer, "seed_type": r.seed_type}],
+            })
+        return records
+    for _, group in table.groupby("trial", sort=True):
+        first = group.iloc[0]
+        records.append({
+            "model": label, "task": task, "attention_check": bool(first["attention_check"]), "seed_type": None,
+            "columns": [first["column_0"], first["column_1"], first["column_2"]],
+            "rows": [{"query": q, "answer": str(int(a)), "seed_type": s, "target_id": t}
+                     for q, a, s, t in zip(group["query_id"], group["answer"], group["seed_type"], group["target_id"])],
+        })
+    return records
+
+
+def _controversial_records(label: str, stimulus_set: StimulusSet, seed: int, attention_rate: float) -> list[dict]:
+    """2AFC between the two directions of a controversial set (Nanda et al. Eq. 2): the query is the origin, the options
+    the result that keeps model A (direction AB) and the one that keeps model B (BA) from the same start. There is no
+    correct side; ``answer`` marks the AB option, so the "accuracy" is the fraction of answers that find model A's
+    stimulus closer to the origin (above 1/2: people see A's invariances as more aligned, cf. Table 2). Checks: one
+    option is the origin itself (their answer is the origin's side)."""
+    rng = np.random.default_rng(stream_seed(seed, f"survey:{label}:controversial"))
+    results = stimulus_set.manifest[stimulus_set.manifest["role"] == "result"]
+    directions = set(results["direction"].dropna())
+    if not {"AB", "BA"} <= directions:
+        raise ValueError(f"set {label!r} has directions {sorted(directions)}: a controversial survey needs both AB and BA results")
+    pairs = []
+    for (origin, _), group in results.groupby(["origin_id", "restart"], sort=True):
+        by_direction = dict(zip(group["direction"], group["id"]))
+        if {"AB", "BA"} <= set(by_direction):
+            pairs.append((origin, by_direction["AB"], by_direction["BA"], False))
+    n_checks = int(round(attention_rate * len(pairs) / (1 - attention_rate)))
+    for i in rng.choice(len(pairs), size=n_checks, replace=n_checks > len(pairs)):
+        origin, ab, ba, _ = pairs[i]
+        pairs.append((origin, origin, ab if rng.random() < 0.5 else ba, True))  # the origin against one result
+    n_real = len(pairs) - n_checks
+    # Sides counterbalanced separately among real trials and among checks (as stimuli.trials does).
+    first_left = np.r_[rng.permutation(np.arange(n_real) < (n_real + 1) // 2), rng.permutation(np.arange(n_checks) < (n_checks + 1) // 2)]
+    records = []
+    for (origin, first, second, check), left in zip(pairs, first_left):
+        options = [first, second] if left else [second, first]
+        records.append({"model": label, "task": "controversial", "attention_check": check, "seed_type": None, "target_id": origin,
+                        "query": origin, "options": options,
+                        "rows": [{"query": origin, "answer": "left" if left else "right", "seed_type": "origin" if check else "AB-vs-BA"}]})
+    return records
+
+
+def _deal(records: list[dict], n_surveys: int, rng: np.random.Generator) -> list[list[dict]]:
+    """Split trials into ``n_surveys`` hands with a balanced mix of models (real trials and checks separately)."""
+    hands: list[list[dict]] = [[] for _ in range(n_surveys)]
+    for checks in (False, True):
+        by_model: dict[str, list[dict]] = {}
+        for r in records:
+            if r["attention_check"] == checks:
+                by_model.setdefault(r["model"], []).append(r)
+        queues = [list(rng.permutation(len(v))) for v in by_model.values()]
+        lists = list(by_model.values())
+        order = []
+        while any(queues):
+            for model_trials, queue in zip(lists, queues):
+                if queue:
+                    order.append(model_trials[queue.pop()])
+        # Contiguous pieces of the round-robin order: each hand gets every model in turn (dealing card by card
+        # would give hand k only the models at positions k, k + n_surveys, ...).
+        for hand, piece in zip(hands, np.array_split(np.arange(len(order)), n_surveys)):
+            hand.extend(order[i] for i in piece)
+    return [[hand[i] for i in rng.permutation(len(hand))] for hand in hands]
+
+
+def _image_name(png: bytes) -> str:
+    return hashlib.sha256(png).hexdigest()[:20] + ".png"
+
+
+def build_survey(
+    sets: Mapping[str, str | Path | StimulusSet],
+    out: str | Path,
+    *,
+    tasks: Sequence[str] = ("2afc", "clustering", "clustering_hard"),
+    trials_per_survey: int = 40,
+    attention_rate: float = 0.1,
+    seed: int = 0,
+    distance="pixel_l2",
+    title: str = "Image similarity study",
+    base_url: str = "https://YOUR-HOST/PATH",
+    minutes: int = 20,
+    overwrite: bool = False,
+) -> dict:
+    """Write a survey package for ``sets`` ({model label: inversion set or its path}) to ``out``; return its manifest.
+
+    Each task's trials (with ``attention_rate`` checks) from every set are dealt round-robin over models into
+    ceil(n / ``trials_per_survey``) surveys. The package is written into a temporary folder next to ``out`` and
+    renamed into place, so a crash never leaves a half package.
+    """
+    out = Path(out)
+    _check_options(sets, list(tasks), trials_per_survey, attention_rate, out, overwrite)
+    loaded = {label: s if isinstance(s, StimulusSet) else load_set(s) for label, s in sets.items()}
+    for label, s in loaded.items():
+        wanted = "controversial" if s.kind == "controversial" else "inversion" if s.kind == "inversion" else None
+        if wanted is None:
+            raise ValueError(f"set {label!r} is a {s.kind} set: surveys are built from inversion and controversial sets")
+        if wanted == "controversial" and "controversial" not in tasks:
+            raise ValueError(f"set {label!r} is a controversial set: add controversial to tasks (tasks=[...,controversial])")
+        if wanted == "inversion" and not set(tasks) & set(TASKS):
+            raise ValueError(f"set {label!r} is an inversion set: tasks needs one of {TASKS}")
+    rng = np.random.default_rng(seed)
+    surveys = []
+    for task in tasks:
+        if task == "controversial":
+            records = [r for label, s in loaded.items() if s.kind == "controversial" for r in _controversial_records(label, s, seed, attention_rate)]
+        else:
+            records = [r for label, s in loaded.items() if s.kind == "inversion" for r in _trial_records(label, s, task, seed, attention_rate, distance)]
+        if not records:
+            raise ValueError(f"no set gives {task} trials: {task} needs {'a controversial' if task == 'controversial' else 'an inversion'} set")
+        n_surveys = max(1, math.ceil(len(records) / trials_per_survey))
+        for k, hand in enumerate(_deal(records, n_surveys, rng)):
+            surveys.append({"survey_id": f"{task}-{k:03d}", "task": task, "trials": hand})
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        manifest = _write_package(staging, loaded, surveys, tasks=list(tasks), trials_per_survey=trials_per_survey,
+                                  attention_rate=attention_rate, seed=seed, title=title, base_url=base_url, minutes=minutes, rng=rng)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    logger.info("survey package with %d surveys (%d trials) written to %s", len(surveys), len(manifest["trials"]), out)
+    return manifest
+
+
+def _write_package(root: Path, loaded: Mapping[str, StimulusSet], surveys: list[dict], *, rng: np.random.Generator,
+                   title: str, base_url: str, minutes: int, **config) -> dict:
+    pngs: dict[tuple[str, str], bytes] = {}
+
+    def png(label: str, image_id: str) -> str:
+        key = (label, image_id)
+        if key not in pngs:
+            stimulus_set = loaded[label]
+            relative = stimulus_set.manifest.set_index("id").loc[image_id, "png"]
+            pngs[key] = (Path(stimulus_set.path) / relative).read_bytes()
+        return _image_name(pngs[key])
+
+    truth, pages = [], []
+    for survey in surveys:
+        page_trials = []
+        for position, r in enumerate(survey["trials"]):
+            trial_id = f"{survey['survey_id']}/{position:03d}"
+            label = r["model"]
+            if r["task"] in ("2afc", "controversial"):
+                shown = {"query": png(label, r["query"]), "options": [png(label, o) for o in r["options"]]}
+                ids = {"query_id": r["query"], "left_id": r["options"][0], "right_id": r["options"][1]}
+            else:
+                shown = {"columns": [png(label, c) for c in r["columns"]], "rows": [png(label, row["query"]) for row in r["rows"]]}
+                ids = {f"column_{k}": c for k, c in enumerate(r["columns"])}
+            page_trials.append({"trial_id": trial_id, "task": "clustering" if "clustering" in r["task"] else "2afc", **shown})
+            truth.append({
+                "trial_id": trial_id, "survey_id": survey["survey_id"], "position": position, "model": label, "task": r["task"],
+                "attention_check": r["attention_check"], **ids, "images": shown,
+                "rows": [{**row, "query_file": png(label, row["query"])} for row in r["rows"]],
+            })
+        pages.append((survey, page_trials))
+
+    sets_info = {label: {"path": str(s.path), "fingerprint": s.fingerprint, "model": s.parameters.get("model")} for label, s in loaded.items()}
+    fingerprint = hashlib.sha256(canonical_json({"sets": sets_info, "trials": truth}).encode()).hexdigest()[:16]
+    env = _template_env()
+    template = env.get_template("survey.html.j2")
+    script = (Path(__file__).parent / "templates" / "survey.js").read_text()
+    survey_rows = []
+    for survey, page_trials in pages:
+        sid = survey["survey_id"]
+        folder = root / "surveys" / sid
+        (folder / "images").mkdir(parents=True)
+        names = {name for t in page_trials for name in ([t.get("query")] + t.get("options", []) + t.get("columns", []) + t.get("rows", [])) if name}
+        for data in pngs.values():
+            if _image_name(data) in names:
+                (folder / "images" / _image_name(data)).write_bytes(data)
+        code = "".join(rng.choice(list("ABCDEFGHJKLMNPQRSTUVWXYZ23456789"), size=8))
+        task = "clustering" if "clustering" in survey["task"] else "2afc"
+        page_data = {"package": fingerprint, "survey_id": sid, "task": task, "prompt": PROMPTS[task], "completion_code": code,
+                     "format": RESPONSE_FORMAT, "trials": page_trials}
+        data_json = json.dumps(page_data, separators=(",", ":")).replace("</", "<\\/")
+        html = template.render(title=title, task=task, prompt=PROMPTS[task], minutes=minutes, n_trials=len(page_trials),
+                               data_json=data_json, script=script)
+        (folder / "index.html").write_text(html, encoding="utf-8")
+        survey_rows.append({
+            "survey_id": sid, "task": survey["task"], "n_trials": len(page_trials),
+            "n_attention_checks": sum(r["attention_check"] for r in survey["trials"]),
+            "models": sorted({r["model"] for r in survey["trials"]}),
+            "survey_url": f"{base_url.rstrip('/')}/surveys/{sid}/index.html", "completion_code": code,
+            "prolific_completion_url": PROLIFIC_COMPLETE.format(code=code),
+        })
+
+    manifest = {"format": FORMAT, "fingerprint": fingerprint, "config": {**config, "title": title, "minutes": minutes},
+                "sets": sets_info, "surveys": survey_rows, "trials": truth}
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=["survey_id", "task", "n_trials", "survey_url", "completion_code", "prolific_completion_url"],
+                            extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(survey_rows)
+    (root / "input.csv").write_text(buffer.getvalue())
+    (root / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return manifest
+
+
+def truth_table(manifest: Mapping) -> pd.DataFrame:
+    """One row per answer unit (a 2AFC trial, a clustering row) with its ground truth, from a package manifest."""
+    rows = []
+    for t in manifest["trials"]:
+        for k, row in enumerate(t["rows"]):
+            rows.append({"trial_id": t["trial_id"], "row": k if "clustering" in t["task"] else 0, "survey_id": t["survey_id"], "model": t["model"],
+                         "task": t["task"], "attention_check": t["attention_check"], "seed_type": row.get("seed_type"), "answer": str(row["answer"])})
+    return pd.DataFrame(rows)

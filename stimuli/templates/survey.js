@@ -1,0 +1,199 @@
+/* repalign survey page: consent, trials, progress, answers kept in localStorage, downloads. No dependencies. */
+(function () {
+  "use strict";
+  var data = JSON.parse(document.getElementById("survey-data").textContent);
+  var params = new URLSearchParams(window.location.search);
+  var KEY = "repalign:" + data.package + ":" + data.survey_id;
+  var $ = function (id) { return document.getElementById(id); };
+
+  function fresh() {
+    return {
+      format: data.format, package_fingerprint: data.package, survey_id: data.survey_id,
+      worker_id: params.get("workerId") || params.get("PROLIFIC_PID") || "",
+      assignment_id: params.get("assignmentId") || "", consent: false, answers: {},
+      started_at: null, finished_at: null, completion_code: null, user_agent: navigator.userAgent
+    };
+  }
+  var state;
+  try { state = JSON.parse(window.localStorage.getItem(KEY)) || fresh(); } catch (e) { state = fresh(); }
+  function save() { window.localStorage.setItem(KEY, JSON.stringify(state)); }
+
+  var shownAt = 0;
+  var currentRow = 0;
+
+  function answered(trial) {
+    var a = state.answers[trial.trial_id];
+    if (!a) return false;
+    return a.choices.every(function (c) { return c !== null; }) && a.complete;
+  }
+  function nextIndex() {
+    for (var i = 0; i < data.trials.length; i++) if (!answered(data.trials[i])) return i;
+    return data.trials.length;
+  }
+  function show(id) {
+    ["consent", "trial", "done"].forEach(function (s) { $(s).classList.toggle("hidden", s !== id); });
+  }
+  function img(name) {
+    var el = document.createElement("img");
+    el.className = "stim"; el.src = "images/" + name; el.alt = "";
+    return el;
+  }
+
+  function render() {
+    var i = nextIndex();
+    if (!state.consent) { show("consent"); return; }
+    if (i >= data.trials.length) { finish(); return; }
+    show("trial");
+    var trial = data.trials[i];
+    $("progress-text").textContent = "Question " + (i + 1) + " of " + data.trials.length;
+    $("progress-fill").style.width = (100 * i / data.trials.length) + "%";
+    var stage = $("stage");
+    stage.innerHTML = "";
+    stage.setAttribute("data-trial", trial.trial_id);
+    shownAt = Date.now();
+    if (trial.task === "2afc") render2afc(trial, stage); else renderClustering(trial, stage);
+  }
+
+  function render2afc(trial, stage) {
+    var q = document.createElement("div"); q.className = "query";
+    q.appendChild(document.createTextNode("Query")); q.appendChild(img(trial.query));
+    var opts = document.createElement("div"); opts.className = "options";
+    ["left", "right"].forEach(function (side, k) {
+      var b = document.createElement("button");
+      b.className = "option"; b.setAttribute("data-choice", side);
+      b.appendChild(img(trial.options[k]));
+      var key = document.createElement("div"); key.className = "key";
+      key.textContent = side === "left" ? "Option A (F or \u2190)" : "Option B (J or \u2192)";
+      b.appendChild(key);
+      b.addEventListener("click", function () { answer2afc(trial, side); });
+      opts.appendChild(b);
+    });
+    stage.appendChild(q); stage.appendChild(opts);
+  }
+  function answer2afc(trial, side) {
+    state.answers[trial.trial_id] = { choices: [side], rt_ms: [Date.now() - shownAt], complete: true };
+    save(); render();
+  }
+
+  function renderClustering(trial, stage) {
+    var a = state.answers[trial.trial_id];
+    if (!a) { a = state.answers[trial.trial_id] = { choices: trial.rows.map(function () { return null; }), rt_ms: trial.rows.map(function () { return null; }), complete: false }; }
+    currentRow = a.choices.indexOf(null); if (currentRow < 0) currentRow = trial.rows.length - 1;
+    var cols = document.createElement("div"); cols.className = "columns";
+    trial.columns.forEach(function (name, k) {
+      var f = document.createElement("figure"); f.appendChild(img(name));
+      var c = document.createElement("figcaption"); c.textContent = "Column " + (k + 1); f.appendChild(c);
+      cols.appendChild(f);
+    });
+    stage.appendChild(cols);
+    trial.rows.forEach(function (name, r) {
+      var row = document.createElement("div"); row.className = "row" + (r === currentRow ? " current" : "");
+      row.setAttribute("data-row", r);
+      var label = document.createElement("span"); label.textContent = "Row " + (r + 1); label.style.width = "4em";
+      row.appendChild(label); row.appendChild(img(name));
+      [0, 1, 2].forEach(function (k) {
+        var b = document.createElement("button"); b.textContent = String(k + 1);
+        b.setAttribute("data-choice", String(k));
+        if (a.choices[r] === k) b.className = "chosen";
+        b.addEventListener("click", function () { answerRow(trial, r, k); });
+        row.appendChild(b);
+      });
+      stage.appendChild(row);
+    });
+    var next = document.createElement("button"); next.id = "next"; next.className = "primary"; next.textContent = "Next";
+    next.disabled = a.choices.indexOf(null) >= 0;
+    next.addEventListener("click", function () { completeClustering(trial); });
+    stage.appendChild(next);
+  }
+  function answerRow(trial, r, k) {
+    var a = state.answers[trial.trial_id];
+    a.choices[r] = k; a.rt_ms[r] = Date.now() - shownAt;
+    save(); render();
+  }
+  function completeClustering(trial) {
+    var a = state.answers[trial.trial_id];
+    if (a.choices.indexOf(null) >= 0) return;
+    a.complete = true; save(); render();
+  }
+
+  function rowsOut() {
+    var out = [];
+    data.trials.forEach(function (t) {
+      var a = state.answers[t.trial_id];
+      if (!a || !a.complete) return;
+      a.choices.forEach(function (c, r) { out.push({ trial_id: t.trial_id, row: r, choice: String(c), rt_ms: a.rt_ms[r] }); });
+    });
+    return out;
+  }
+  function responses() {
+    return {
+      format: state.format, package_fingerprint: state.package_fingerprint, survey_id: state.survey_id,
+      worker_id: state.worker_id, assignment_id: state.assignment_id, completion_code: state.completion_code,
+      started_at: state.started_at, finished_at: state.finished_at, user_agent: state.user_agent, answers: rowsOut()
+    };
+  }
+  function csvCell(v) { v = v === null || v === undefined ? "" : String(v); return /[",\n]/.test(v) ? '"' + v.replace(/"/g, '""') + '"' : v; }
+  function responsesCsv() {
+    var head = ["package_fingerprint", "survey_id", "worker_id", "trial_id", "row", "choice", "rt_ms"];
+    var lines = [head.join(",")];
+    rowsOut().forEach(function (a) {
+      lines.push([state.package_fingerprint, state.survey_id, state.worker_id, a.trial_id, a.row, a.choice, a.rt_ms].map(csvCell).join(","));
+    });
+    return lines.join("\n") + "\n";
+  }
+  function download(text, type, ext) {
+    var blob = new Blob([text], { type: type });
+    var a = document.createElement("a");
+    a.href = URL.createObjectURL(blob);
+    a.download = "responses-" + data.survey_id + "-" + (state.worker_id || "anonymous").replace(/[^A-Za-z0-9_-]/g, "_") + "." + ext;
+    document.body.appendChild(a); a.click(); a.remove();
+  }
+
+  function finish() {
+    if (!state.finished_at) { state.finished_at = new Date().toISOString(); state.completion_code = data.completion_code; save(); }
+    show("done");
+    $("completion-code").textContent = data.completion_code;
+    if (params.get("PROLIFIC_PID")) {
+      $("prolific").classList.remove("hidden");
+      $("prolific-link").href = "https://app.prolific.com/submissions/complete?cc=" + encodeURIComponent(data.completion_code);
+    }
+    var turk = params.get("turkSubmitTo");
+    if (turk && state.assignment_id && state.assignment_id !== "ASSIGNMENT_ID_NOT_AVAILABLE") {
+      $("mturk-form").classList.remove("hidden");
+      $("mturk-form").action = turk.replace(/\/$/, "") + "/mturk/externalSubmit";
+      $("mturk-assignment").value = state.assignment_id;
+      $("mturk-responses").value = JSON.stringify(responses());
+    }
+  }
+
+  $("worker-id").value = state.worker_id;
+  // MTurk shows the page in preview before a worker accepts the HIT: answers then could not be submitted.
+  var preview = params.get("assignmentId") === "ASSIGNMENT_ID_NOT_AVAILABLE";
+  if (preview) { $("start").textContent = "Accept the HIT to start"; }
+  function canStart() { $("start").disabled = preview || !($("consent-box").checked && $("worker-id").value.trim()); }
+  $("consent-box").addEventListener("change", canStart);
+  $("worker-id").addEventListener("input", canStart);
+  $("start").addEventListener("click", function () {
+    state.worker_id = $("worker-id").value.trim(); state.consent = true;
+    state.started_at = state.started_at || new Date().toISOString(); save(); render();
+  });
+  $("download-json").addEventListener("click", function () { download(JSON.stringify(responses(), null, 1), "application/json", "json"); });
+  $("download-csv").addEventListener("click", function () { download(responsesCsv(), "text/csv", "csv"); });
+
+  document.addEventListener("keydown", function (e) {
+    if ($("trial").classList.contains("hidden")) return;
+    var trial = data.trials[nextIndex()];
+    if (!trial) return;
+    if (trial.task === "2afc") {
+      if (e.key === "f" || e.key === "F" || e.key === "ArrowLeft") answer2afc(trial, "left");
+      else if (e.key === "j" || e.key === "J" || e.key === "ArrowRight") answer2afc(trial, "right");
+    } else if (e.key === "1" || e.key === "2" || e.key === "3") {
+      answerRow(trial, currentRow, Number(e.key) - 1);
+    } else if (e.key === "Enter") {
+      e.preventDefault(); completeClustering(trial);
+    }
+  });
+
+  window.repalignResponses = responses;  // for tests and for researchers inspecting a session
+  render();
+})();

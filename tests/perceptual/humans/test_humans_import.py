@@ -1,0 +1,163 @@
+"""Importing answers without a browser: synthetic MTurk batch results and page downloads, every validation rule,
+attention-check exclusion, the human scores, and agreement with an observer."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from perceptual.humans import human_scores, load_package, observer_choices, ranking_agreement, read_responses, scored, survey_kappa, trial_agreement
+from perceptual.observers import make_observer
+
+OPTIONS = {"2afc": ["left", "right"]}
+
+
+def _submission(package, survey_id, worker, choose):
+    """The page's JSON for ``worker`` answering ``survey_id`` with ``choose(unit) -> choice``."""
+    units = package.truth[package.truth["survey_id"] == survey_id]
+    return {"format": "repalign-survey-responses/1", "package_fingerprint": package.fingerprint, "survey_id": survey_id,
+            "worker_id": worker, "answers": [{"trial_id": u.trial_id, "row": u.row, "choice": choose(u)} for u in units.itertuples()]}
+
+
+def _wrong(unit):
+    return {"left": "right", "right": "left", "0": "1", "1": "2", "2": "0"}[unit.answer]
+
+
+def _write_mturk(path, rows):
+    with open(path, "w", newline="") as f:
+        fields = ["HITId", "WorkerId", "AssignmentId", "AssignmentStatus", "Input.survey_id", "Input.survey_url", "Answer.responses"]
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        for i, (status, payload) in enumerate(rows):
+            writer.writerow({"HITId": f"H{payload.get('survey_id')}", "WorkerId": payload.get("worker_id"), "AssignmentId": f"A{i}",
+                             "AssignmentStatus": status, "Input.survey_id": payload.get("survey_id"), "Input.survey_url": "https://host/x",
+                             "Answer.responses": json.dumps(payload)})
+
+
+@pytest.fixture(scope="module")
+def package(survey_package):
+    return load_package(survey_package)
+
+
+def test_mturk_batch_results_three_workers_per_survey(package, tmp_path):
+    rng = np.random.default_rng(1)
+    rows = []
+    for survey in package.manifest["surveys"]:
+        sid = survey["survey_id"]
+        rows.append(("Approved", _submission(package, sid, f"good-{sid}", lambda u: u.answer)))
+        # 'flaky' answers real trials at random but passes every check
+        rows.append(("Submitted", _submission(package, sid, f"flaky-{sid}",
+                                              lambda u: u.answer if u.attention_check else str(rng.choice(OPTIONS.get(u.task, ["0", "1", "2"]))))))
+        rows.append(("Approved", _submission(package, sid, f"sloppy-{sid}", lambda u: _wrong(u) if u.attention_check else u.answer)))
+    path = tmp_path / "Batch_123_batch_results.csv"
+    _write_mturk(path, rows)
+
+    responses = read_responses([path], package)
+    assert responses.submissions == 3 * len(package.manifest["surveys"]) and responses.excluded == []
+    result = human_scores(package, responses, n_boot=300)
+    excluded = {a["worker_id"] for a in result["attention"] if a["excluded"]}
+    assert excluded == {f"sloppy-{s['survey_id']}" for s in package.manifest["surveys"]}
+    reasons = [r for r in result["excluded_counts"] if r.startswith("failed attention checks")]
+    assert sum(result["excluded_counts"][r] for r in reasons) == len(package.truth)  # all of the sloppy workers' answers
+    # Kept: one perfect and one random worker per survey, so every accuracy is between chance and 1 with the
+    # perfect half pulling it up; the intervals contain the estimate.
+    for tasks in result["models"].values():
+        assert set(tasks) == {"2afc", "clustering", "clustering_hard"}
+        for entry in tasks.values():
+            assert entry["n_workers"] >= 2 and 0.5 <= entry["accuracy"] <= 1
+            for interval in ("ci_workers", "ci_trials"):
+                low, high = entry[interval]
+                assert low <= entry["accuracy"] <= high
+        assert set(tasks["2afc"]["by_seed_type"]) == {"noise", "train"}
+    spread = result["agreement"]["2afc"]
+    assert spread["worker_accuracy_max"] == 1.0 and spread["n_workers"] == 4 and spread["worker_accuracy_std"] > 0
+    assert spread["worker_accuracy_min"] == pytest.approx(min(
+        scored(responses, package).query("worker_id.str.startswith('flaky') and task == '2afc' and not attention_check", engine="python")
+        .groupby("worker_id")["correct"].mean()))
+
+
+def test_validation_names_every_exclusion(package, tmp_path):
+    sid = package.manifest["surveys"][0]["survey_id"]
+    good = _submission(package, sid, "w1", lambda u: u.answer)
+    partial = _submission(package, sid, "w2", lambda u: u.answer)
+    partial["answers"] = partial["answers"][:-2] + [{"trial_id": "nope/000", "row": 0, "choice": "left"}, dict(partial["answers"][0], choice="up")]
+    rows = [
+        ("Approved", good),
+        ("Approved", dict(good)),  # the same worker again
+        ("Approved", dict(good, worker_id="w3", package_fingerprint="0000")),
+        ("Approved", dict(good, worker_id="w4", survey_id="2afc-999")),
+        ("Rejected", dict(good, worker_id="w5")),
+        ("Approved", partial),
+    ]
+    path = tmp_path / "batch.csv"
+    _write_mturk(path, rows)
+    with open(path, "a", newline="") as f:  # a row whose answer field is not the page's JSON
+        csv.writer(f).writerow(["H", "w6", "A9", "Approved", sid, "u", "{not json"])
+    responses = read_responses([path], package)
+    counts = responses.exclusion_counts()
+    n = len(good["answers"])
+    assert counts["duplicate submission (the worker's first submission of this survey is kept)"] == n
+    assert counts[f"answers from a package with another fingerprint ('0000', this package is {package.fingerprint!r})"] == n
+    assert counts["unknown survey id '2afc-999'"] == n
+    assert counts["assignment rejected on MTurk"] == n
+    assert counts[f"unknown trial id or row for survey {sid}"] == 1
+    assert counts["invalid choice (expected one of ('left', 'right'))"] == 1
+    assert counts["missing answer"] == 2
+    assert any(r.startswith("Answer.responses is not the page's JSON") for r in counts)
+    assert set(responses.answers["worker_id"]) == {"w1", "w2"} and len(responses.answers) == 2 * n - 2
+    with pytest.raises(ValueError, match="a page CSV needs columns"):
+        (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+        read_responses([tmp_path / "other.csv"], package)
+    with pytest.raises(FileNotFoundError, match="manifest.json"):
+        load_package(tmp_path)
+
+
+def test_page_csv_and_json_downloads_read_alike(package, tmp_path):
+    sid = package.manifest["surveys"][0]["survey_id"]
+    sub = _submission(package, sid, "w1", lambda u: u.answer)
+    (tmp_path / "a.json").write_text(json.dumps(sub))
+    frame = pd.DataFrame([{"package_fingerprint": package.fingerprint, "survey_id": sid, "worker_id": "w1", **a} for a in sub["answers"]])
+    frame.to_csv(tmp_path / "a.csv", index=False)
+    from_json = read_responses([tmp_path / "a.json"], package).answers.drop(columns="source")
+    from_csv = read_responses([tmp_path / "a.csv"], package).answers.drop(columns="source")
+    pd.testing.assert_frame_equal(from_json, from_csv)
+
+
+def test_fleiss_kappa_per_survey_on_constructed_answers():
+    # 4 items, 3 raters, 2 categories; items 0-1 unanimous, items 2-3 split 2:1 -> P̄ = (1 + 1 + 1/3 + 1/3)/4 = 2/3,
+    # p = (6/12, 6/12), P̄e = 1/2, kappa = (2/3 - 1/2) / (1 - 1/2) = 1/3.
+    choices = {0: "lll", 1: "rrr", 2: "llr", 3: "rrl"}
+    rows = [{"survey_id": "s", "trial_id": f"t{i}", "row": 0, "worker_id": f"w{k}", "choice": {"l": "left", "r": "right"}[c], "attention_check": False}
+            for i, cs in choices.items() for k, c in enumerate(cs)]
+    assert survey_kappa(pd.DataFrame(rows))["s"] == pytest.approx(1 / 3)
+    one = pd.DataFrame(rows[:3])
+    assert math.isnan(survey_kappa(one.assign(worker_id="w0"))["s"])
+
+
+def test_ranking_agreement_exact_values():
+    same = ranking_agreement({"a": 0.9, "b": 0.6, "c": 0.3}, {"a": 0.8, "b": 0.5, "c": 0.1, "d": 0.7})
+    assert same["models"] == ["a", "b", "c"] and same["kendall_tau"] == pytest.approx(1.0) and same["spearman_rho"] == pytest.approx(1.0)
+    assert same["same_order"]
+    flipped = ranking_agreement({"a": 0.9, "b": 0.6, "c": 0.3}, {"a": 0.1, "b": 0.5, "c": 0.8})
+    assert flipped["kendall_tau"] == pytest.approx(-1.0) and not flipped["same_order"]
+    assert math.isnan(ranking_agreement({"a": 1.0}, {"a": 1.0})["kendall_tau"])
+
+
+def test_trial_agreement_with_an_observer_on_the_package_images(package):
+    observer = make_observer("pixel-l2")
+    choices = observer_choices(package, observer)
+    assert len(choices) == len(package.truth)
+    # Attention checks are identical images: the observer answers them all correctly.
+    merged = choices.merge(package.truth, on=["trial_id", "row"])
+    assert merged.loc[merged["attention_check"], "credit"].eq(1).all()
+    # A "human" who copies the observer agrees with it everywhere (ties aside); one who always disagrees never does.
+    table = merged.assign(worker_id="copy", choice=merged["choice"])
+    copy = trial_agreement(table, choices)
+    untied = choices["choice"].isin(["left", "right", "0", "1", "2"])
+    assert copy["per_answer"] == pytest.approx(untied[~merged["attention_check"]].mean())
+    contrary = merged.assign(choice=[{"left": "right", "right": "left", "0": "1", "1": "2", "2": "0"}.get(c, "0") for c in merged["choice"]])
+    assert trial_agreement(contrary, choices)["per_answer"] == 0.0

@@ -1,0 +1,187 @@
+"""The exported survey pages in a real browser: headless Chromium (Debian's ``chromium`` and ``chromium-driver``,
+driven by Selenium) answers every trial by clicking, as three scripted respondents per survey: one that answers
+correctly, one at random, one that answers the real trials correctly but fails the attention checks. The correct
+respondent reloads half way (mid clustering trial too) and must lose nothing. Answers come back through the page's
+download buttons (JSON for some workers, CSV for others) and go through :mod:`perceptual.humans`.
+"""
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from perceptual.humans import human_scores, load_package, read_responses, scored
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")
+FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--window-size=1000,900")
+
+
+def _driver(download_dir: Path):
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install -e '.[dev]')")
+    from selenium.webdriver.chrome.service import Service
+
+    browser = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
+    driver_path = shutil.which("chromedriver")
+    if not browser or not driver_path:
+        pytest.skip("no Chromium and chromedriver on PATH: apt-get install chromium chromium-driver (.ci/run does so as root)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for flag in FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tempfile.mkdtemp(prefix='repalign-chromium-')}")
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    driver.execute_cdp_cmd("Page.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(download_dir)})
+    return driver
+
+
+@pytest.fixture(scope="module")
+def server(survey_package):
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(survey_package))
+    handler.log_message = lambda *args: None
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def _by(name):
+    from selenium.webdriver.common.by import By
+
+    return getattr(By, name)
+
+
+def _wait_for(path_glob: Path, pattern: str, timeout: float = 10.0) -> Path:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = [p for p in path_glob.glob(pattern) if not p.name.endswith(".crdownload")]
+        if found:
+            return found[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no download matching {pattern} in {path_glob}")
+
+
+def _respond(driver, url: str, worker: str, truth: dict, strategy: str, rng: np.random.Generator, reload_at: int | None, shots: dict | None):
+    """Answer a whole survey by clicking (and by keyboard); return the number of trials answered."""
+    from selenium.webdriver.common.keys import Keys
+
+    driver.get(f"{url}?workerId={worker}&assignmentId=A-{worker}")
+    driver.execute_script("window.localStorage.clear()")
+    driver.get(f"{url}?workerId={worker}&assignmentId=A-{worker}")
+    if shots is not None:
+        driver.save_screenshot(str(shots["instructions"]))
+    assert driver.find_element(_by("ID"), "worker-id").get_attribute("value") == worker  # prefilled from MTurk's URL parameter
+    driver.find_element(_by("ID"), "consent-box").click()
+    driver.find_element(_by("ID"), "start").click()
+    answered = 0
+    while driver.find_element(_by("ID"), "done").get_attribute("class") == "hidden":
+        stage = driver.find_element(_by("ID"), "stage")
+        trial = truth[stage.get_attribute("data-trial")]
+        progress = driver.find_element(_by("ID"), "progress-text").text
+        assert progress.startswith(f"Question {answered + 1} of "), progress
+        if shots is not None and trial["task"] in shots and not shots[trial["task"]].exists():
+            driver.save_screenshot(str(shots[trial["task"]]))
+        choices = []
+        for row in trial["rows"]:
+            options = ["left", "right"] if trial["task"] == "2afc" else ["0", "1", "2"]
+            if strategy == "random":
+                choices.append(str(rng.choice(options)))
+            elif strategy == "inattentive" and trial["attention_check"]:
+                choices.append(next(o for o in options if o != row["answer"]))
+            else:
+                choices.append(row["answer"])
+        by_keyboard = strategy == "correct" and answered % 2 == 1  # the correct respondent alternates keyboard and mouse
+        if trial["task"] == "2afc" and by_keyboard:
+            driver.find_element(_by("TAG_NAME"), "body").send_keys({"left": "f", "right": Keys.ARROW_RIGHT}[choices[0]])
+        elif trial["task"] == "2afc":
+            stage.find_element(_by("CSS_SELECTOR"), f'button[data-choice="{choices[0]}"]').click()
+        elif by_keyboard:  # 1/2/3 answer the highlighted row, Enter goes on
+            body = driver.find_element(_by("TAG_NAME"), "body")
+            for choice in choices:
+                body.send_keys(str(int(choice) + 1))
+            body.send_keys(Keys.ENTER)
+        else:
+            for r, choice in enumerate(choices):
+                driver.find_element(_by("CSS_SELECTOR"), f'#stage .row[data-row="{r}"] button[data-choice="{choice}"]').click()
+                if reload_at is not None and answered == reload_at and r == len(choices) // 2:
+                    driver.refresh()  # mid clustering trial: the rows answered so far must survive
+                    buttons = driver.find_elements(_by("CSS_SELECTOR"), "#stage .row button.chosen")
+                    assert len(buttons) == r + 1
+            driver.find_element(_by("ID"), "next").click()
+        answered += 1
+        if reload_at is not None and answered == reload_at:
+            driver.refresh()
+            if driver.find_element(_by("ID"), "done").get_attribute("class") == "hidden":
+                assert driver.find_element(_by("ID"), "progress-text").text.startswith(f"Question {answered + 1} of ")
+    return answered
+
+
+def test_three_scripted_respondents_in_chromium(survey_package, server, tmp_path):
+    package = load_package(survey_package)
+    truth = {t["trial_id"]: t for t in package.manifest["trials"]}
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    shots_dir = tmp_path / "screenshots"
+    shots_dir.mkdir()
+    driver = _driver(downloads)
+    rng = np.random.default_rng(0)
+    files = []
+    try:
+        # MTurk's preview (before a worker accepts the HIT) cannot start, even with consent and an id.
+        driver.get(f"{server}/surveys/2afc-000/index.html?assignmentId=ASSIGNMENT_ID_NOT_AVAILABLE&workerId=preview")
+        driver.find_element(_by("ID"), "consent-box").click()
+        assert not driver.find_element(_by("ID"), "start").is_enabled()
+        # One survey per task keeps the test near 25 s on 2 shared cores (the others are built the same way).
+        for survey in [s for s in package.manifest["surveys"] if s["survey_id"] in ("2afc-000", "clustering-000")]:
+            sid, n_trials = survey["survey_id"], survey["n_trials"]
+            url = f"{server}/surveys/{sid}/index.html"
+            for strategy in ("correct", "random", "inattentive"):
+                worker = f"{strategy}-{sid}".replace("_", "-")
+                first = sid in ("2afc-000", "clustering-000") and strategy == "correct"
+                shots = {"instructions": shots_dir / f"instructions-{sid}.png", "2afc": shots_dir / "2afc.png",
+                         "clustering": shots_dir / "clustering.png"} if first else None
+                answered = _respond(driver, url, worker, truth, strategy, rng, reload_at=n_trials // 2 if strategy == "correct" else None, shots=shots)
+                assert answered == n_trials
+                assert driver.find_element(_by("ID"), "completion-code").text == survey["completion_code"]
+                kind = "json" if strategy != "random" else "csv"
+                driver.find_element(_by("ID"), f"download-{kind}").click()
+                files.append(_wait_for(downloads, f"responses-{sid}-{worker}.{kind}"))
+    finally:
+        driver.quit()
+    for name in ("2afc.png", "clustering.png", "instructions-2afc-000.png"):
+        assert (shots_dir / name).stat().st_size > 5000
+
+    responses = read_responses(files, package)
+    assert responses.excluded == []  # every trial answered, nothing unknown or repeated
+    table = scored(responses, package)
+    accuracy = table.groupby(table["worker_id"].str.split("-").str[0])["correct"].mean()
+    assert accuracy["correct"] == 1.0
+    # Random choice: 2AFC chance 1/2, clustering 1/3; mean over all answers (~63) within ±0.2 of the pooled chance.
+    random_answers = table[table["worker_id"].str.startswith("random")]
+    chance = np.where(random_answers["task"] == "2afc", 0.5, 1 / 3).mean()
+    assert abs(random_answers["correct"].mean() - chance) < 0.2
+    real_inattentive = table[table["worker_id"].str.startswith("inattentive") & ~table["attention_check"]]
+    assert real_inattentive["correct"].mean() == 1.0
+
+    result = human_scores(package, responses, n_boot=200)
+    attention = {a["worker_id"]: a for a in result["attention"]}
+    assert all(not a["excluded"] and a["failed"] == 0 for w, a in attention.items() if w.startswith("correct"))
+    assert all(a["excluded"] and a["failed"] == a["checks"] > 0 for w, a in attention.items() if w.startswith("inattentive"))
+    kept = {w for w, a in attention.items() if not a["excluded"]}
+    assert not any(w.startswith("inattentive") for w in kept)
+    # Only random respondents that happened to pass every check remain beside the correct ones.
+    assert {w.split("-")[0] for w in kept} <= {"correct", "random"}
+    if not any(w.startswith("random") for w in kept):
+        for model in result["models"].values():
+            for task in model.values():
+                assert task["accuracy"] == 1.0 and task["ci_workers"] == [1.0, 1.0]
+    json.dumps(result)  # the report's JSON takes it as it is

@@ -1,0 +1,164 @@
+"""``python -m stimuli survey`` and ``python -m perceptual humans`` from their Hydra configs: the package's structure
+(ground truth kept out of the pages, counterbalancing, a balanced mix of models, checks as the paper built them, the
+platform CSV), refusals before work, and the import that adds the Human columns to a measurement report."""
+from __future__ import annotations
+
+import csv
+import json
+import re
+
+import pytest
+from hydra import compose, initialize_config_module
+
+from perceptual.humans import load_package
+from perceptual.measure import load_report, write_report
+from perceptual.pipelines import COMMANDS
+from perceptual.pipelines.humans import run as humans_run
+from stimuli.commands import COMMANDS as STIMULI_COMMANDS
+from stimuli.commands import survey_command
+from stimuli.survey import build_survey
+
+FIRST = {"2afc": "left", "clustering": "0", "clustering_hard": "0"}
+
+
+def _compose(name, overrides):
+    with initialize_config_module(config_module="conf", version_base=None):
+        return compose(config_name=name, overrides=overrides)
+
+
+@pytest.fixture(scope="module")
+def package_dir(inversion_sets, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cmd") / "package"
+    sets = ",".join(str(s.path) for s in inversion_sets.values())
+    cfg = _compose("stimuli_survey", [f"sets=[{sets}]", f"out={out}", "trials_per_survey=10", "attention_rate=0.2", "base_url=https://example.org/study"])
+    survey_command(cfg)
+    return out
+
+
+def test_registered():
+    assert "survey" in STIMULI_COMMANDS and COMMANDS["humans"] == "perceptual.pipelines.humans"
+
+
+def test_pages_hold_no_ground_truth(package_dir, inversion_sets):
+    package = load_package(package_dir)
+    manifest = package.manifest
+    set_ids = {i for s in inversion_sets.values() for i in s.ids}
+    for survey in manifest["surveys"]:
+        folder = package_dir / "surveys" / survey["survey_id"]
+        page = (folder / "index.html").read_text()
+        data = json.loads(re.search(r'<script type="application/json" id="survey-data">(.*?)</script>', page, re.S).group(1).replace("<\\/", "</"))
+        assert set(data) == {"package", "survey_id", "task", "prompt", "completion_code", "format", "trials"}
+        for trial in data["trials"]:
+            assert set(trial) <= {"trial_id", "task", "query", "options", "columns", "rows"}
+        # no set id (which names roles: "t0003.result.noise") and no truth word anywhere in the page
+        assert not any(i in page for i in set_ids)
+        for word in ("answer", "target", "attention_check", "seed_type", "standard", "robust"):
+            assert f'"{word}"' not in page
+        images = sorted(p.name for p in (folder / "images").iterdir())
+        assert all(re.fullmatch(r"[0-9a-f]{20}\.png", n) for n in images)
+        shown = {n for t in data["trials"] for n in [t.get("query")] + t.get("options", []) + t.get("columns", []) + t.get("rows", []) if n}
+        assert shown == set(images)  # self-contained: every image it shows, nothing else
+
+
+def test_trials_counterbalanced_checks_and_mixed_models(package_dir):
+    package = load_package(package_dir)
+    truth = package.truth
+    real = truth[(truth["task"] == "2afc") & ~truth["attention_check"]]
+    assert abs((real["answer"] == "left").mean() - 0.5) <= 0.05  # sides balanced per model within one trial
+    for t in package.manifest["trials"]:
+        if t["attention_check"] and t["task"] == "2afc":
+            assert t["images"]["query"] in t["images"]["options"]  # the query IS one option
+        elif t["attention_check"]:
+            assert sorted(t["rows"][k]["query_file"] for k in range(3)) == sorted(t["images"]["columns"])  # the rows ARE the columns
+        elif t["task"] == "2afc":
+            assert t["images"]["query"] not in t["images"]["options"]
+    for survey in package.manifest["surveys"]:
+        assert survey["models"] == ["robust", "standard"] and survey["n_attention_checks"] >= 1
+        models = [t["model"] for t in package.manifest["trials"] if t["survey_id"] == survey["survey_id"] and not t["attention_check"]]
+        assert abs(models.count("standard") - models.count("robust")) <= 1
+    with open(package_dir / "input.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["survey_id"] for r in rows] == [s["survey_id"] for s in package.manifest["surveys"]]
+    assert all(r["survey_url"] == f"https://example.org/study/surveys/{r['survey_id']}/index.html" for r in rows)
+    assert all(r["prolific_completion_url"].endswith(f"cc={r['completion_code']}") for r in rows)
+
+
+def test_refusals_before_work(inversion_sets, package_dir, tmp_path):
+    sets = dict(inversion_sets)
+    with pytest.raises(FileExistsError, match="overwrite"):
+        build_survey(sets, package_dir)
+    with pytest.raises(ValueError, match="unknown tasks"):
+        build_survey(sets, tmp_path / "p", tasks=["3afc"])
+    with pytest.raises(ValueError, match="attention_rate"):
+        build_survey(sets, tmp_path / "p", attention_rate=1.0)
+    with pytest.raises(ValueError, match="labels"):
+        paths = ",".join(str(s.path) for s in inversion_sets.values())
+        survey_command(_compose("stimuli_survey", [f"sets=[{paths}]", "labels=[a,a]", f"out={tmp_path / 'q'}"]))
+    assert not (tmp_path / "p").exists()
+
+
+def test_humans_command_adds_human_columns_to_a_measure_report(package_dir, tmp_path):
+    package = load_package(package_dir)
+    answers = tmp_path / "answers"
+    answers.mkdir()
+    for k, worker in enumerate(("w1", "w2", "w3")):
+        for survey in package.manifest["surveys"]:
+            units = package.truth[package.truth["survey_id"] == survey["survey_id"]]
+            sub = {"package_fingerprint": package.fingerprint, "survey_id": survey["survey_id"], "worker_id": worker,
+                   # w3 picks the first option on every real trial; all pass the checks
+                   "answers": [{"trial_id": u.trial_id, "row": u.row, "choice": u.answer if (k < 2 or u.attention_check) else FIRST[u.task]}
+                               for u in units.itertuples()]}
+            (answers / f"{worker}-{survey['survey_id']}.json").write_text(json.dumps(sub))
+    report_dir = tmp_path / "report"
+    per_observer = lambda a, b: {"pixel-l2": {"overall": {"accuracy": a}}, "ssim": {"overall": {"accuracy": b}}}  # noqa: E731
+    measure = {"data": "digits", "n_targets": 6, "seed_types": ["noise", "train"], "observers": ["pixel-l2", "ssim"],
+               "observer_variants": {"pixel-l2": "weight-free", "ssim": "weight-free"}, "judged_on": "8-bit images",
+               "models": {"standard": {"2afc": {"mean": 0.4, "std": 0.1}, "clean_accuracy": 0.9, "robust_accuracy": 0.1,
+                                       "per_observer": {"2afc": per_observer(0.45, 0.35)}},
+                          "robust": {"2afc": {"mean": 0.8, "std": 0.05}, "clean_accuracy": 0.8, "robust_accuracy": 0.5,
+                                     "per_observer": {"2afc": per_observer(0.85, 0.75)}}}}
+    write_report(measure, report_dir)
+    cfg = _compose("humans", [f"package={package_dir}", f"responses=[{answers}]", f"measure_report={report_dir}", "n_boot=200", "observers=[pixel-l2]"])
+    data = humans_run(cfg)
+    assert data["kept_submissions"] == 3 * len(package.manifest["surveys"]) and data["excluded_counts"] == {}
+    assert set(data["measure_ranking"]["2afc"]) == {"pixel-l2", "ssim"}
+    assert data["reliability"]["pixel-l2"]["trial_agreement"]["2afc"]["n_answers"] == 3 * (package.truth.query("task == '2afc'")["attention_check"] == 0).sum()
+    table = (report_dir / "report.md").read_text()
+    assert "| Human 2AFC (%) | Human clustering (%) | Human hard clustering (%) |" in table
+    standard = data["models"]["standard"]["2afc"]["accuracy"]
+    assert f"| {100 * standard:.1f} |" in table.split("| standard |")[1].split("\n")[0]
+    assert "Human 2AFC" in (report_dir / "report.html").read_text()
+    assert load_report(report_dir)["models"]["robust"]["humans"]["2afc"]["n_workers"] == 3
+    results = package_dir / "results"
+    assert (results / "accuracy.png").stat().st_size > 1000 and json.loads((results / "humans.json").read_text())["package"] == package.fingerprint
+    assert "Fleiss' kappa" in (results / "humans.md").read_text()
+
+
+def test_controversial_survey_asks_which_direction_looks_closer_to_the_origin(controversial_set, inversion_sets, tmp_path):
+    from perceptual.humans import human_scores, read_responses
+
+    with pytest.raises(ValueError, match="add controversial to tasks"):
+        build_survey({"pair": controversial_set}, tmp_path / "no")
+    out = tmp_path / "pkg"
+    build_survey({"pair": controversial_set, "standard": inversion_sets["standard"]}, out, tasks=["2afc", "controversial"], attention_rate=0.2,
+                 trials_per_survey=100)
+    package = load_package(out)
+    trials = [t for t in package.manifest["trials"] if t["task"] == "controversial"]
+    real = [t for t in trials if not t["attention_check"]]
+    assert len(real) == 4 * 2 and len(trials) == 10  # one per (origin, start); round(0.2 * 8 / 0.8) = 2 checks
+    assert sum(t["rows"][0]["answer"] == "left" for t in real) == 4  # AB on the left exactly half of the time
+    for t in real:
+        ab = t["options"] if "options" in t else [t["left_id"], t["right_id"]]
+        assert t["query_id"] == t["left_id"].split(".")[0] and {d.split(".")[1] for d in ab} == {"AB", "BA"}
+    for t in trials:
+        if t["attention_check"]:
+            assert t["images"]["query"] in t["images"]["options"]
+    page = (out / "surveys" / "controversial-000" / "index.html").read_text()
+    assert ".AB." not in page and ".BA." not in page and "Which option is perceptually closer to the query?" in page
+    # a worker who always picks model A's stimulus (and passes the checks) prefers A every time
+    units = package.truth[package.truth["survey_id"] == "controversial-000"]
+    sub = {"package_fingerprint": package.fingerprint, "survey_id": "controversial-000", "worker_id": "w",
+           "answers": [{"trial_id": u.trial_id, "row": 0, "choice": u.answer} for u in units.itertuples()]}
+    (tmp_path / "w.json").write_text(json.dumps(sub))
+    result = human_scores(package, read_responses([tmp_path / "w.json"], package), n_boot=50)
+    assert result["models"]["pair"]["controversial"]["accuracy"] == 1.0
