@@ -197,13 +197,17 @@ def measure_models(
     config: Mapping | None = None,
     convergence_threshold: float = DEFAULT_THRESHOLD,
     converged_only: bool = False,
+    gaussian_targets: Sequence[Mapping] | bool | None = None,
 ) -> dict:
     """The measurement pipeline in Python (see the module docstring); returns the report dict.
 
     Every model's inversions are checked for convergence (:mod:`perceptual.convergence`: the fraction of items
     whose normalised distance reached ``convergence_threshold``); the report shows it beside the alignment
     numbers and marks models below half. ``converged_only`` adds the alignment over converged items only, beside
-    the all-items numbers (``data["models"][label]["converged_only"]``)."""
+    the all-items numbers (``data["models"][label]["converged_only"]``). ``gaussian_targets`` (True for the
+    authors' two Gaussians, or a list of ``{name, mean, std}``) also inverts out-of-distribution noise targets of
+    the test images' shape and reports their scores beside the in-distribution ones (the paper's Table 3; sets in
+    ``models/<label>/set-gaussian``, scores in ``data["models"][label]["gaussian"]``)."""
     out = Path(out)
     device = resolve_device(device)
     engine = validate_inputs(specs, n_targets=n_targets, seed_types=seed_types, tasks=tasks, engine=engine, controversial=controversial)
@@ -245,6 +249,16 @@ def measure_models(
         }
         if converged_only:
             results[spec.label]["converged_only"] = _panel_scores(observed, restricted=True)
+        if gaussian_targets:
+            gaussians = stimuli.DEFAULT_GAUSSIANS if gaussian_targets is True else list(gaussian_targets)
+            ood = stimuli.gaussian_targets(n_targets, tuple(targets.images.shape[1:]), gaussians, seed=seed)
+            ood_set = stimuli.make_inversion_set(model_dir / "set-gaussian", ref, ood, seed_types=seed_types, train_set=train, seed=seed,
+                                                 engine=engine, device=device, config=config)
+            ood_observed = observe_set(ood_set, panel, model_dir / "gaussian", tasks=tasks, seed=seed, attention_rate=attention_rate,
+                                       judge_8bit=judge_8bit)
+            results[spec.label]["gaussian"] = {**_panel_scores(ood_observed), "set": str(model_dir / "set-gaussian"),
+                                               "gaussians": [dict(g) for g in gaussians],
+                                               "convergence": convergence_summary(ood_set, convergence_threshold), "per_observer": ood_observed}
     report_data = {
         "data": dataset,
         "observers": panel.names,
@@ -441,6 +455,22 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
             f"| {label} | {c['best_median']:.4f} | {c['best_p90']:.4f} | {c['last_median']:.4f} | {c['converged_fraction']:.0%} |"
             for label, c in ((label, m["convergence"]) for label, m in with_convergence.items())
         ]
+        markdown.append("")
+    with_gaussian = [m for m in models_data.values() if "gaussian" in m]
+    if with_gaussian:
+        described = ", ".join(f"N({g['mean']}, {g['std']}²) ({g['name']})" for g in with_gaussian[0]["gaussian"]["gaussians"])
+        markdown += ["## In-distribution vs Gaussian targets (Nanda et al. Table 3)", "",
+                     f"The same models inverted towards test images and towards noise images drawn from {described}, clamped to "
+                     "[0, 1]; panel mean ± std.", "",
+                     "| Model | Targets | 2AFC (%) | Clustering (%) | Hard clustering (%) | converged |", "|---|---|---|---|---|---|"]
+        for label, m in models_data.items():
+            for kind, entry in (("test images", m), ("Gaussian", m.get("gaussian"))):
+                if entry is None:
+                    continue
+                cells = [report.format_score((entry.get(t) or {}).get("mean"), (entry.get(t) or {}).get("std"))
+                         for t in ("2afc", "clustering", "clustering_hard")]
+                conv = entry.get("convergence", {}).get("converged_fraction")
+                markdown.append(f"| {label} | {kind} | " + " | ".join(cells) + f" | {'–' if conv is None else f'{conv:.0%}'} |")
         markdown.append("")
     stats = data.get("statistics") or {}
     if stats.get("paired_differences"):

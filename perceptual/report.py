@@ -15,6 +15,11 @@ import torch
 from training.io import atomic_write_bytes, atomic_write_text
 
 
+def format_score(value, std=None, percent: bool = True) -> str:
+    """A score as the tables print it: percent with one decimal, ``± std`` when given, "–" when missing."""
+    return _fmt(value, std, percent)
+
+
 def _fmt(value, std=None, percent: bool = True) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"

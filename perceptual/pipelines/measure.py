@@ -30,6 +30,7 @@ def run(cfg: DictConfig) -> dict:
         threat=threat_from_config(container.get("threat")), accuracy_limit=cfg.accuracy_limit,
         controversial=container.get("controversial"), device=cfg.device, config=container,
         convergence_threshold=float(cfg.convergence_threshold), converged_only=bool(cfg.converged_only),
+        gaussian_targets=container.get("gaussian_targets"),
     )
 
 

@@ -85,3 +85,17 @@ def test_a_converged_run_is_not_marked_and_converged_only_sits_beside_all_items(
     assert model["converged_only"]["2afc"]["mean"] == model["2afc"]["mean"]  # every item converged: the same trials
     report = (tmp_path / "r" / "report.md").read_text()
     assert "| m |" in report and "## Converged items only" in report
+
+
+def test_gaussian_targets_are_measured_beside_the_test_images(tmp_path, checkpoint):
+    data = _measure(tmp_path / "r", checkpoint, steps=3, gaussian_targets=True)
+    gaussian = data["models"]["m"]["gaussian"]
+    assert [g["name"] for g in gaussian["gaussians"]] == ["dark", "light"]
+    assert gaussian["2afc"]["observers"]["pixel-l2"] is not None and gaussian["convergence"]["n_items"] == 3
+    from stimuli import load_set
+
+    ood = load_set(gaussian["set"])
+    assert set(ood.role("target")[0]["source"]) == {"gaussian:dark", "gaussian:light"}
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert "## In-distribution vs Gaussian targets (Nanda et al. Table 3)" in report
+    assert "| m | test images |" in report and "| m | Gaussian |" in report
