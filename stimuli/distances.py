@@ -4,10 +4,17 @@
 pluggable: a callable ``distance(images) -> (n, n)`` on [0, 1] images (n, C, H, W), or a name:
 ``pixel_l2`` (the default here) or ``"package.module:function"`` imported when asked for (e.g. an
 LPIPS distance-matrix function from ``perceptual``, which the command line can name).
+
+People's own similarity judgements can choose the hard triplets instead (``distance="human:PATH"``): a square
+CSV of similarities between image ids, as Roads & Love (2021) collected for ImageNet, read with
+:func:`load_similarity_matrix`. Nanda et al. (AAAI 2023, Section 2.5) built hard clustering triplets from the
+"2 most similar images" of each anchor by such human judgements; choosing them with the simulated observer
+itself (``distance=perceptual.observers:lpips_distance_matrix``) is circular: the judge picks its own hard trials.
 """
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Callable, Union
 
 import numpy as np
@@ -53,8 +60,50 @@ def resolve_distance(distance: str | DistanceMatrix) -> DistanceMatrix:
     raise ValueError(f"unknown distance {distance!r}: use one of {sorted(DISTANCES)} or 'package.module:function'")
 
 
+def load_similarity_matrix(path: str | Path) -> pd.DataFrame:
+    """A square CSV of similarities (higher = more alike): the first row and the first column hold the same image
+    ids in the same order. Refused with a message naming the problem: not square, ids that differ between rows
+    and columns, duplicate ids, missing or non-numeric values."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"similarity matrix not found: {path}")
+    table = pd.read_csv(path, index_col=0)
+    table.index = table.index.map(str)
+    table.columns = table.columns.map(str)
+    if table.shape[0] != table.shape[1]:
+        raise ValueError(f"{path}: a similarity matrix must be square (ids in the first row and column), got {table.shape}")
+    if list(table.index) != list(table.columns):
+        raise ValueError(f"{path}: the row ids and the column ids must be the same ids in the same order")
+    if table.index.duplicated().any():
+        raise ValueError(f"{path}: duplicate ids {sorted(set(table.index[table.index.duplicated()]))[:5]}")
+    values = table.apply(pd.to_numeric, errors="coerce")
+    if values.isna().to_numpy().any():
+        raise ValueError(f"{path}: {int(values.isna().to_numpy().sum())} missing or non-numeric similarities")
+    return values.astype(np.float64)
+
+
+def human_target_distances(stimulus_set: StimulusSet, similarity: pd.DataFrame) -> pd.DataFrame:
+    """The set's targets' distances from a human similarity matrix (distance = -similarity, so the most similar
+    targets are the nearest). A target is looked up by its set id, else by its source index in the data split."""
+    rows, _ = stimulus_set.role("target")
+    keys = []
+    for row in rows.itertuples():
+        if row.id in similarity.index:
+            keys.append(row.id)
+        elif getattr(row, "source_index", None) is not None and str(row.source_index) in similarity.index:
+            keys.append(str(row.source_index))
+        else:
+            raise KeyError(f"target {row.id!r} (source index {getattr(row, 'source_index', None)}) is not in the similarity matrix")
+    block = -similarity.loc[keys, keys].to_numpy()
+    ids = list(rows["id"])
+    return pd.DataFrame(block, index=ids, columns=ids)
+
+
 def target_distances(stimulus_set: StimulusSet, distance: str | DistanceMatrix = "pixel_l2") -> pd.DataFrame:
-    """Square table of distances between the set's targets, indexed by target id both ways."""
+    """Square table of distances between the set's targets, indexed by target id both ways
+    (``distance="human:PATH"``: from a human similarity matrix, :func:`human_target_distances`)."""
+    if isinstance(distance, str) and distance.startswith("human:"):
+        return human_target_distances(stimulus_set, load_similarity_matrix(distance[len("human:"):]))
     rows, images = stimulus_set.role("target")
     if rows.empty:
         raise ValueError(f"the set ({stimulus_set.kind}) has no targets to measure distances between")
@@ -90,4 +139,7 @@ def set_trials(
     return make_trials(stimulus_set.manifest, task, seed=seed, attention_rate=attention_rate, target_distances=distances, n_trials=n_trials)
 
 
-__all__ = ["DISTANCES", "pixel_l2_distances", "resolve_distance", "set_trials", "target_distances"]
+__all__ = [
+    "DISTANCES", "human_target_distances", "load_similarity_matrix", "pixel_l2_distances", "resolve_distance", "set_trials",
+    "target_distances",
+]

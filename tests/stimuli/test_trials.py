@@ -176,3 +176,34 @@ def test_every_triplet_member_is_a_real_target():
     targets = set(manifest[manifest.role == "target"]["id"])
     members = set(itertools.chain.from_iterable(table[["column_0", "column_1", "column_2"]].to_numpy()))
     assert members <= targets
+
+
+def test_hard_triplets_from_a_human_similarity_matrix(tmp_path):
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from stimuli.distances import human_target_distances, load_similarity_matrix, target_distances
+    from stimuli.trials import nearest_triplets
+
+    # four targets whose human similarities say: a~b most, then a~c; d is alike to c
+    ids = ["101", "102", "103", "104"]
+    similarity = np.array([[1.0, 0.9, 0.6, 0.1], [0.9, 1.0, 0.3, 0.2], [0.6, 0.3, 1.0, 0.7], [0.1, 0.2, 0.7, 1.0]])
+    path = tmp_path / "similarity.csv"
+    pd.DataFrame(similarity, index=ids, columns=ids).to_csv(path)
+    manifest = pd.DataFrame({"id": ["t0", "t1", "t2", "t3"], "role": "target", "source_index": [101, 102, 103, 104]})
+    stimulus_set = SimpleNamespace(role=lambda role: (manifest[manifest["role"] == role].reset_index(drop=True), None), kind="inversion")
+    distances = human_target_distances(stimulus_set, load_similarity_matrix(path))
+    # the paper's "2 most similar images" of each anchor
+    assert nearest_triplets(distances, ["t0", "t3"]) == [("t0", "t1", "t2"), ("t3", "t2", "t1")]
+    assert target_distances(stimulus_set, f"human:{path}").equals(distances)
+    bad = tmp_path / "bad.csv"
+    pd.DataFrame(similarity[:, :3], index=ids, columns=ids[:3]).to_csv(bad)
+    with pytest.raises(ValueError, match="must be square"):
+        load_similarity_matrix(bad)
+    other = tmp_path / "other.csv"
+    pd.DataFrame(similarity, index=["1", "2", "3", "4"], columns=["1", "2", "3", "4"]).to_csv(other)
+    with pytest.raises(KeyError, match="target 't0' .source index 101. is not in the similarity matrix"):
+        human_target_distances(stimulus_set, load_similarity_matrix(other))
+    with pytest.raises(FileNotFoundError, match="similarity matrix not found"):
+        load_similarity_matrix(tmp_path / "none.csv")
