@@ -87,10 +87,12 @@ def test_check_classifier_rejects_non_classifiers():
 
 
 def test_standard_model_is_not_flagged_and_quantised_one_is(digits, tmp_path):
+    """Measured (seed 0, 24 images, shared loaded CPU, 40 s): standard "0% worst case ... not robust"; quantised
+    "8% worst case (38% under pgd, 25% under square, 8% under transfer)": suspected gradient masking."""
     model, x, y = digits
     eps = 8 / 255
-    kwargs = dict(steps=10, square_queries=200, n_targets=2, masking_eps=[2 / 255, 8 / 255], unbounded_steps=10)
-    x, y = x[:32], y[:32]
+    kwargs = dict(steps=8, square_queries=150, n_targets=1, masking_eps=[2 / 255, 8 / 255], unbounded_steps=10)
+    x, y = x[:24], y[:24]
     plain = audit_robustness(model, x, y, "linf", eps, **kwargs)
     plain_verdict = verdict(plain)
     assert not is_flagged(plain_verdict), plain_verdict
