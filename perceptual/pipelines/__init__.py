@@ -5,4 +5,5 @@ COMMANDS = {
     "measure": "perceptual.pipelines.measure",
     "demo": "perceptual.pipelines.demo",
     "compare": "perceptual.pipelines.compare",
+    "audit": "perceptual.pipelines.audit",
 }
