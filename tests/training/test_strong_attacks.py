@@ -93,6 +93,7 @@ def test_apgd_agrees_with_torchattacks(digits_model, norm, eps):
     ours_t = accuracy(model, apgd(model, x, y, threat, loss="dlr-targeted", n_targets=3, generator=torch.Generator().manual_seed(0)), y)
     reference_t = torchattacks.APGDT(model, norm=norm_name, eps=eps, steps=25, seed=0, n_classes=4)  # n_classes - 1 targets
     theirs_t = accuracy(model, reference_t(x, y), y)
+    print(f"{norm}: APGD-CE ours {ours_ce:.4f} torchattacks {theirs_ce:.4f}; APGD-T ours {ours_t:.4f} torchattacks {theirs_t:.4f}")
     assert abs(ours_ce - theirs_ce) <= 0.01 + 1e-9, (ours_ce, theirs_ce)
     assert abs(ours_t - theirs_t) <= 0.01 + 1e-9, (ours_t, theirs_t)
 
