@@ -8,4 +8,5 @@ COMMANDS = {
     "compare": "perceptual.pipelines.compare",
     "humans-mvh": "perceptual.pipelines.humans_mvh",
     "humans": "perceptual.pipelines.humans",
+    "audit": "perceptual.pipelines.audit",
 }

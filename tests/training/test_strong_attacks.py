@@ -1,0 +1,140 @@
+"""APGD-CE / APGD-T (L2, Linf), the Square attack and the per-sample worst case: the ball and the box,
+exact losses on constructed logits, the step-size schedule, and agreement with ``torchattacks``."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from training import load_dataset
+from training.attacks import AttackConfigError, ThreatModel, pgd
+from training.models import build_model
+from training.strong_attacks import apgd, apgd_schedule, dlr_loss, dlr_targeted_loss, margin, square_linf, worst_case
+
+
+@pytest.fixture(scope="module")
+def digits_model():
+    """small_cnn (width 8) trained for 3 epochs on the digits (about 3 s on one core), and 96 test images."""
+    torch.manual_seed(0)
+    train, test = load_dataset("digits", "train"), load_dataset("digits", "test")
+    model = build_model("small_cnn", "digits", width=8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x_all, y_all = train.float_images(slice(0, len(train))), train.labels
+    model.train()
+    for _ in range(3):
+        for index in torch.randperm(len(train)).split(64):
+            optimizer.zero_grad()
+            F.cross_entropy(model(x_all[index]), y_all[index]).backward()
+            optimizer.step()
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, test.float_images(slice(0, 96)), test.labels[:96]
+
+
+def accuracy(model, x, y) -> float:
+    with torch.no_grad():
+        return float((model(x).argmax(1) == y).float().mean())
+
+
+def test_dlr_losses_on_constructed_logits():
+    logits = torch.tensor([[4.0, 3.0, 1.0, 0.0, -1.0], [1.0, 5.0, 2.0, 0.0, 0.0]])
+    y = torch.tensor([0, 0])
+    # sample 0: correct, runner-up 3, pi1 - pi3 = 4 - 1; sample 1: wrong, best other 5, pi1 - pi3 = 5 - 1
+    assert torch.allclose(dlr_loss(logits, y), torch.tensor([-(4 - 3) / 3, -(1 - 5) / 4]))
+    target = torch.tensor([1, 2])
+    # denominators: pi1 - (pi3 + pi4) / 2 = 4 - 0.5 and 5 - 0.5
+    assert torch.allclose(dlr_targeted_loss(logits, y, target), torch.tensor([-(4 - 3) / 3.5, -(1 - 2) / 4.5]))
+    assert torch.equal(margin(logits, y), torch.tensor([1.0, -4.0]))
+    with pytest.raises(AttackConfigError, match="at least 4 classes"):
+        dlr_targeted_loss(logits[:, :3], y, target)
+
+
+def test_apgd_schedule_matches_the_paper():
+    assert apgd_schedule(100) == (22, 6, 3)
+    assert apgd_schedule(5) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("norm,eps", [("l2", 0.5), ("linf", 4 / 255)])
+@pytest.mark.parametrize("loss", ["ce", "dlr-targeted"])
+def test_apgd_stays_in_the_ball_and_box_and_beats_pgd(digits_model, norm, eps, loss):
+    model, x, y = digits_model
+    threat = ThreatModel(norm, eps, steps=20)
+    x_adv = apgd(model, x, y, threat, loss=loss, n_targets=3, generator=torch.Generator().manual_seed(0))
+    p = 2 if norm == "l2" else math.inf
+    assert (torch.linalg.vector_norm((x_adv - x).flatten(1), ord=p, dim=1) <= eps * (1 + 1e-5)).all()
+    assert x_adv.min() >= 0 and x_adv.max() <= 1
+    pgd_acc = accuracy(model, pgd(model, x, y, threat, generator=torch.Generator().manual_seed(0)), y)
+    apgd_acc = accuracy(model, x_adv, y)
+    assert apgd_acc < accuracy(model, x, y)
+    assert apgd_acc <= pgd_acc + 2 / len(y)  # at least as strong as PGD-20, up to two samples
+
+
+def test_apgd_rejects_bad_settings(digits_model):
+    model, x, y = digits_model
+    with pytest.raises(AttackConfigError, match="unknown APGD loss"):
+        apgd(model, x, y, ThreatModel("linf", 0.01), loss="hinge")
+    with pytest.raises(AttackConfigError, match="at least 1"):
+        apgd(model, x, y, ThreatModel("linf", 0.01), restarts=0)
+
+
+@pytest.mark.parametrize("norm,eps", [("linf", 4 / 255), ("l2", 0.5)])
+def test_apgd_agrees_with_torchattacks(digits_model, norm, eps):
+    """Same model and 96 images: APGD-CE and APGD-T robust accuracies within 1 point of torchattacks 3.5.1
+    (its port of fra31/auto-attack), 25 steps, one restart, 3 targets (seeds 0 and 0)."""
+    torchattacks = pytest.importorskip("torchattacks")
+    model, x, y = digits_model
+    threat = ThreatModel(norm, eps, steps=25)
+    norm_name = "L2" if norm == "l2" else "Linf"
+    ours_ce = accuracy(model, apgd(model, x, y, threat, loss="ce", generator=torch.Generator().manual_seed(0)), y)
+    theirs_ce = accuracy(model, torchattacks.APGD(model, norm=norm_name, eps=eps, steps=25, seed=0, loss="ce")(x, y), y)
+    ours_t = accuracy(model, apgd(model, x, y, threat, loss="dlr-targeted", n_targets=3, generator=torch.Generator().manual_seed(0)), y)
+    reference_t = torchattacks.APGDT(model, norm=norm_name, eps=eps, steps=25, seed=0, n_classes=4)  # n_classes - 1 targets
+    theirs_t = accuracy(model, reference_t(x, y), y)
+    print(f"{norm}: APGD-CE ours {ours_ce:.4f} torchattacks {theirs_ce:.4f}; APGD-T ours {ours_t:.4f} torchattacks {theirs_t:.4f}")
+    assert abs(ours_ce - theirs_ce) <= 0.01 + 1e-9, (ours_ce, theirs_ce)
+    assert abs(ours_t - theirs_t) <= 0.01 + 1e-9, (ours_t, theirs_t)
+
+
+def test_square_is_gradient_free_stays_in_the_ball_and_fools(digits_model):
+    model, x, y = digits_model
+    eps = 8 / 255
+    x_adv = square_linf(model, x, y, eps, queries=300, generator=torch.Generator().manual_seed(0))
+    assert ((x_adv - x).abs().amax(dim=(1, 2, 3)) <= eps + 1e-6).all()
+    assert x_adv.min() >= 0 and x_adv.max() <= 1
+    assert accuracy(model, x_adv, y) < accuracy(model, x, y) - 0.1
+
+
+def test_square_beats_pgd_on_a_masked_gradient(digits_model):
+    """Input quantisation (round to 8 levels) has a zero gradient: PGD cannot move, Square can."""
+    model, x, y = digits_model
+
+    class Quantised(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, z):
+            return self.inner(torch.round(z * 7) / 7)
+
+    masked = Quantised(model).eval()
+    eps = 16 / 255
+    pgd_acc = accuracy(masked, pgd(masked, x, y, ThreatModel("linf", eps, steps=10), generator=torch.Generator().manual_seed(0)), y)
+    square_acc = accuracy(masked, square_linf(masked, x, y, eps, queries=300, generator=torch.Generator().manual_seed(0)), y)
+    assert square_acc < pgd_acc - 0.1, (square_acc, pgd_acc)
+
+
+def test_worst_case_is_the_per_sample_intersection(digits_model):
+    model, x, y = digits_model
+    flips_first = lambda m, a, b: torch.where(torch.arange(len(a)).view(-1, 1, 1, 1) < 10, torch.zeros_like(a), a)  # noqa: E731
+    identity = lambda m, a, b: a  # noqa: E731
+    result = worst_case(model, x, y, {"none": identity, "blank": flips_first})
+    with torch.no_grad():
+        clean = model(x).argmax(1) == y
+        blank = model(torch.zeros_like(x[:1])).argmax(1)
+    assert torch.equal(result.clean, clean)
+    expected = clean & ((torch.arange(len(y)) >= 10) | (blank == y))
+    assert torch.equal(result.robust, expected)
+    assert result.accuracies()["worst_case"] == pytest.approx(float(expected.float().mean()))
