@@ -19,14 +19,19 @@ import pytest
 from training.config import check_overrides
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-CONFIGS = {
-    ("training",): "train", ("training.info",): "config",
-    ("stimuli", "invert"): "stimuli_invert", ("stimuli", "controversial"): "stimuli_controversial",
-    ("stimuli", "trials"): "stimuli_trials", ("stimuli", "merge"): "stimuli_merge", ("stimuli", "survey"): "stimuli_survey",
-    ("perceptual", "measure"): "measure", ("perceptual", "demo"): "demo", ("perceptual", "compare"): "compare",
-    ("perceptual", "humans-mvh"): "humans-mvh",
-    ("perceptual", "humans"): "humans",
-}
+def _configs() -> dict[tuple[str, ...], str]:
+    """Every command's config: ``python -m perceptual X`` reads ``conf/X.yaml``, ``python -m stimuli X`` reads
+    ``conf/stimuli_X.yaml`` (taken from the two dispatch tables, so a new command is checked without editing this)."""
+    from perceptual.pipelines import COMMANDS as PERCEPTUAL
+    from stimuli.commands import COMMANDS as STIMULI
+
+    configs = {("training",): "train", ("training.info",): "config"}
+    configs.update({("perceptual", name): name for name in PERCEPTUAL})
+    configs.update({("stimuli", name): f"stimuli_{name}" for name in STIMULI})
+    return configs
+
+
+CONFIGS = _configs()
 
 
 def shell_commands(text: str) -> list[str]:
