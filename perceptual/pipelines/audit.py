@@ -55,7 +55,8 @@ def load_defence(spec: DictConfig, dataset: str) -> torch.nn.Module:
 def run(cfg: DictConfig) -> dict:
     dataset = cfg.data.name
     defence = load_defence(cfg.defence, dataset).to(cfg.device).eval()
-    reference = load_defence(cfg.reference, dataset).to(cfg.device).eval() if cfg.get("reference") else None
+    wanted = cfg.get("reference") and (cfg.reference.get("name") or cfg.reference.get("factory"))
+    reference = load_defence(cfg.reference, dataset).to(cfg.device).eval() if wanted else None
     test = load_dataset(dataset, "test", root=cfg.data.get("root"))
     n = min(int(cfg.n_images), len(test))
     x, y = test.float_images(slice(0, n), device=cfg.device), test.labels[:n].to(cfg.device)
