@@ -104,17 +104,24 @@ def measurement_statistics(models: Mapping[str, Mapping], tasks: Sequence[str] =
         return {t: float(np.mean([table[o][t] for o in table])) for t in targets}
 
     if len(labels) >= 2:
-        agreement = out["ranking_agreement"]
-        agreement["2afc: noise vs train seeds"] = ranking_agreement(
-            {m: panel_mean(m, "2afc", "noise") for m in labels}, {m: panel_mean(m, "2afc", "train") for m in labels}, n_boot=n_boot, seed=seed)
-        agreement["random vs hard clustering"] = ranking_agreement(
-            {m: panel_mean(m, "clustering") for m in labels}, {m: panel_mean(m, "clustering_hard") for m in labels}, n_boot=n_boot, seed=seed)
-        observers = sorted(models[labels[0]].get("per_observer", {}).get("clustering", {}))
-        for i, o1 in enumerate(observers):
-            for o2 in observers[i + 1:]:
-                agreement[f"clustering: {o1} vs {o2}"] = ranking_agreement(
-                    {m: per_target(m, "clustering").get(o1, {}) for m in labels},
-                    {m: per_target(m, "clustering").get(o2, {}) for m in labels}, n_boot=n_boot, seed=seed)
+        comparisons = {}
+        if "2afc" in tasks:
+            comparisons["2afc: noise vs train seeds"] = ({m: panel_mean(m, "2afc", "noise") for m in labels},
+                                                         {m: panel_mean(m, "2afc", "train") for m in labels})
+        if "clustering" in tasks and "clustering_hard" in tasks:
+            comparisons["random vs hard clustering"] = ({m: panel_mean(m, "clustering") for m in labels},
+                                                        {m: panel_mean(m, "clustering_hard") for m in labels})
+        if "clustering" in tasks:
+            observers = sorted(models[labels[0]].get("per_observer", {}).get("clustering", {}))
+            for i, o1 in enumerate(observers):
+                for o2 in observers[i + 1:]:
+                    comparisons[f"clustering: {o1} vs {o2}"] = ({m: per_target(m, "clustering").get(o1, {}) for m in labels},
+                                                                {m: per_target(m, "clustering").get(o2, {}) for m in labels})
+        for name, (first, second) in comparisons.items():
+            try:
+                out["ranking_agreement"][name] = ranking_agreement(first, second, n_boot=n_boot, seed=seed)
+            except ValueError:  # e.g. a seed type that was not measured: no shared targets to rank on
+                continue
     return out
 
 

@@ -50,3 +50,12 @@ def test_measurement_statistics_reads_a_reports_models():
     stats = measurement_statistics({"a": model(0.9), "b": model(0.4)}, n_boot=200)
     assert stats["paired_differences"]["clustering"]["a - b"]["difference"] == pytest.approx(0.5)
     assert stats["ranking_agreement"]["random vs hard clustering"]["tau"] == pytest.approx(1.0)
+
+
+def test_measurement_statistics_skips_comparisons_whose_tasks_were_not_measured():
+    per = {"per_target": {"t0": 0.5, "t1": 0.7}}
+    models = {m: {"per_observer": {"2afc": {"obs": per}, "clustering": {"obs": per}}} for m in ("a", "b")}
+    stats = measurement_statistics(models, tasks=("2afc", "clustering"), n_boot=50)
+    assert "random vs hard clustering" not in stats["ranking_agreement"]
+    assert "2afc: noise vs train seeds" not in stats["ranking_agreement"]  # no per-seed-type scores here
+    assert stats["paired_differences"]["2afc"]["a - b"]["difference"] == 0.0
