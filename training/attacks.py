@@ -43,6 +43,7 @@ from invert.steps import (
 )
 from invert.validation import check_images, hot_loop
 
+from .config import get as config_get
 from .folding import eval_view
 
 NORMS = ("l2", "linf")
@@ -125,7 +126,7 @@ class ThreatModel:
     @classmethod
     def from_config(cls, cfg, **overrides) -> "ThreatModel":
         """From a config node with ``norm``, ``eps``, ``steps``, optional ``step_size`` and ``random_start``."""
-        get = (lambda k, d=None: cfg.get(k, d)) if hasattr(cfg, "get") else (lambda k, d=None: getattr(cfg, k, d))
+        get = lambda k, d=None: config_get(cfg, k, d)  # noqa: E731
         values = {
             "norm": get("norm"),
             "eps": get("eps"),

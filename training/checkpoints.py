@@ -189,9 +189,8 @@ def load_into(model: nn.Module, checkpoint: str | Path, trust_pickle: bool = Fal
             parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[:3]})")
         if mismatched:
             parts.append("shape mismatch for " + ", ".join(f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in mismatched[:3]))
-        from .models import kwargs_hint
-
-        hint = kwargs_hint(model, state) if mismatched else ""
+        hint_of = getattr(model, "kwargs_hint", None)  # a zoo Classifier can tell which builder argument differs
+        hint = hint_of(state) if mismatched and callable(hint_of) else ""
         raise CheckpointError(
             f"{checkpoint} does not fit {arch} with {getattr(model, 'num_classes', '?')} classes: {'; '.join(parts)}"
             + (hint or ". Is it a checkpoint of another architecture or data set?")

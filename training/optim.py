@@ -14,19 +14,16 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Any, Iterable, Mapping
+from typing import Iterable
 
 import torch
 from torch import nn
 
 from .config import ConfigError
+from .config import get as _get
 
 OPTIMIZERS = ("sgd", "lars")
 SCHEDULES = ("step", "cosine", "cyclic", "constant")
-
-
-def _get(cfg: Mapping[str, Any] | Any, key: str, default: Any = None) -> Any:
-    return cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
 
 
 class LARS(torch.optim.Optimizer):

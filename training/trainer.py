@@ -37,6 +37,7 @@ from invert.validation import hot_loop
 from .attacks import ThreatModel
 from .checkpoints import load_into
 from .config import ConfigError, check_train_config, dataset_from_config, expand_path, model_from_config, resolve_device
+from .config import get as _get
 from .data import ImageSet
 from .evaluate import correct_counts, gradient_masking_report
 from .models import Classifier
@@ -152,11 +153,6 @@ class _Progress:
     images: int = 0
     stopped: str | None = None
     history: list = field(default_factory=list)
-
-
-def _get(cfg, key: str, default: Any = None) -> Any:
-    value = OmegaConf.select(cfg, key, default=default) if isinstance(cfg, DictConfig) else cfg.get(key, default)
-    return default if value is None else value
 
 
 def _resolve_precision(name: str, device: torch.device) -> torch.dtype | None:

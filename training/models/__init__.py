@@ -14,6 +14,7 @@ from torch import nn
 
 from invert.validation import check_images
 
+from ..checkpoints import load_into
 from ..data import DATASET_STATS, IMAGE_SIZE, NUM_CLASSES
 from . import cifar  # noqa: F401  (registers the CIFAR-size architectures)
 from .cifar import KWinnersTakeAll  # noqa: F401  (public: the k-WTA activation)
@@ -70,6 +71,10 @@ class Classifier(nn.Module):
 
     def extra_repr(self) -> str:
         return f"arch={self.arch!r}, dataset={self.dataset!r}, num_classes={self.num_classes}"
+
+    def kwargs_hint(self, state) -> str:
+        """Which builder arguments a checkpoint's shapes say it was made with, where they differ (see :func:`kwargs_hint`)."""
+        return kwargs_hint(self, state)
 
 
 def kwargs_hint(model: nn.Module, state: Mapping[str, torch.Tensor]) -> str:
@@ -150,7 +155,5 @@ def build_model(
     )
     model.arch_kwargs = dict(arch_kwargs)
     if checkpoint is not None:
-        from ..checkpoints import load_into
-
         load_into(model, checkpoint, trust_pickle=trust_pickle)
     return model.eval()
