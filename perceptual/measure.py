@@ -559,7 +559,8 @@ def threat_from_config(cfg) -> ThreatModel | None:
 
 
 def headline(data: dict) -> str:
-    return report.markdown_table(data["models"])
+    """Table 1 as the commands print it; † marks a model whose inversions did not converge (see the report)."""
+    return report.markdown_table({(f"{label} †" if not m.get("converged", True) else label): m for label, m in data["models"].items()})
 
 
 def load_report(path: str | Path) -> dict:
