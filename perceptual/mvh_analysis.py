@@ -27,30 +27,20 @@ from __future__ import annotations
 
 import logging
 from itertools import combinations
-from typing import Any, Callable, Collection
+from typing import Any, Collection
 
 import numpy as np
 import pandas as pd
 
+from .decisions import TRIAL_TABLE_COLUMNS
 from .human_trials import texture_category
 from .metrics import SIXTEEN_CLASS_NAMES, error_consistency, observed_consistency, shape_bias
+from .metrics.trials import human_test as is_human_test
 
 log = logging.getLogger(__name__)
 
-REQUIRED = ("subject", "dataset", "condition", "image_id", "category", "response", "correct")
+REQUIRED = TRIAL_TABLE_COLUMNS
 CUE_CONFLICT = "cue-conflict"
-
-
-def is_human_test(humans: Any = None) -> Callable[[str], bool]:
-    """A predicate for human subjects: None (names starting with ``subject-``), a collection of names, or a predicate."""
-    if humans is None:
-        return lambda s: str(s).startswith("subject-")
-    if callable(humans):
-        return humans
-    if isinstance(humans, Collection) and not isinstance(humans, (str, bytes)):
-        members = set(humans)
-        return lambda s: s in members
-    raise TypeError(f"humans must be None, a collection of subject names or a predicate, got {type(humans).__name__}")
 
 
 def _check(trials: pd.DataFrame, extra: tuple[str, ...] = ()) -> pd.DataFrame:

@@ -47,3 +47,26 @@ def cifar_mini_root() -> Path:
     if not (CIFAR_MINI / "cifar-10-batches-py").is_dir():
         pytest.skip(f"real CIFAR-10 subset not found at {CIFAR_MINI}")
     return CIFAR_MINI
+
+
+@pytest.fixture(scope="session")
+def attack_test_cnn():
+    """small_cnn (width 8) trained for 3 epochs of SGD on the embedded digits (seconds on one core), frozen, with the
+    digits test split: the model the attack and audit tests attack (``model, test``)."""
+    import torch.nn.functional as F
+
+    from training import build_model, load_dataset
+
+    torch.manual_seed(0)
+    train, test = load_dataset("digits", "train"), load_dataset("digits", "test")
+    model = build_model("small_cnn", "digits", width=8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x_all, y_all = train.float_images(slice(0, len(train))), train.labels
+    model.train()
+    for _ in range(3):
+        for index in torch.randperm(len(train)).split(64):
+            optimizer.zero_grad()
+            F.cross_entropy(model(x_all[index]), y_all[index]).backward()
+            optimizer.step()
+    model.eval().requires_grad_(False)
+    return model, test

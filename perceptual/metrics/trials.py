@@ -87,7 +87,8 @@ def _cells(columns: dict[str, list]) -> dict[tuple, dict[Hashable, bool]]:
     return cells
 
 
-def _human_test(humans: Any) -> Callable[[Any], bool]:
+def human_test(humans: Any = None) -> Callable[[Any], bool]:
+    """A predicate for human subjects: None (model-vs-human's ``subject-NN`` names), a collection of names, or a predicate."""
     if humans is None:  # model-vs-human names its human observers "subject-01", "subject-02", ...
         return lambda s: str(s).startswith("subject-")
     if callable(humans):
@@ -155,7 +156,7 @@ def aggregate_trials(trials: Any, metric: Any = "error_consistency", humans: Any
     """
     metric_name = _metric_name(metric)
     check_choice(on_undefined, "on_undefined", ("nan", "one"))
-    is_human = _human_test(humans)
+    is_human = human_test(humans)
     cells = _cells(_columns(trials))
 
     layout: dict[Any, dict[Any, set]] = defaultdict(lambda: defaultdict(set))  # dataset → subject → conditions

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from perceptual.audit import (
     DECISION_RULE,
@@ -16,26 +15,12 @@ from perceptual.audit import (
     masking_checks,
     verdict,
 )
-from training import load_dataset
-from training.models import build_model
 
 
 @pytest.fixture(scope="module")
-def digits():
-    torch.manual_seed(0)
-    train, test = load_dataset("digits", "train"), load_dataset("digits", "test")
-    model = build_model("small_cnn", "digits", width=8)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    x_all, y_all = train.float_images(slice(0, len(train))), train.labels
-    model.train()
-    for _ in range(3):
-        for index in torch.randperm(len(train)).split(64):
-            optimizer.zero_grad()
-            F.cross_entropy(model(x_all[index]), y_all[index]).backward()
-            optimizer.step()
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
+def digits(attack_test_cnn):
+    """The shared digits CNN (tests/conftest.py) and the first 64 test images."""
+    model, test = attack_test_cnn
     return model, test.float_images(slice(0, 64)), test.labels[:64]
 
 

@@ -6,31 +6,15 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from training import load_dataset
 from training.attacks import AttackConfigError, ThreatModel, pgd
-from training.models import build_model
 from training.strong_attacks import apgd, apgd_schedule, dlr_loss, dlr_targeted_loss, margin, square_linf, worst_case
 
 
 @pytest.fixture(scope="module")
-def digits_model():
-    """small_cnn (width 8) trained for 3 epochs on the digits (about 3 s on one core), and 96 test images."""
-    torch.manual_seed(0)
-    train, test = load_dataset("digits", "train"), load_dataset("digits", "test")
-    model = build_model("small_cnn", "digits", width=8)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    x_all, y_all = train.float_images(slice(0, len(train))), train.labels
-    model.train()
-    for _ in range(3):
-        for index in torch.randperm(len(train)).split(64):
-            optimizer.zero_grad()
-            F.cross_entropy(model(x_all[index]), y_all[index]).backward()
-            optimizer.step()
-    model.eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
+def digits_model(attack_test_cnn):
+    """The shared digits CNN (tests/conftest.py) and the first 96 test images."""
+    model, test = attack_test_cnn
     return model, test.float_images(slice(0, 96)), test.labels[:96]
 
 
