@@ -76,6 +76,15 @@ def ranking_agreement(first: Mapping[str, Mapping[str, float]], second: Mapping[
     return {"tau": tau(np.arange(len(targets))), "ci_low": low, "ci_high": high, "n_models": len(models), "n_targets": len(targets)}
 
 
+def per_target_scores(model: Mapping, task: str, seed_type: str | None = None) -> dict[str, dict[str, float]]:
+    """observer -> target id -> score of one model of a measure report (``report["models"][label]``) on ``task``,
+    optionally for one seed type: the input of :func:`paired_difference`."""
+    per_observer = model.get("per_observer", {}).get(task, {})
+    if seed_type is None:
+        return {o: r.get("per_target", {}) for o, r in per_observer.items()}
+    return {o: r.get("per_target_by_seed_type", {}).get(seed_type, {}) for o, r in per_observer.items()}
+
+
 def measurement_statistics(models: Mapping[str, Mapping], tasks: Sequence[str] = ("2afc", "clustering", "clustering_hard"),
                            n_boot: int = 2000, seed: int = 0) -> dict:
     """For a measure report's models: paired differences between every two models per task (over targets and the
@@ -83,10 +92,7 @@ def measurement_statistics(models: Mapping[str, Mapping], tasks: Sequence[str] =
     labels = list(models)
 
     def per_target(label: str, task: str, seed_type: str | None = None) -> dict[str, dict[str, float]]:
-        per_observer = models[label].get("per_observer", {}).get(task, {})
-        if seed_type is None:
-            return {o: r.get("per_target", {}) for o, r in per_observer.items()}
-        return {o: r.get("per_target_by_seed_type", {}).get(seed_type, {}) for o, r in per_observer.items()}
+        return per_target_scores(models[label], task, seed_type)
 
     out: dict = {"paired_differences": {}, "ranking_agreement": {}}
     for task in tasks:
@@ -125,4 +131,4 @@ def measurement_statistics(models: Mapping[str, Mapping], tasks: Sequence[str] =
     return out
 
 
-__all__ = ["measurement_statistics", "paired_difference", "ranking_agreement"]
+__all__ = ["measurement_statistics", "paired_difference", "per_target_scores", "ranking_agreement"]

@@ -311,6 +311,9 @@ def _train(cfg: DictConfig, dist: Distributed) -> TrainResult:
 
     run = RunDirectory(expand_path(_get(cfg, "run_dir", "runs/default")))
     progress = _resume_or_start(run, cfg, recipe, optimizer, scheduler, device, dist)
+    finished = _finished_run(run, recipe, progress, epochs)
+    if finished is not None:
+        return finished
 
     if bool(_get(tcfg, "compile", False)):
         for module in recipe.hot_modules():
@@ -381,6 +384,19 @@ def _train(cfg: DictConfig, dist: Distributed) -> TrainResult:
         logger.info("%s", format_summary(summary))
     dist.barrier()
     return TrainResult(final_model, summary, run.path, completed=True)
+
+
+def _finished_run(run: RunDirectory, recipe: Recipe, progress: _Progress, epochs: int) -> TrainResult | None:
+    """A resumed run that already completed returns its saved model and summary: nothing is retrained, re-probed or
+    re-evaluated (commands that train what they need, such as ``reproduce``, call :func:`train` again on every run)."""
+    summary = run.read_summary()
+    model_path = run.path / "model.safetensors"
+    done = progress.epoch >= epochs or progress.stopped is not None
+    if not done or not summary or summary.get("status") != "completed" or not model_path.exists():
+        return None
+    load_into(recipe.model, model_path)
+    logger.info("%s is complete: its model and summary are reused (delete the folder to train it again)", run.path)
+    return TrainResult(recipe.model, summary, run.path, completed=True)
 
 
 def _resume_or_start(run: RunDirectory, cfg: DictConfig, recipe: Recipe, optimizer, scheduler, device, dist: Distributed) -> _Progress:

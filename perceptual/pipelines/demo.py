@@ -20,48 +20,31 @@ from typing import Mapping
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from training.config import check_overrides, check_train_config
 from training.sweeps import job_path
-from training.trainer import train
 
 from ..convergence import convergence_sentence
 from ..measure import TASKS, ModelSpec, headline, make_panel, measure_models, threat_from_config, validate_inputs
 from ..observers import lpips_weights_available
 from .measure import check_convergence
+from .training_runs import train_models, training_config
 
 
 def pair_configs(cfg: DictConfig) -> dict[str, DictConfig]:
     """The training configs of the standard and the PGD model (same architecture and schedule), checked."""
     configs = {}
     for label, recipe in (("standard", "standard"), ("robust", "pgd")):
-        run_dir = Path(cfg.out) / "runs" / label
-        overrides = [
-            f"model={cfg.model}",
-            *[f"+model.kwargs.{key}={value}" for key, value in cfg.model_kwargs.items()],
-            f"data={cfg.data.name}",
-            *([f"data.root={cfg.data.root}"] if cfg.data.get("root") else []),
-            f"train={recipe}",
-            f"run_dir={run_dir}",
-            "resume=true",
-            f"seed={cfg.seed}",
-            f"device={cfg.device}",
-            f"progress={str(cfg.progress).lower()}",
-        ] + [f"train.{key}={value}" for key, value in cfg.schedule.items()]
+        overrides = dict(cfg.schedule)
         if recipe == "pgd":
-            overrides += [f"train.attack.{key}={value}" for key, value in cfg.attack.items()]
-        configs[label] = check_overrides("train", overrides)  # a misspelt schedule key is named, not appended
-        check_train_config(configs[label])
+            overrides.update({f"attack.{key}": value for key, value in cfg.attack.items()})
+        configs[label] = training_config(model=cfg.model, model_kwargs=cfg.model_kwargs, data=cfg.data, recipe=recipe,
+                                         run_dir=Path(cfg.out) / "runs" / label, seed=cfg.seed, device=cfg.device, progress=cfg.progress,
+                                         train_overrides=overrides)
     return configs
 
 
 def train_pair(configs: Mapping[str, DictConfig]) -> dict[str, Path]:
     """Train (or resume) each model; returns their weight files."""
-    weights = {}
-    for label, train_cfg in configs.items():
-        result = train(train_cfg)
-        weights[label] = result.run_dir / "model.safetensors"
-        print(f"{label:>8}: {result.summary.get('clean_accuracy', float('nan')):.3f} clean accuracy ({result.run_dir})")
-    return weights
+    return train_models(configs)
 
 
 def run(cfg: DictConfig) -> dict:

@@ -103,17 +103,19 @@ def _shortcut(in_planes: int, out_planes: int, stride: int) -> nn.Sequential:
 class ResNet(nn.Module):
     penultimate = "layer4"
 
-    def __init__(self, block, num_blocks, num_classes: int = 10, activation: Activation = nn.ReLU):
+    def __init__(self, block, num_blocks, num_classes: int = 10, activation: Activation = nn.ReLU, width: int = 64):
         super().__init__()
-        self.in_planes = 64
-        self.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(64)
+        if width < 1:
+            raise ValueError(f"ResNet width (the first stage's channels, 64 in the paper) must be positive, got {width}")
+        self.in_planes = width
+        self.conv1 = nn.Conv2d(3, width, 3, 1, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
         self.act1 = activation()
-        self.layer1 = self._make_layer(block, 64, num_blocks[0], 1, activation)
-        self.layer2 = self._make_layer(block, 128, num_blocks[1], 2, activation)
-        self.layer3 = self._make_layer(block, 256, num_blocks[2], 2, activation)
-        self.layer4 = self._make_layer(block, 512, num_blocks[3], 2, activation)
-        self.linear = nn.Linear(512 * block.expansion, num_classes)
+        self.layer1 = self._make_layer(block, width, num_blocks[0], 1, activation)
+        self.layer2 = self._make_layer(block, 2 * width, num_blocks[1], 2, activation)
+        self.layer3 = self._make_layer(block, 4 * width, num_blocks[2], 2, activation)
+        self.layer4 = self._make_layer(block, 8 * width, num_blocks[3], 2, activation)
+        self.linear = nn.Linear(8 * width * block.expansion, num_classes)
 
     def _make_layer(self, block, planes, count, stride, activation) -> nn.Sequential:
         layers = []
@@ -129,20 +131,26 @@ class ResNet(nn.Module):
         return self.linear(F.adaptive_avg_pool2d(out, 1).flatten(1))
 
 
-@register_model("resnet18", penultimate="layer4", fake_relu=True)
-def resnet18(num_classes: int = 10) -> ResNet:
-    return ResNet(BasicBlock, [2, 2, 2, 2], num_classes)
+def _resnet_kwargs(state) -> dict:
+    first = state.get("net.conv1.weight")
+    return {} if first is None else {"width": int(first.shape[0])}
 
 
-@register_model("resnet50", penultimate="layer4", fake_relu=True)
-def resnet50(num_classes: int = 10) -> ResNet:
-    return ResNet(Bottleneck, [3, 4, 6, 3], num_classes)
+# ``width`` (64 in the paper) scales every stage; narrow ResNets (width 8-16) keep the residual structure at a CPU budget.
+@register_model("resnet18", penultimate="layer4", fake_relu=True, infer_kwargs=_resnet_kwargs)
+def resnet18(num_classes: int = 10, width: int = 64) -> ResNet:
+    return ResNet(BasicBlock, [2, 2, 2, 2], num_classes, width=width)
 
 
-@register_model("kwta_resnet18", penultimate="layer4", fake_relu=False)
-def kwta_resnet18(num_classes: int = 10, ratio: float = 0.1) -> ResNet:
+@register_model("resnet50", penultimate="layer4", fake_relu=True, infer_kwargs=_resnet_kwargs)
+def resnet50(num_classes: int = 10, width: int = 64) -> ResNet:
+    return ResNet(Bottleneck, [3, 4, 6, 3], num_classes, width=width)
+
+
+@register_model("kwta_resnet18", penultimate="layer4", fake_relu=False, infer_kwargs=_resnet_kwargs)
+def kwta_resnet18(num_classes: int = 10, ratio: float = 0.1, width: int = 64) -> ResNet:
     """ResNet18 with every ReLU replaced by a k-WTA activation keeping a fraction ``ratio``."""
-    return ResNet(BasicBlock, [2, 2, 2, 2], num_classes, activation=lambda: KWinnersTakeAll(ratio))
+    return ResNet(BasicBlock, [2, 2, 2, 2], num_classes, activation=lambda: KWinnersTakeAll(ratio), width=width)
 
 
 _VGG16 = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]
@@ -163,15 +171,23 @@ class VGG(nn.Module):
                 channels = item
         layers.append(nn.AvgPool2d(1, 1))  # an identity kept for the library's layer indices
         self.features = nn.Sequential(*layers)
-        self.classifier = nn.Linear(512, num_classes)
+        self.classifier = nn.Linear(channels, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x).flatten(1))
 
 
-@register_model("vgg16", penultimate="features", fake_relu=False)
-def vgg16(num_classes: int = 10) -> VGG:
-    return VGG(_VGG16, num_classes)
+def _vgg_kwargs(state) -> dict:
+    first = state.get("net.features.0.weight")
+    return {} if first is None else {"width": int(first.shape[0])}
+
+
+@register_model("vgg16", penultimate="features", fake_relu=False, infer_kwargs=_vgg_kwargs)
+def vgg16(num_classes: int = 10, width: int = 64) -> VGG:
+    """VGG16 with batch norm (the library's CIFAR VGG); ``width`` (64 in the paper) scales every layer."""
+    if width < 1:
+        raise ValueError(f"VGG width (the first layer's channels, 64 in the paper) must be positive, got {width}")
+    return VGG([item if item == "M" else item * width // 64 for item in _VGG16], num_classes)
 
 
 class DenseLayer(nn.Module):

@@ -1,0 +1,169 @@
+"""``python -m perceptual reproduce experiment=<preset> scale=<cpu|paper>``: one of Nanda et al.'s results end to end.
+
+A preset (``conf/experiment/<name>.yaml``) names the models a result needs as architectures of the scale
+(``conf/scale/<name>.yaml``) crossed with entries of the training catalogue (``trainings`` in
+``conf/reproduce.yaml``), plus explicit pairs. The command
+
+1. expands and checks every model's training config before anything trains (a misspelt key costs seconds);
+2. trains each with the toolkit's recipes in ``runs_dir/<data>-<architecture>-<training>`` (resumed, so a model
+   one preset trained is reused by the next: Table 1's ResNet pair is Fig. 4's first two points);
+3. measures them all with :func:`perceptual.measure.measure_models` (``<out>/measure``, cached per model);
+4. writes the result with its statistics (:mod:`perceptual.experiments`): ``<out>/result.md``, ``result.json`` and
+   the figures, and prints the table.
+
+``scale=cpu`` runs each preset on this kind of 2-core machine in minutes (narrow architectures, digits or the
+CIFAR-10 subset); ``scale=paper`` is the paper's models and budgets, for a GPU or a Slurm sweep
+(``-m hydra/launcher=slurm_gpu experiment=table1,fig4``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from invert.config import load_preset
+from training.io import atomic_write_json, atomic_write_text
+from training.sweeps import job_path
+
+from ..experiments import RESULTS, Variant, experiment_result
+from ..measure import ModelSpec, make_panel, measure_models, threat_from_config, validate_inputs
+from .measure import check_convergence
+from .training_runs import train_models, training_config
+
+PAPER_DATA = ("cifar10", "cifar100", "imagenet")
+
+
+def _names(selection, available: dict, what: str, preset: str, everything=None) -> list[str]:
+    names = list(everything if everything is not None else available) if selection == "all" else list(selection)
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        raise ValueError(f"experiment {preset}: unknown {what} {unknown}; available: {sorted(available)}")
+    return names
+
+
+def expand_variants(cfg: DictConfig) -> list[Variant]:
+    """The preset's models: its architectures x trainings, then its explicit ``variants``, without repeats."""
+    experiment, scale = cfg.experiment, cfg.scale
+    architectures = OmegaConf.to_container(scale.architectures, resolve=True)
+    trainings = OmegaConf.to_container(cfg.trainings, resolve=True)
+    everything = list(scale.get("all_architectures") or architectures)
+    pairs = [(a, t) for a in _names(experiment.architectures, architectures, "architectures", experiment.name, everything)
+             for t in _names(experiment.trainings, trainings, "trainings", experiment.name)]
+    for entry in experiment.get("variants") or []:
+        if set(entry) != {"architecture", "training"}:
+            raise ValueError(f"experiment {experiment.name}: a variant is {{architecture, training}}, got {dict(entry)}")
+        _names([entry.architecture], architectures, "architectures", experiment.name)
+        _names([entry.training], trainings, "trainings", experiment.name)
+        pairs.append((entry.architecture, entry.training))
+    variants = []
+    for arch, training in dict.fromkeys(pairs):
+        spec, entry = architectures[arch], trainings[training]
+        unknown = set(entry) - {"recipe", "adversarial", "overrides"}
+        if unknown:
+            raise ValueError(f"trainings.{training}: unknown keys {sorted(unknown)} (use recipe, adversarial, overrides)")
+        variants.append(Variant(arch, training, spec["model"], dict(spec.get("kwargs") or {}), entry["recipe"], bool(entry.get("adversarial")),
+                                dict(entry.get("overrides") or {})))
+    if not variants:
+        raise ValueError(f"experiment {experiment.name} names no model")
+    return variants
+
+
+def _flatten(node, prefix: str = "") -> dict:
+    """``{optimizer: {lr: 0.1}}`` -> ``{"optimizer.lr": 0.1}``: the scale writes nested keys so that each can be overridden."""
+    if isinstance(node, dict) and node:
+        flat: dict = {}
+        for key, value in node.items():
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        return flat
+    return {prefix[:-1]: node} if prefix else {}
+
+
+def train_overrides(variant: Variant, scale: DictConfig) -> dict:
+    """The scale's schedule, then the recipe's own schedule at this scale, the scale's attack for an adversarial
+    recipe, then the catalogue entry's overrides (which win); as dotted keys of ``conf/train/<recipe>.yaml``."""
+    recipe_schedules = OmegaConf.to_container(scale.recipe_schedule, resolve=True)
+    overrides = _flatten(OmegaConf.to_container(scale.schedule, resolve=True))
+    overrides.update(_flatten(recipe_schedules.get(variant.recipe) or {}))
+    if variant.adversarial:
+        overrides.update(_flatten(OmegaConf.to_container(scale.attack, resolve=True), "attack."))
+    overrides.update(_flatten(variant.overrides))
+    return overrides
+
+
+def run_dir(cfg: DictConfig, variant: Variant, overrides: dict) -> Path:
+    """One folder per training config: the same model is trained once and reused by every preset that needs it."""
+    digest = hashlib.sha256(json.dumps([variant.model, variant.kwargs, variant.recipe, overrides, cfg.seed], sort_keys=True,
+                                       default=str).encode()).hexdigest()[:8]
+    return Path(cfg.runs_dir) / f"{cfg.data.name}-{variant.label}-{digest}"
+
+
+def engine_config(scale: DictConfig):
+    settings = dict(OmegaConf.to_container(scale.measure.invert, resolve=True))
+    return load_preset(settings.pop("preset", "fast"), **settings)
+
+
+def check_config(cfg: DictConfig) -> None:
+    if cfg.experiment.result not in RESULTS:
+        raise ValueError(f"experiment {cfg.experiment.name}: result must be one of {RESULTS}, got {cfg.experiment.result!r}")
+    if cfg.scale.name == "paper" and cfg.data.name not in PAPER_DATA:
+        raise ValueError(f"scale=paper runs the paper's data sets {PAPER_DATA}: add data=cifar10 data.root=PATH (got data={cfg.data.name})")
+
+
+def run(cfg: DictConfig) -> dict:
+    started = time.perf_counter()
+    check_config(cfg)  # before the variants: scale=paper on the digits is refused first
+    out, scale, experiment = Path(cfg.out), cfg.scale, cfg.experiment
+    variants = expand_variants(cfg)
+    measure_cfg = OmegaConf.to_container(scale.measure, resolve=True)
+    tasks = list(measure_cfg["tasks"])
+    engine = engine_config(scale)
+    specs = [ModelSpec(v.model, None, v.label, kwargs=v.kwargs) for v in variants]
+    validate_inputs(specs, n_targets=measure_cfg["n_targets"], seed_types=measure_cfg["seed_types"], tasks=tasks, engine=engine, controversial=None)
+    threat = threat_from_config(measure_cfg.get("threat"))
+    data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
+    configs = {}
+    for v in variants:  # every config checked before the first model trains
+        overrides = train_overrides(v, scale)
+        configs[v.label] = training_config(model=v.model, model_kwargs=v.kwargs, data=data_cfg, recipe=v.recipe, run_dir=run_dir(cfg, v, overrides),
+                                           seed=cfg.seed, device=cfg.device, progress=cfg.progress, train_overrides=overrides)
+    panel = make_panel(cfg.observers if isinstance(cfg.observers, str) else list(cfg.observers), cfg.observer_net)
+    print(f"{experiment.title}: {len(variants)} models at scale={scale.name} on {cfg.data.name}")
+    weights = train_models(configs)
+    specs = [ModelSpec(v.model, str(weights[v.label]), v.label, kwargs=v.kwargs) for v in variants]
+    container = OmegaConf.to_container(cfg, resolve=True)
+    data = measure_models(specs, data_cfg, out / "measure", engine=engine, n_targets=measure_cfg["n_targets"], seed_types=measure_cfg["seed_types"],
+                          seed=cfg.seed, panel=panel, tasks=tasks, threat=threat, accuracy_limit=measure_cfg.get("accuracy_limit"),
+                          device=cfg.device, config=container, convergence_threshold=float(cfg.convergence_threshold),
+                          gaussian_targets=bool(experiment.gaussian_targets))
+    result = experiment_result(experiment.result, data, variants, tasks, experiment.title, out, n_boot=int(cfg.n_boot), seed=int(cfg.seed))
+    seconds = round(time.perf_counter() - started, 1)
+    command = f"python -m perceptual reproduce experiment={experiment.name} scale={scale.name} data={cfg.data.name}" + (
+        f" data.root={cfg.data.root}" if cfg.data.get("root") else "")
+    markdown = (f"# {experiment.title}\n\n{result['markdown']}\n"
+                + "".join(f"![{name}]({name})\n" for name in result["figures"])
+                + f"\nMeasured by `{command}` in {seconds:.0f} s; the full measurement report is `measure/report.md`.\n")
+    atomic_write_text(out / "result.md", markdown)
+    atomic_write_json(out / "result.json", {"experiment": experiment.name, "scale": scale.name, "data": cfg.data.name, "seconds": seconds,
+                                            "command": command, **{k: v for k, v in result.items() if k != "markdown"},
+                                            "models": {label: {k: m.get(k) for k in ("clean_accuracy", "robust_accuracy", *tasks, "converged")}
+                                                       for label, m in data["models"].items()},
+                                            "config": container})
+    print()
+    print(result["markdown"])
+    print(f"result: {(out / 'result.md').resolve()}  ({seconds:.0f} s)")
+    check_convergence(data)
+    return {"result": result, "data": data, "out": str(out)}
+
+
+@hydra.main(config_path="pkg://conf", config_name="reproduce", version_base=None)
+def main(cfg: DictConfig) -> None:
+    cfg.out = str(job_path(cfg.out))
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()

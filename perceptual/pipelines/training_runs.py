@@ -1,0 +1,45 @@
+"""Training the models a command needs with the toolkit's recipes: one checked ``conf/train.yaml`` config per model,
+trained (or resumed: a finished run returns at once) in its own run directory. Shared by ``demo`` and ``reproduce``."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+from omegaconf import DictConfig
+
+from training.config import check_overrides, check_train_config
+from training.trainer import train
+
+
+def training_config(*, model: str, model_kwargs: Mapping, data: Mapping, recipe: str, run_dir: str | Path, seed: int, device: str,
+                    progress: bool, train_overrides: Mapping | None = None) -> DictConfig:
+    """The ``python -m training`` config of one model, checked: a misspelt key is named before anything trains.
+    ``train_overrides`` are keys of ``conf/train/<recipe>.yaml`` (dotted, e.g. ``attack.eps``)."""
+    overrides = [
+        f"model={model}",
+        *[f"++model.kwargs.{key}={value}" for key, value in model_kwargs.items()],
+        f"data={data['name']}",
+        *([f"data.root={data['root']}"] if data.get("root") else []),
+        f"train={recipe}",
+        f"run_dir={run_dir}",
+        "resume=true",
+        f"seed={seed}",
+        f"device={device}",
+        f"progress={str(progress).lower()}",
+    ] + [f"train.{key}={'null' if value is None else value}" for key, value in (train_overrides or {}).items()]
+    config = check_overrides("train", overrides)
+    check_train_config(config)
+    return config
+
+
+def train_models(configs: Mapping[str, DictConfig], log=print) -> dict[str, Path]:
+    """Train (or resume) each model; returns label -> its weight file."""
+    weights = {}
+    for label, config in configs.items():
+        result = train(config)
+        weights[label] = result.run_dir / "model.safetensors"
+        log(f"{label:>8}: {result.summary.get('clean_accuracy', float('nan')):.3f} clean accuracy ({result.run_dir})")
+    return weights
+
+
+__all__ = ["train_models", "training_config"]

@@ -1,0 +1,86 @@
+"""``python -m perceptual reproduce``: the paper's presets at a test size (the slow test runs every preset)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from perceptual.pipelines.reproduce import expand_variants, run, train_overrides
+from training.config import compose
+
+# A preset at test size: one epoch, narrow models, 4 targets, 20 inversion steps, two weight-free observers.
+TINY = [
+    "progress=false", "n_boot=100", "observers=[pixel-l2,ssim]",
+    "scale.schedule.epochs=1", "scale.measure.n_targets=4", "scale.measure.invert.steps=20", "scale.measure.threat.steps=2",
+    "scale.architectures.cnn.kwargs.width=4", "scale.architectures.resnet.kwargs.width=4", "scale.architectures.vgg.kwargs.width=4",
+    "scale.architectures.kwta.kwargs.width=4",
+    "scale.recipe_schedule.simclr.epochs=1", "scale.recipe_schedule.simclr.probe.epochs=2", "scale.recipe_schedule.simclr.schedule.warmup_epochs=0",
+    "scale.recipe_schedule.adv_simclr.epochs=1", "scale.recipe_schedule.adv_simclr.probe.epochs=2",
+    "scale.recipe_schedule.adv_simclr.schedule.warmup_epochs=0",
+]
+
+
+def _config(tmp_path, *overrides):
+    return compose("reproduce", [f"out={tmp_path / 'out'}", f"runs_dir={tmp_path / 'runs'}", *TINY, *overrides])
+
+
+def test_presets_expand_to_the_papers_models():
+    table1 = expand_variants(compose("reproduce", ["experiment=table1"]))
+    assert [v.label for v in table1] == ["cnn-standard", "cnn-pgd", "resnet-standard", "resnet-pgd", "vgg-standard", "vgg-pgd"]
+    fig4 = expand_variants(compose("reproduce", ["experiment=fig4"]))
+    assert fig4[-1].label == "kwta-pgd" and fig4[-1].model == "kwta_resnet18"
+    assert {v.training for v in fig4} >= {"trades_beta1", "trades_beta6", "mart_beta1", "mart_beta5"}
+    fig7 = expand_variants(compose("reproduce", ["experiment=fig7"]))
+    assert [v.recipe for v in fig7] == ["standard", "pgd", "simclr", "adv_simclr"]
+    paper = expand_variants(compose("reproduce", ["experiment=table1", "scale=paper", "data=cifar10"]))
+    assert [v.model for v in paper[::2]] == ["resnet18", "resnet50", "vgg16", "densenet121", "inception_v3"]
+
+
+def test_train_overrides_give_every_adversarial_recipe_the_scales_attack_and_let_the_catalogue_win():
+    cfg = compose("reproduce", ["experiment=fig6"])
+    variants = {v.training: v for v in expand_variants(cfg)}
+    pgd_aug = train_overrides(variants["pgd_aug"], cfg.scale)
+    assert pgd_aug["attack.eps"] == 1.0 and pgd_aug["attack.norm"] == "l2" and pgd_aug["epochs"] == 10
+    assert pgd_aug["augment.enabled"] is True  # the catalogue entry overrides the scale's augment.enabled=false
+    assert "attack.eps" not in train_overrides(variants["standard_noaug"], cfg.scale)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["experiment.architectures=[cnn,transformer]"], "unknown architectures"),
+    (["experiment.trainings=[standard,pdg]"], "unknown trainings"),
+    (["scale=paper"], "scale=paper runs the paper's data sets"),
+    (["experiment.result=bars"], "result must be one of"),
+])
+def test_bad_presets_are_refused_before_anything_trains(tmp_path, overrides, message):
+    cfg = compose("reproduce", [f"out={tmp_path / 'out'}", f"runs_dir={tmp_path / 'runs'}", "progress=false", *overrides])
+    with pytest.raises(ValueError, match=message):
+        run(cfg)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_table1_at_test_size_trains_measures_and_reuses_its_models(tmp_path):
+    cfg = _config(tmp_path, "experiment=table1", "experiment.architectures=[cnn]")
+    first = run(cfg)
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert [v["label"] for v in result["variants"]] == ["cnn-standard", "cnn-pgd"]
+    assert set(result["differences"]["cnn-pgd - cnn-standard"]) == {"2afc", "clustering", "clustering_hard"}
+    assert "python -m perceptual reproduce experiment=table1 scale=cpu data=digits" in (tmp_path / "out" / "result.md").read_text()
+    assert first["data"]["models"]["cnn-pgd"]["robust_accuracy"] is not None
+    weights = sorted((tmp_path / "runs").glob("*/model.safetensors"))
+    assert len(weights) == 2
+    stamps = [w.stat().st_mtime_ns for w in weights]
+    run(cfg)  # the models are reused, not retrained
+    assert [w.stat().st_mtime_ns for w in sorted((tmp_path / "runs").glob("*/model.safetensors"))] == stamps
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("experiment", ["table3", "fig4", "fig5", "fig6", "fig7"])
+def test_every_preset_runs_at_test_size(tmp_path_factory, experiment):
+    shared = tmp_path_factory.getbasetemp() / "reproduce-runs"  # the presets share their models, as on the command line
+    tmp_path = tmp_path_factory.mktemp(experiment)
+    cfg = compose("reproduce", [f"out={tmp_path / 'out'}", f"runs_dir={shared}", *TINY, f"experiment={experiment}"])
+    run(cfg)
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert result["experiment"] == experiment
+    for figure in result["figures"]:
+        assert (tmp_path / "out" / figure).stat().st_size > 1000
