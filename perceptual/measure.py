@@ -45,6 +45,7 @@ from training.io import atomic_write_json, atomic_write_text
 
 from . import report
 from .cache import cache_key, cached_json
+from .class_controversial import class_controversial_score, class_controversial_sentence, class_exemplars
 from .convergence import DEFAULT_THRESHOLD, MIN_CONVERGED_FRACTION, convergence_figure, convergence_sentence, convergence_summary, is_converged
 from .decisions import observer_slug
 from .observers import Panel, default_panel, make_observer, quantize_8bit
@@ -281,7 +282,7 @@ def measure_models(
     return report_data
 
 
-CONTROVERSIAL_KEYS = ("model_a", "model_b", "lambda_", "n_origins", "restarts", "steps")
+CONTROVERSIAL_KEYS = ("model_a", "model_b", "lambda_", "n_origins", "restarts", "steps", "objective", "exemplars_per_class", "k")
 MIN_TARGETS = {"2afc": 1, "clustering": 3, "clustering_hard": 3}  # a clustering trial shows three targets
 
 
@@ -320,6 +321,9 @@ def validate_inputs(specs: Sequence[ModelSpec], *, n_targets: int, seed_types: S
             raise ValueError("controversial restarts must be at least 2: the score compares the results of one origin")
         if int(controversial.get("n_origins", 10)) < 1:
             raise ValueError("controversial n_origins must be at least 1")
+        objective = controversial.get("objective") or "controversial"
+        if objective not in stimuli.CONTROVERSIAL_OBJECTIVES:
+            raise ValueError(f"controversial objective={objective!r}: use one of {list(stimuli.CONTROVERSIAL_OBJECTIVES)}")
     return resolved
 
 
@@ -336,6 +340,9 @@ def measure_controversial(classifiers, test, panel: Panel, out: Path, cfg: Mappi
     origins = stimuli.select_targets(test, n=int(cfg.get("n_origins", 10)), seed=seed + 1)
     if cfg.get("steps") is not None:  # the controversial stimuli's own step count (default: the inversions')
         engine = Engine(resolve_engine(engine).config, steps=int(cfg["steps"]))
+    objective = cfg.get("objective") or "controversial"
+    if objective == "class_controversial":
+        return measure_class_controversial(classifiers, test, origins, panel, out, cfg, engine, seed, device, judge_8bit, config)
     stimulus_set = stimuli.make_controversial_set(
         out / "controversial" / f"{a}-vs-{b}", classifiers[a], classifiers[b], origins,
         lam=float(cfg.get("lambda_", 0.1)), restarts=int(cfg.get("restarts", 3)), seed=seed, engine=engine, device=device, config=config,
@@ -358,6 +365,31 @@ def measure_controversial(classifiers, test, panel: Panel, out: Path, cfg: Mappi
         "agrees_with_alignment": _agreement(favoured, alignment or {}, a, b),
         "verdict": controversial_verdict(favoured),
     }
+
+
+def measure_class_controversial(classifiers, test, origins, panel: Panel, out: Path, cfg: Mapping, engine, seed, device, judge_8bit,
+                                config) -> dict:
+    """Class-controversial stimuli (Golan et al. 2020) for the pair, both directions, scored by
+    :func:`perceptual.class_controversial.class_controversial_score`: how often each model's decision is the one the
+    observer makes by its nearest class exemplars (test images other than the origins)."""
+    a, b = cfg["model_a"], cfg["model_b"]
+    if not hasattr(test, "float_images"):
+        raise ValueError("the class-controversial score needs an in-memory labelled test set (cifar10, cifar100, digits) for its exemplars")
+    stimulus_set = stimuli.make_controversial_set(
+        out / "class-controversial" / f"{a}-vs-{b}", classifiers[a], classifiers[b], origins, objective="class_controversial",
+        restarts=int(cfg.get("restarts", 3)), seed=seed, engine=engine, device=device, config=config,
+    )
+    results = (stimulus_set.manifest["role"] == "result").to_numpy()
+    images = stimulus_set.images[torch.from_numpy(results)]
+    images = quantize_8bit(images) if judge_8bit else images
+    keep = torch.ones(len(test), dtype=torch.bool)
+    keep[origins.source_index] = False  # an origin is not an exemplar of its own class
+    pool = torch.nonzero(keep).flatten()
+    exemplars, labels = class_exemplars(test.float_images(pool), test.labels[pool], int(cfg.get("exemplars_per_class", 20)), seed=seed)
+    models = {label: classifiers[label].module("classifier") for label in (a, b)}
+    score = class_controversial_score(images, models, list(panel), exemplars, labels, k=int(cfg.get("k", 5)))
+    return {"objective": "class_controversial", "model_a": a, "model_b": b, "set": str(out / "class-controversial" / f"{a}-vs-{b}"),
+            **score, "verdict": class_controversial_sentence(score)}
 
 
 def _agreement(favoured: Mapping[str, dict], alignment: Mapping[str, Mapping], a: str, b: str) -> dict[str, bool | None]:
@@ -491,7 +523,22 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
     if data.get("converged_only"):
         restricted = {label: {**m, **m["converged_only"]} for label, m in models_data.items() if "converged_only" in m}
         markdown += ["## Converged items only", "", report.markdown_table(restricted, "The same scores over the converged inversions only."), ""]
-    if "controversial" in data:
+    if data.get("controversial", {}).get("objective") == "class_controversial":
+        c = data["controversial"]
+        markdown += [f"## Class-controversial stimuli ({c['model_a']} vs {c['model_b']})", "",
+                     "Golan et al. (2020): images the two models classify differently. Each observer chooses between the two models' "
+                     "classes by its nearest class exemplars; the rate is how often that choice is the model's decision (Wilson 95% "
+                     f"interval) over the {c['n_controversial']} of {c['n_stimuli']} stimuli the models disagree on.", ""]
+        if c.get("observers"):
+            names = c["models"]
+            markdown += ["| Observer | " + " | ".join(names) + " | sides with |", "|---|" + "---|" * (len(names) + 1)]
+            markdown += [f"| {o} | " + " | ".join(f"{r['per_model'][m]['rate']:.0%} [{r['per_model'][m]['ci'][0]:.0%}, {r['per_model'][m]['ci'][1]:.0%}]"
+                                                  for m in names) + f" | {r['favours'] or 'neither'} |" for o, r in c["observers"].items()]
+        else:
+            markdown.append(c.get("note", ""))
+        markdown.append("")
+        notes.append("Class-controversial stimuli: " + c["verdict"].replace("\n", "; "))
+    elif "controversial" in data:
         c = data["controversial"]
         # Observers measure on different scales: one column each, not a panel average.
         observers = list(c["per_observer"])

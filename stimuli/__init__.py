@@ -24,7 +24,7 @@ for hard clustering), :mod:`~stimuli.preview` (the figure), :mod:`~stimuli.comma
 from invert import resolve_engine  # noqa: F401  (stimuli.resolve_engine: the engine from a preset, config or mapping)
 
 from .distances import pixel_l2_distances, resolve_distance, set_trials, target_distances
-from .generate import DIRECTIONS, ModelRef, make_controversial_set, make_inversion_set
+from .generate import CONTROVERSIAL_OBJECTIVES, DIRECTIONS, ModelRef, make_controversial_set, make_inversion_set
 from .sets import (
     COLUMNS,
     FORMAT_VERSION,
@@ -44,7 +44,7 @@ from .sources import DEFAULT_GAUSSIANS, SEED_TYPES, Seeds, Targets, gaussian_tar
 from .trials import TASKS, clustering_trials, make_trials, nearest_triplets, two_afc_trials
 
 __all__ = [
-    "COLUMNS", "DEFAULT_GAUSSIANS", "DIRECTIONS", "FORMAT_VERSION", "IncompleteSetError", "ModelRef", "QUANTISATION",
+    "COLUMNS", "CONTROVERSIAL_OBJECTIVES", "DEFAULT_GAUSSIANS", "DIRECTIONS", "FORMAT_VERSION", "IncompleteSetError", "ModelRef", "QUANTISATION",
     "SEED_TYPES", "Seeds", "StimulusSet", "StimulusSetError", "TASKS", "Targets", "clustering_trials",
     "find_shards", "gaussian_targets", "load_set", "make_controversial_set", "make_inversion_set", "make_seeds",
     "make_trials", "merge_sets", "nearest_triplets", "pixel_l2_distances", "quantise", "read_png",

@@ -84,7 +84,7 @@ def run(cfg: DictConfig) -> dict:
     )
     print()
     print(headline(data))
-    if "controversial" in data:
+    if "spread" in data.get("controversial", {}):
         c = data["controversial"]
         for direction in c["spread"]:
             spreads = ", ".join(f"{o} {s[direction]['mean']:.4f}" for o, s in c["per_observer"].items())

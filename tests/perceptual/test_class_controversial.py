@@ -1,0 +1,79 @@
+"""The class-controversial score on constructed images whose nearest class is known, and inside `measure`."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from perceptual.class_controversial import class_controversial_score, class_exemplars, nearest_class_choice
+from perceptual.observers import make_observer
+
+
+class Brightness(nn.Module):
+    """A classifier of constant-colour images: class = how bright the red channel is (``threshold``) or the reverse."""
+
+    def __init__(self, reverse: bool = False):
+        super().__init__()
+        self.reverse = reverse
+        self.dummy = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        red = x[:, 0].mean((1, 2))
+        bright = (red > 0.5).long() if not self.reverse else (red <= 0.5).long()
+        return nn.functional.one_hot(bright, 2).float() + self.dummy
+
+
+def _flat(values):
+    return torch.stack([torch.full((3, 8, 8), v) for v in values])
+
+
+def test_the_observer_picks_the_class_whose_exemplars_look_alike():
+    observer = make_observer("pixel-l2")
+    exemplars, labels = _flat([0.1, 0.15, 0.2, 0.8, 0.85, 0.9]), torch.tensor([0, 0, 0, 1, 1, 1])
+    stimuli = _flat([0.12, 0.88, 0.5])
+    choice = nearest_class_choice(observer, stimuli, torch.tensor([[0, 1], [0, 1], [1, 0]]), exemplars, labels, k=1)
+    # 0.12 is nearest class 0 (column 0); 0.88 nearest class 1 (column 1); 0.5 lies halfway between 0.2 and 0.8: a tie
+    assert choice.tolist() == [0, 1, -1]
+    with pytest.raises(ValueError, match="no exemplars of classes"):
+        nearest_class_choice(observer, stimuli, torch.tensor([[0, 2]] * 3), exemplars, labels)
+
+
+def test_the_model_that_decides_like_the_observer_wins():
+    observer = make_observer("pixel-l2")
+    exemplars, labels = _flat([0.1, 0.2, 0.8, 0.9]), torch.tensor([0, 0, 1, 1])
+    stimuli = _flat([0.05, 0.1, 0.3, 0.7, 0.95, 0.9])
+    score = class_controversial_score(stimuli, {"right": Brightness(), "reversed": Brightness(reverse=True)}, [observer], exemplars, labels, k=2)
+    assert score["n_controversial"] == 6  # the two models disagree on every image
+    result = score["observers"]["pixel-l2"]
+    assert result["per_model"]["right"]["rate"] == 1.0 and result["per_model"]["reversed"]["rate"] == 0.0
+    assert result["favours"] == "right" and result["per_model"]["right"]["ci"][0] > 0.5
+    same = class_controversial_score(stimuli, {"a": Brightness(), "b": Brightness()}, [observer], exemplars, labels)
+    assert same["n_controversial"] == 0 and "agree on every stimulus" in same["note"]
+
+
+def test_exemplars_are_drawn_per_class_and_reproducibly():
+    images, labels = torch.rand(30, 3, 4, 4), torch.arange(30) % 3
+    first, first_labels = class_exemplars(images, labels, per_class=4, seed=1)
+    again, _ = class_exemplars(images, labels, per_class=4, seed=1)
+    assert torch.equal(first, again) and first_labels.bincount().tolist() == [4, 4, 4]
+    with pytest.raises(ValueError, match="per_class"):
+        class_exemplars(images, labels, per_class=0)
+
+
+def test_measure_scores_a_class_controversial_pair(tmp_path, tiny_digits_checkpoints):
+    from perceptual.measure import ModelSpec, make_panel, measure_models
+
+    from .conftest import TINY_WIDTH
+
+    specs = [ModelSpec("small_cnn", str(path), label, kwargs={"width": TINY_WIDTH})
+             for label, path in (("a", tiny_digits_checkpoints["early"]), ("b", tiny_digits_checkpoints["trained"]))]
+    data = measure_models(specs, {"name": "digits"}, tmp_path, engine={"steps": 30, "progress": False}, n_targets=3, seed_types=["noise"],
+                          panel=make_panel(["pixel-l2"]), tasks=["2afc"], threat=None, device="cpu",
+                          controversial={"model_a": "a", "model_b": "b", "objective": "class_controversial", "n_origins": 4, "restarts": 2,
+                                         "exemplars_per_class": 5})
+    c = data["controversial"]
+    assert c["objective"] == "class_controversial" and c["n_stimuli"] == 16  # 4 origins x 2 restarts x 2 directions
+    if c["n_controversial"]:
+        rates = c["observers"]["pixel-l2"]["per_model"]
+        assert rates["a"]["rate"] + rates["b"]["rate"] == pytest.approx(1.0)
+    assert "Class-controversial stimuli" in (tmp_path / "report.md").read_text()
