@@ -182,6 +182,10 @@ def summary_markdown(data: Mapping, figures: Sequence[str] = ()) -> str:
     lines += ["## Spearman's rho between metrics over system pairs", "", "| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for i, a in enumerate(names):
         lines.append(f"| {a} | " + " | ".join(_fmt(float(spearman["rho"][i][j]), 2) for j in range(len(names))) + " |")
+    if data.get("error_alignment"):
+        from .error_alignment import summary_lines
+
+        lines += [""] + summary_lines(data["error_alignment"])
     lines += ["", "## Accuracy per condition", "", "| experiment/condition | " + " | ".join(models) + " | humans (mean ± std) |",
               "|---" * (len(models) + 2) + "|"]
     for cell, acc in data["accuracy"].items():

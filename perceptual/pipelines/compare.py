@@ -14,7 +14,8 @@ condition (:mod:`stimuli.distortions`). From their answers, per condition and av
 * model-vs-observer values in model-vs-human's nesting (:func:`perceptual.metrics.aggregate_trials`, the
   subjects playing the humans) and the models' mean rank over accuracy difference (lower is better),
   observed consistency and error consistency (model-vs-human's benchmark ranking), and over all metrics;
-* the Spearman correlation between metrics over the distinct system pairs (Xu et al.'s analysis).
+* the Spearman correlation between metrics over the distinct system pairs (Xu et al.'s analysis), and its global vs
+  average form with the conditions as families and per-condition z-scores (:mod:`perceptual.error_alignment`).
 
 Diagonals of the pairwise matrices (a system against itself): observed consistency, error consistency, MA,
 SOC, SOCE and CKA are 1 where defined. Undefined (NaN): error consistency for a system that is right on
@@ -37,6 +38,7 @@ Output directory (``out``)::
     cache/                     model outputs, observer distances and unknown results, keyed by what made them
     trials.csv                 every trial: subject, dataset, condition, image_id, category, response, correct
     metrics.json               every number above; unknown.json: the unknown report
+    error_alignment.json       global, z-scored global and average Spearman between metrics; error_alignment_pairs.csv
     figures/*.png              heatmaps (aggregated; per condition with metrics.per_condition_figures=true),
                                accuracy per generator, Spearman between metrics, unknown AUROC
     summary.md                 the tables and the figures
@@ -79,6 +81,7 @@ from training.sweeps import job_path
 from ..cache import cache_key, cached_json, cached_tensors
 from ..compare_report import _fmt, heatmap, plain, unknown_metrics, write_outputs
 from ..decisions import ObserverDecisions, model_trials, observer_slug, stable_key
+from ..error_alignment import error_alignment, write_error_alignment
 from ..human_compare import compare_on_trials, labelled_trials
 from ..human_compare import summary_markdown as human_summary_markdown
 from ..human_trials import classify_image_folder, read_trials
@@ -325,6 +328,7 @@ class ComparePipeline:
             "metric_settings": dict(self.metric_cfg),
             **behaviour,
         }
+        data["error_alignment"] = write_error_alignment(error_alignment(behaviour["per_condition"], behaviour["systems"]), self.out)
         unknown = self._unknown() if self.unknown_cfg.get("enabled", True) else None
         data["seconds"] = round(time.perf_counter() - started, 1)
         write_outputs(data, unknown, self.out, self.conditions, per_condition_figures=bool(self.metric_cfg["per_condition_figures"]))
@@ -394,6 +398,7 @@ def run_with_humans(container: Mapping) -> dict:
     data = compare_on_trials(trials, cles_variant=metric_cfg["cles_variant"], on_undefined=metric_cfg["on_undefined"])
     data["reader"] = report.as_dict()
     out = Path(container["out"]) / "humans"
+    data["error_alignment"] = write_error_alignment(error_alignment(data["per_condition"], data["systems"]), out)
     atomic_write_text(out / "trials.csv", trials.to_csv(index=False))
     figures_dir, figures = out / "figures", []
     ranges = {name: metric.value_range for name, metric in PAIR_METRIC_REGISTRY.items()}
