@@ -117,13 +117,14 @@ def correlation_figure(correlations: Mapping, path: str | Path) -> Path:
     size = 1.5 + 0.55 * len(names)
     fig, axes = plt.subplots(1, 3, figsize=(3 * size + 1.5, size), squeeze=False)
     cmap = matplotlib.colormaps["coolwarm"].with_extremes(bad="#dddddd")
-    for ax, (key, title) in zip(axes[0], panels):
+    for k, (ax, (key, title)) in enumerate(zip(axes[0], panels)):
         matrix = np.asarray(correlations[key], dtype=float)
         image = ax.imshow(np.ma.masked_invalid(matrix), cmap=cmap, vmin=-1, vmax=1)
         ax.set_xticks(range(len(names)), names, rotation=90, fontsize=7)
-        ax.set_yticks(range(len(names)), names, fontsize=7)
+        ax.set_yticks(range(len(names)), names if k == 0 else [], fontsize=7)  # the names once, on the left
         ax.set_xlabel("metric")
-        ax.set_ylabel("metric")
+        if k == 0:
+            ax.set_ylabel("metric")
         for i in range(len(names)):
             for j in range(len(names)):
                 if not math.isnan(matrix[i, j]):

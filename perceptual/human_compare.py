@@ -37,8 +37,12 @@ from .pair_metrics import PAIR_METRIC_REGISTRY, MetricContext, Responses, metric
 log = logging.getLogger(__name__)
 
 HUMAN_PREFIX, MODEL_PREFIX = "human:", "model:"
-# Every registered pair metric that needs no feature space.
-TRIAL_PAIR_METRICS = tuple(name for name in PAIR_METRIC_REGISTRY if name != "cka")
+FEATURE_METRICS = ("cka",)  # need a feature space, which observers read from trials do not have
+
+
+def trial_pair_metrics() -> tuple[str, ...]:
+    """Every registered pair metric that needs no feature space (read at call time, so later registrations count)."""
+    return tuple(name for name in PAIR_METRIC_REGISTRY if name not in FEATURE_METRICS)
 
 
 def system_label(subject: str, is_human: bool) -> str:
@@ -80,19 +84,24 @@ def _responses(cell: pd.DataFrame, classes: Sequence[str]) -> tuple[pd.Series, p
 
 
 def pair_matrices_on_trials(trials: pd.DataFrame, systems: Sequence[str], *, classes: Sequence[str] = SIXTEEN_CLASS_NAMES,
-                            metrics: Sequence[str] = TRIAL_PAIR_METRICS, cles_variant: str = "paper",
+                            metrics: Sequence[str] | None = None, cles_variant: str = "paper",
                             on_undefined: str = "nan") -> dict[tuple[str, str], dict[str, np.ndarray]]:
     """{(experiment, condition): {metric: (S, S) matrix}}: each pair of ``systems`` on the source images both saw.
 
     A pair that shares no image in a cell is NaN there; the diagonal is a system against itself on all its images.
+    ``metrics``: names in :data:`perceptual.pair_metrics.PAIR_METRIC_REGISTRY` (default: :func:`trial_pair_metrics`).
     """
+    metrics = trial_pair_metrics() if metrics is None else tuple(metrics)
     unknown = [m for m in metrics if m not in PAIR_METRIC_REGISTRY]
     if unknown:
         raise ValueError(f"unknown pair metric(s) {unknown}: use any of {list(PAIR_METRIC_REGISTRY)}")
     k = len(classes) + 1  # + "no answer"
     eye = np.eye(k)
     out = {}
-    for (dataset, condition), cell in trials.groupby(["dataset", "condition"], sort=True):
+    cells = dict(list(trials.groupby(["dataset", "condition"], sort=True)))
+    ordered = [(d, c) for d in sorted({d for d, _ in cells}) for c in condition_order([c for dd, c in cells if dd == d])]
+    for dataset, condition in ordered:  # the benchmark's condition order, so families and tables read in order
+        cell = cells[(dataset, condition)]
         answers = {s: _responses(g, classes) for s, g in cell.groupby("subject")}
         matrices = {m: np.full((len(systems), len(systems)), np.nan) for m in metrics}
         for (i, a), (j, b) in combinations(enumerate(systems), 2) if len(systems) > 1 else ():
@@ -131,13 +140,14 @@ def compare_on_trials(trials: pd.DataFrame, *, cles_variant: str = "paper", on_u
     if not subjects or not models:
         raise ValueError(f"need human and model trials, got {len(subjects)} human and {len(models)} model subject(s)")
     systems = models + subjects
-    per_cell = pair_matrices_on_trials(trials, systems, cles_variant=cles_variant, on_undefined=on_undefined)
+    metrics = trial_pair_metrics()
+    per_cell = pair_matrices_on_trials(trials, systems, metrics=metrics, cles_variant=cles_variant, on_undefined=on_undefined)
     per_condition = {f"{d}/{c}": m for (d, c), m in per_cell.items()}
     per_experiment = defaultdict(list)
     for (dataset, _), matrices in per_cell.items():
         per_experiment[dataset].append(matrices)
     aggregated = {m: nanmean_matrices([nanmean_matrices([cell[m] for cell in cells]) for cells in per_experiment.values()])
-                  for m in TRIAL_PAIR_METRICS}
+                  for m in metrics}
     accuracy = {}
     for dataset, experiment in trials.groupby("dataset", sort=True):
         cells = dict(list(experiment.groupby("condition")))
@@ -152,7 +162,7 @@ def compare_on_trials(trials: pd.DataFrame, *, cles_variant: str = "paper", on_u
         "experiments": sorted(per_experiment),
         "accuracy": accuracy, "accuracy_mean": accuracy_mean,
         "per_condition": per_condition, "aggregated": aggregated,
-        "diagonal": {name: PAIR_METRIC_REGISTRY[name].diagonal for name in TRIAL_PAIR_METRICS},
+        "diagonal": {name: PAIR_METRIC_REGISTRY[name].diagonal for name in metrics},
         "ranking": rankings(trials, aggregated, systems, models, subjects, on_undefined, images="shared"),
         "spearman_between_metrics": metric_correlations(aggregated),
     }
@@ -165,7 +175,8 @@ def summary_markdown(data: Mapping, figures: Sequence[str] = ()) -> str:
     models, subjects, ranking = data["models"], data["subjects"], data["ranking"]
     metrics = ranking["ranked_metrics"]["all"] + ["soc"]
     lines = ["# Compare report: models against the model-vs-human benchmark's human trials", "",
-             f"Experiments: {', '.join(data['experiments'])}; {len(subjects)} human subjects; models: {', '.join(models)}. "
+             f"Experiments: {', '.join(data['experiments'])}; {len(subjects)} human subject ids (the benchmark numbers subjects per "
+             "experiment, so one id is different people in different experiments; the nested metrics never mix them); models: {', '.join(models)}. "
              "Observers are compared on the source images both saw in each experiment and condition (one-hot answers: "
              "SOC and SOCE measure answer agreement; no CKA).", "",
              "## Models against the humans", "",
@@ -196,5 +207,5 @@ def summary_markdown(data: Mapping, figures: Sequence[str] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["HUMAN_PREFIX", "MODEL_PREFIX", "TRIAL_PAIR_METRICS", "compare_on_trials", "labelled_trials", "pair_matrices_on_trials",
-           "summary_markdown", "system_label"]
+__all__ = ["FEATURE_METRICS", "HUMAN_PREFIX", "MODEL_PREFIX", "compare_on_trials", "labelled_trials", "pair_matrices_on_trials",
+           "summary_markdown", "system_label", "trial_pair_metrics"]

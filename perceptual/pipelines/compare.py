@@ -49,7 +49,8 @@ Real human trials (``humans=PATH``): the model-vs-human benchmark's trial CSVs (
 matched by source image: either their decisions in the benchmark's CSV format (``model_trials=[PATH, ...]``, e.g. from
 the benchmark's own ``raw-data`` model files or :func:`perceptual.human_trials.write_trials`), or the benchmark's image
 folders (``humans_images=PATH``: ``<experiment>/dnn/session-1/*.png``) through which the ImageNet ``models`` decide via
-the 16-class mapping. Alone (default) no simulated observer runs; with ``humans_with_panel=true`` the panel run above
+the 16-class mapping (their decisions are written to ``out/humans/decisions/`` in the benchmark's format). Alone
+(default) no simulated observer runs; with ``humans_with_panel=true`` the panel run above
 is done as well and its report sits next to the human one (the panel classifies the data set's images, the humans the
 benchmark's: the two reference groups share no images, so each ranks the models on its own).
 
@@ -84,7 +85,7 @@ from ..decisions import ObserverDecisions, model_trials, observer_slug, stable_k
 from ..error_alignment import error_alignment, write_error_alignment
 from ..human_compare import compare_on_trials, labelled_trials
 from ..human_compare import summary_markdown as human_summary_markdown
-from ..human_trials import classify_image_folder, read_trials
+from ..human_trials import classify_image_folder, read_trials, write_trials
 from ..measure import ModelSpec, make_panel
 from ..pair_metrics import PAIR_METRIC_REGISTRY, Responses, metric_correlations, nanmean_matrices, pairwise_matrices, rankings
 from ..scores import SCORE_FUNCTIONS, DeepEnsemble, ModelOutputs, make_score, model_outputs
@@ -394,10 +395,13 @@ def run_with_humans(container: Mapping) -> dict:
         humans, model_trials=list(container.get("model_trials") or []), images=container.get("humans_images"),
         specs=specs if container.get("humans_images") else (), image_size=container.get("humans_image_size", 224),
         batch_size=container["batch_size"], device=container["device"], progress=container.get("progress", True))
+    out = Path(container["out"]) / "humans"
+    if container.get("humans_images"):  # the decisions made here, in the benchmark's format: for model_trials= or its own code
+        for (experiment, model), table in models.groupby(["dataset", "subject"]):
+            write_trials(table, out / "decisions" / experiment / f"{experiment}_{model}_session_1.csv")
     trials = labelled_trials(humans, models)
     data = compare_on_trials(trials, cles_variant=metric_cfg["cles_variant"], on_undefined=metric_cfg["on_undefined"])
     data["reader"] = report.as_dict()
-    out = Path(container["out"]) / "humans"
     data["error_alignment"] = write_error_alignment(error_alignment(data["per_condition"], data["systems"]), out)
     atomic_write_text(out / "trials.csv", trials.to_csv(index=False))
     figures_dir, figures = out / "figures", []
@@ -449,7 +453,8 @@ def main(cfg: DictConfig) -> None:
     data = run(cfg)
     if cfg.get("humans"):
         humans = data["humans"]
-        print(f"against the benchmark's human trials ({len(humans['subjects'])} subjects, {', '.join(humans['experiments'])}):")
+        ids = humans["subjects"]
+        print(f"against the benchmark's human trials ({len(humans['experiments'])} experiments, subject ids {ids[0]}..{ids[-1]}):")
         _print_models(humans, "humans")
         among = humans["ranking"]["observers_among_themselves"]["error_consistency"]
         print(f"{'humans (pairs)':>20}: error consistency {_fmt(among)}")
