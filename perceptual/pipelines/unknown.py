@@ -61,23 +61,23 @@ def figure(table: pd.DataFrame, unknown_sets: list[str], baseline: str, path: Pa
     import matplotlib.pyplot as plt
 
     rows = table[table["error"].isna()]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.9 + 0.45 * max(len(rows), 2)))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 1.8 + 0.35 * len(unknown_sets) * max(len(rows), 1)), sharey=True,
+                                      constrained_layout=True)
     width = 0.8 / len(unknown_sets)
     y = np.arange(len(rows))
     for k, name in enumerate(unknown_sets):
         left.barh(y + k * width, rows[f"auroc_{name}"], width, label=name)
-        right.barh(y + k * width, rows[f"auroc_{name}_improvement"], width, label=name)
-    for ax in (left, right):
-        ax.set_yticks(y + 0.4 - width / 2, rows["score"])
-        ax.set_ylabel("score function")
-        ax.invert_yaxis()
+        right.barh(y + k * width, rows[f"auroc_{name}_improvement"].fillna(0), width, label=name)
+    left.set_yticks(y + 0.4 - width / 2, rows["score"])
+    left.set_ylabel("score function")
+    left.invert_yaxis()
     left.set_xlim(0, 1)
     left.set_xlabel("AUROC (known test images vs unknown set)")
     left.set_title("Unknown detection", fontsize=10)
-    left.legend(fontsize=7)
     right.axvline(0, color="grey", linewidth=0.5)
-    right.set_xlabel(f"AUROC improvement ratio over {baseline}")
+    right.set_xlabel(f"AUROC improvement ratio over {baseline} (no bar: no ratio)")
     right.set_title("Against the baseline (positive = better)", fontsize=10)
+    right.legend(title="unknown set", fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.suptitle("Kim et al.'s unknown-detection benchmark", fontsize=11)
     return save_figure(fig, path)
 
