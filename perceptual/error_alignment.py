@@ -13,6 +13,10 @@ ddof 0) before pooling removes the families' offsets and scales, so the *global 
 counterpart of the average. Where global and average disagree, a metric tracks the families' difficulty rather than
 the pairs' alignment.
 
+Provenance: the authors' public code (``MisclassificationAlignment.ipynb``, ``functional/utils.py``) computes the pair
+metrics and the Spearman correlation per data set; the within-family z-scores and the pooled (global) correlation
+follow the paper's description as issue #19 states it, not code we could check line by line.
+
 Deliberate choices: NaN values (undefined metrics) are left out pairwise; a family where a metric is constant has no
 z-scores for it (NaN) and no correlation with it; a correlation needs at least three pairs with both values.
 """

@@ -104,7 +104,7 @@ def pair_matrices_on_trials(trials: pd.DataFrame, systems: Sequence[str], *, cla
         cell = cells[(dataset, condition)]
         answers = {s: _responses(g, classes) for s, g in cell.groupby("subject")}
         matrices = {m: np.full((len(systems), len(systems)), np.nan) for m in metrics}
-        for (i, a), (j, b) in combinations(enumerate(systems), 2) if len(systems) > 1 else ():
+        for (i, a), (j, b) in combinations(enumerate(systems), 2):
             if a not in answers or b not in answers:
                 continue
             shared = answers[a][0].index.intersection(answers[b][0].index)
@@ -138,7 +138,8 @@ def compare_on_trials(trials: pd.DataFrame, *, cles_variant: str = "paper", on_u
     subjects = sorted(s for s in trials["subject"].unique() if s.startswith(HUMAN_PREFIX))
     models = sorted(s for s in trials["subject"].unique() if s.startswith(MODEL_PREFIX))
     if not subjects or not models:
-        raise ValueError(f"need human and model trials, got {len(subjects)} human and {len(models)} model subject(s)")
+        raise ValueError(f"need human and model trials, got {len(subjects)} human and {len(models)} model subject(s); subjects must be "
+                         f"labelled {HUMAN_PREFIX!r}/{MODEL_PREFIX!r} (labelled_trials does that)")
     systems = models + subjects
     metrics = trial_pair_metrics()
     per_cell = pair_matrices_on_trials(trials, systems, metrics=metrics, cles_variant=cles_variant, on_undefined=on_undefined)
