@@ -1,8 +1,10 @@
 """perceptual: who judges and how it is scored — observers, their tasks and decisions, scores, the metric suite,
 convergence and statistics, and the report writers. The commands built from these live in
-:mod:`perceptual.pipelines` (``python -m perceptual measure|compare|demo|humans|humans-mvh|audit``).
+:mod:`perceptual.pipelines` (``python -m perceptual measure|compare|demo|humans|humans-mvh|audit|visalign|unknown``).
 """
 from .convergence import convergence_summary
+from .error_alignment import error_alignment
+from .human_compare import compare_on_trials
 from .measure import ModelSpec, make_panel, measure_models
 from .observers import (
     LPIPSObserver,
@@ -20,8 +22,8 @@ from .statistics import paired_difference, ranking_agreement
 from .tasks import controversial_spread, judge_2afc, judge_clustering, summarize
 
 __all__ = [
-    "LPIPSObserver", "ModelSpec", "Observer", "PairMetric", "Panel", "PixelL2Observer", "SSIMObserver", "controversial_spread",
-    "convergence_summary", "default_panel", "judge_2afc", "judge_clustering", "make_observer", "make_panel", "measure_models",
-    "observer_names", "paired_difference", "pairwise_matrices", "ranking_agreement", "register_observer", "register_pair_metric",
-    "summarize",
+    "LPIPSObserver", "ModelSpec", "Observer", "PairMetric", "Panel", "PixelL2Observer", "SSIMObserver", "compare_on_trials",
+    "controversial_spread", "convergence_summary", "default_panel", "error_alignment", "judge_2afc", "judge_clustering", "make_observer",
+    "make_panel", "measure_models", "observer_names", "paired_difference", "pairwise_matrices", "ranking_agreement", "register_observer",
+    "register_pair_metric", "summarize",
 ]

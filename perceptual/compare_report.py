@@ -207,6 +207,10 @@ def summary_markdown(data: dict, unknown: dict | None, figures: Sequence[str]) -
     lines += ["## Spearman's rho between metrics over system pairs", "", "| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for i, a in enumerate(names):
         lines.append(f"| {a} | " + " | ".join(_fmt(float(spearman["rho"][i][j]), 2) for j in range(len(names))) + " |")
+    if data.get("error_alignment"):
+        from .error_alignment import summary_lines
+
+        lines += [""] + summary_lines(data["error_alignment"])
     lines += ["", "Diagonals of the pairwise matrices (a system against itself):", ""]
     lines += [f"- {metric}: {text}" for metric, text in data["diagonal"].items()]
     if unknown:

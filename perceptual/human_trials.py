@@ -396,7 +396,8 @@ def read_image_folder(root: Path | str, experiment: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _load_images(paths: Sequence[str], size: int | None):
+def load_images(paths: Sequence[str | Path], size: int | None):
+    """[0, 1] float images (N, 3, H, W) from image files (RGB), resized to ``size`` × ``size`` (bilinear) where they differ."""
     import torch
     from PIL import Image
 
@@ -432,7 +433,7 @@ def classify_image_folder(model, root: Path | str, experiment: str, *, subject: 
     responses = []
     with torch.no_grad():
         for start in range(0, len(images), batch_size):
-            batch = _load_images(images["path"].iloc[start:start + batch_size].tolist(), size).to(device)
+            batch = load_images(images["path"].iloc[start:start + batch_size].tolist(), size).to(device)
             logits = model(batch)
             if logits.ndim != 2 or logits.shape[1] != 1000:
                 raise ValueError(f"the model must return (N, 1000) ImageNet logits, got shape {tuple(logits.shape)}")
@@ -452,5 +453,5 @@ def classify_image_folder(model, root: Path | str, experiment: str, *, subject: 
 
 __all__ = [
     "EXPERIMENT_TAGS", "MVH_COLUMNS", "NO_ANSWER", "Problem", "TrialDataError", "TrialReport", "classify_image_folder",
-    "read_image_folder", "read_trials", "source_image", "texture_category", "write_trials",
+    "load_images", "read_image_folder", "read_trials", "source_image", "texture_category", "write_trials",
 ]

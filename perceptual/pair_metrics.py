@@ -135,13 +135,14 @@ def metric_correlations(matrices: Mapping[str, np.ndarray]) -> dict:
 
 
 def rankings(trials: pd.DataFrame, aggregated: Mapping[str, np.ndarray], systems: Sequence[str], models: Sequence[str],
-             subjects: Sequence[str], on_undefined: str) -> dict:
+             subjects: Sequence[str], on_undefined: str, images: str = "same") -> dict:
     """Model-vs-observer values (model-vs-human nesting for its three metrics, the panel mean of the aggregated
-    matrices for the other registered metrics) and mean ranks (model-vs-human's three metrics; every ranked metric)."""
+    matrices for the other registered metrics) and mean ranks (model-vs-human's three metrics; every ranked metric).
+    ``images``: how :func:`perceptual.metrics.aggregate_trials` matches two observers' trials (``same`` or ``shared``)."""
     values: dict[str, dict[str, float]] = {m: {} for m in models}
     observers_among_themselves = {}
     for metric in NESTED_METRICS:
-        result = M.aggregate_trials(trials, metric, humans=list(subjects), on_undefined=on_undefined)
+        result = M.aggregate_trials(trials, metric, humans=list(subjects), on_undefined=on_undefined, images=images)
         for m in models:
             values[m][metric] = result.models[m]
         observers_among_themselves[metric] = result.humans

@@ -107,9 +107,14 @@ def _metric_name(metric: Any) -> str:
     return check_choice(metric, "metric", _METRIC_NAMES)
 
 
-def _pair_value(metric: str, cell_a: dict, cell_b: dict, on_undefined: str, where: str) -> float:
+def _pair_value(metric: str, cell_a: dict, cell_b: dict, on_undefined: str, where: str, images: str = "same") -> float:
     if metric == "accuracy_difference":  # each observer's own trials; no image matching needed
         return accuracy_difference(np.mean(list(cell_a.values())), np.mean(list(cell_b.values())))
+    if images == "shared" and cell_a.keys() != cell_b.keys():
+        shared = [k for k in cell_a if k in cell_b]
+        if not shared:
+            return float("nan")
+        cell_a, cell_b = {k: cell_a[k] for k in shared}, {k: cell_b[k] for k in shared}
     if cell_a.keys() != cell_b.keys():
         only_a = len(cell_a.keys() - cell_b.keys())
         only_b = len(cell_b.keys() - cell_a.keys())
@@ -130,7 +135,7 @@ def _sorted(values: Collection) -> list:
 
 
 def aggregate_trials(trials: Any, metric: Any = "error_consistency", humans: Any = None,
-                     on_undefined: str = "nan") -> TrialAggregate:
+                     on_undefined: str = "nan", images: str = "same") -> TrialAggregate:
     """Average a pairwise metric over conditions, then observers, then data sets, as model-vs-human does.
 
     ``trials`` has one row per trial with columns subject, dataset, condition, image_id and correct (bool or
@@ -153,9 +158,14 @@ def aggregate_trials(trials: Any, metric: Any = "error_consistency", humans: Any
     condition where error consistency is undefined (both all right or both all wrong) drops out of the mean;
     ``on_undefined="one"`` counts it as 1.0 and reproduces model-vs-human's numbers. Every subject of a data
     set must have trials in every condition of that data set, and each data set needs at least one human.
+
+    ``images``: ``"same"`` (default, as the benchmark, whose observers all see the same images of a condition): two
+    observers who saw different images in a condition are an error. ``"shared"``: the consistency metrics compare the
+    images both saw (NaN where they share none, skipped in the means); accuracy difference uses each one's own trials.
     """
     metric_name = _metric_name(metric)
     check_choice(on_undefined, "on_undefined", ("nan", "one"))
+    check_choice(images, "images", ("same", "shared"))
     is_human = human_test(humans)
     cells = _cells(_columns(trials))
 
@@ -182,7 +192,7 @@ def aggregate_trials(trials: Any, metric: Any = "error_consistency", humans: Any
         def over_conditions(a: Any, b: Any, dataset: Any = dataset, conditions: Any = conditions) -> float:
             return nanmean(
                 _pair_value(metric_name, cells[(dataset, c, a)], cells[(dataset, c, b)], on_undefined,
-                            f"dataset {dataset!r}, condition {c!r}, subjects {a!r} and {b!r}")
+                            f"dataset {dataset!r}, condition {c!r}, subjects {a!r} and {b!r}", images)
                 for c in conditions
             )
 

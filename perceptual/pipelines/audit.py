@@ -23,29 +23,30 @@ from ..audit import audit_markdown, audit_robustness, verdict
 from ..report import save_figure
 
 
-def load_factory(path: str):
-    """``module:function`` -> the function, with a clear error when it does not import."""
+def load_factory(path: str, what: str = "defence"):
+    """``module:function`` -> the function, with a clear error when it does not import (``what``: the config node)."""
     module_name, sep, attr = str(path).partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"defence.factory must be 'module:function', got {path!r}")
+        raise ValueError(f"{what}.factory must be 'module:function', got {path!r}")
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise ValueError(f"defence.factory {path!r}: module {module_name!r} does not import ({err}); is it on PYTHONPATH?") from err
+        raise ValueError(f"{what}.factory {path!r}: module {module_name!r} does not import ({err}); is it on PYTHONPATH?") from err
     if not hasattr(module, attr):
-        raise ValueError(f"defence.factory {path!r}: {module_name} has no attribute {attr!r}")
+        raise ValueError(f"{what}.factory {path!r}: {module_name} has no attribute {attr!r}")
     return getattr(module, attr)
 
 
-def load_defence(spec: DictConfig, dataset: str) -> torch.nn.Module:
+def load_defence(spec: DictConfig, dataset: str, what: str = "defence") -> torch.nn.Module:
+    """A model from a config node: a zoo ``name`` (+ ``checkpoint``) or a ``factory`` (``module:function``), with ``kwargs``."""
     if bool(spec.get("name")) == bool(spec.get("factory")):
-        raise ValueError("give exactly one of defence.name (a zoo model) or defence.factory (module:function)")
+        raise ValueError(f"give exactly one of {what}.name (a zoo model) or {what}.factory (module:function)")
     kwargs = OmegaConf.to_container(spec.kwargs, resolve=True) if spec.get("kwargs") else {}
     if spec.get("name"):
         return build_model(spec.name, dataset, checkpoint=spec.get("checkpoint"), **kwargs)
-    model = load_factory(spec.factory)(**kwargs)
+    model = load_factory(spec.factory, what)(**kwargs)
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"defence.factory {spec.factory!r} returned {type(model).__name__}, not a torch.nn.Module")
+        raise TypeError(f"{what}.factory {spec.factory!r} returned {type(model).__name__}, not a torch.nn.Module")
     if spec.get("checkpoint"):
         state, _ = read_checkpoint(spec.checkpoint)
         model.load_state_dict(state)

@@ -14,7 +14,8 @@ condition (:mod:`stimuli.distortions`). From their answers, per condition and av
 * model-vs-observer values in model-vs-human's nesting (:func:`perceptual.metrics.aggregate_trials`, the
   subjects playing the humans) and the models' mean rank over accuracy difference (lower is better),
   observed consistency and error consistency (model-vs-human's benchmark ranking), and over all metrics;
-* the Spearman correlation between metrics over the distinct system pairs (Xu et al.'s analysis).
+* the Spearman correlation between metrics over the distinct system pairs (Xu et al.'s analysis), and its global vs
+  average form with the conditions as families and per-condition z-scores (:mod:`perceptual.error_alignment`).
 
 Diagonals of the pairwise matrices (a system against itself): observed consistency, error consistency, MA,
 SOC, SOCE and CKA are 1 where defined. Undefined (NaN): error consistency for a system that is right on
@@ -37,9 +38,21 @@ Output directory (``out``)::
     cache/                     model outputs, observer distances and unknown results, keyed by what made them
     trials.csv                 every trial: subject, dataset, condition, image_id, category, response, correct
     metrics.json               every number above; unknown.json: the unknown report
+    error_alignment.json       global, z-scored global and average Spearman between metrics; error_alignment_pairs.csv
     figures/*.png              heatmaps (aggregated; per condition with metrics.per_condition_figures=true),
                                accuracy per generator, Spearman between metrics, unknown AUROC
     summary.md                 the tables and the figures
+
+Real human trials (``humans=PATH``): the model-vs-human benchmark's trial CSVs (a file, an experiment folder or its
+``raw-data`` root) become the human rows of every metric above (:mod:`perceptual.human_compare`; rows
+``human:subject-01`` and ``model:<name>``), written to ``out/humans/``. The models must decide on the same images,
+matched by source image: either their decisions in the benchmark's CSV format (``model_trials=[PATH, ...]``, e.g. from
+the benchmark's own ``raw-data`` model files or :func:`perceptual.human_trials.write_trials`), or the benchmark's image
+folders (``humans_images=PATH``: ``<experiment>/dnn/session-1/*.png``) through which the ImageNet ``models`` decide via
+the 16-class mapping (their decisions are written to ``out/humans/decisions/`` in the benchmark's format). Alone
+(default) no simulated observer runs; with ``humans_with_panel=true`` the panel run above
+is done as well and its report sits next to the human one (the panel classifies the data set's images, the humans the
+benchmark's: the two reference groups share no images, so each ranks the models on its own).
 
 A rerun skips every finished part (condition sets, model outputs, observer distances, unknown results) and
 recomputes only the metrics and reports, which are cheap. All files are written atomically.
@@ -62,13 +75,17 @@ from invert.rng import noise_images
 from stimuli.distortions import Distortion, make_condition_set, parse_conditions
 from training import build_model
 from training.checkpoints import weights_hash
-from training.config import dataset_from_config, resolve_device
+from training.config import dataset_from_config, expand_path, resolve_device
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 
 from ..cache import cache_key, cached_json, cached_tensors
-from ..compare_report import _fmt, plain, unknown_metrics, write_outputs
+from ..compare_report import _fmt, heatmap, plain, unknown_metrics, write_outputs
 from ..decisions import ObserverDecisions, model_trials, observer_slug, stable_key
+from ..error_alignment import error_alignment, write_error_alignment
+from ..human_compare import compare_on_trials, labelled_trials
+from ..human_compare import summary_markdown as human_summary_markdown
+from ..human_trials import classify_image_folder, read_trials, write_trials
 from ..measure import ModelSpec, make_panel
 from ..pair_metrics import PAIR_METRIC_REGISTRY, Responses, metric_correlations, nanmean_matrices, pairwise_matrices, rankings
 from ..scores import SCORE_FUNCTIONS, DeepEnsemble, ModelOutputs, make_score, model_outputs
@@ -312,6 +329,7 @@ class ComparePipeline:
             "metric_settings": dict(self.metric_cfg),
             **behaviour,
         }
+        data["error_alignment"] = write_error_alignment(error_alignment(behaviour["per_condition"], behaviour["systems"]), self.out)
         unknown = self._unknown() if self.unknown_cfg.get("enabled", True) else None
         data["seconds"] = round(time.perf_counter() - started, 1)
         write_outputs(data, unknown, self.out, self.conditions, per_condition_figures=bool(self.metric_cfg["per_condition_figures"]))
@@ -319,9 +337,7 @@ class ComparePipeline:
         return data
 
 
-def run(cfg: DictConfig | Mapping) -> dict:
-    """The compare pipeline from a composed ``conf/compare.yaml``."""
-    container = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+def _pipeline(container: Mapping) -> ComparePipeline:
     specs = [ModelSpec.parse(m) for m in container.get("models") or []]
     return ComparePipeline(
         specs, container["data"], container["out"], conditions=container["conditions"], n_images=container["n_images"],
@@ -329,19 +345,126 @@ def run(cfg: DictConfig | Mapping) -> dict:
         reference_size=container["reference_size"], preview=container["preview"], observers=container["observers"],
         observer_net=container["observer_net"], lpips_weights=container["lpips_weights"], decisions=container["decisions"],
         metrics=container["metrics"], unknown=container["unknown"], progress=container.get("progress", True), config=container,
-    ).run()
+    )
+
+
+def human_model_decisions(humans: pd.DataFrame, *, model_trials: Sequence[str] = (), images: str | None = None,
+                          specs: Sequence[ModelSpec] = (), image_size: int | None = 224, batch_size: int = 64, device: Any = "cpu",
+                          progress: bool = True) -> pd.DataFrame:
+    """The models' trials on the human experiments: read from ``model_trials`` CSVs and/or made by the ImageNet ``specs``
+    classifying the benchmark's image folders under ``images`` (every human experiment that has a folder there)."""
+    if not model_trials and not images:
+        raise ValueError("humans= needs the models' decisions on the same images: model_trials=[CSV file or folder, ...] (the benchmark's "
+                         "format) or humans_images=PATH (the benchmark's <experiment>/dnn/session-1/*.png folders) with models=[...]")
+    if images and not specs:
+        raise ValueError("humans_images= is set but models=[] is empty: name the ImageNet models that classify those images")
+    tables = []
+    if model_trials:
+        tables.append(read_trials([expand_path(p) for p in model_trials])[0])
+    if images:
+        root = expand_path(images)
+        experiments = [e for e in sorted(humans["dataset"].unique()) if (root / e / "dnn" / "session-1").is_dir()]
+        if not experiments:
+            raise FileNotFoundError(f"no image folder <experiment>/dnn/session-1 under {root} for any human experiment "
+                                    f"({sorted(humans['dataset'].unique())})")
+        device = resolve_device(device)
+        for spec in specs:
+            model = build_model(spec.name, "imagenet", checkpoint=spec.checkpoint, trust_pickle=spec.trust_pickle,
+                                pretrained=spec.pretrained, **spec.kwargs).to(device).eval()
+            for experiment in tqdm(experiments, desc=f"{spec.label}: image folders", unit="experiment", disable=not progress):
+                tables.append(classify_image_folder(model, root, experiment, subject=spec.label, batch_size=batch_size, size=image_size,
+                                                    device=device))
+    return pd.concat(tables, ignore_index=True)
+
+
+def run_with_humans(container: Mapping) -> dict:
+    """``compare humans=PATH``: the models against the benchmark's human trials (module docstring), written to ``out/humans``."""
+    from ..mvh_analysis import accuracy_per_subject
+    from ..mvh_figures import accuracy_figure
+
+    started = time.perf_counter()
+    metric_cfg = {"cles_variant": "paper", "on_undefined": "nan", **dict(container.get("metrics") or {})}
+    specs = [ModelSpec.parse(m) for m in container.get("models") or []]
+    with_panel = bool(container.get("humans_with_panel", False))
+    if specs and not container.get("humans_images") and not with_panel:
+        raise ValueError("models= are given but neither humans_images=PATH (to classify the benchmark's images) nor humans_with_panel=true "
+                         "(to run them on the simulated panel): say what they are for")
+    panel = _pipeline(container) if with_panel else None  # checks the panel's settings before any work
+    humans, report = read_trials(expand_path(container["humans"]), experiments=container.get("humans_experiments"))
+    models = human_model_decisions(
+        humans, model_trials=list(container.get("model_trials") or []), images=container.get("humans_images"),
+        specs=specs if container.get("humans_images") else (), image_size=container.get("humans_image_size", 224),
+        batch_size=container["batch_size"], device=container["device"], progress=container.get("progress", True))
+    out = Path(container["out"]) / "humans"
+    if container.get("humans_images"):  # the decisions made here, in the benchmark's format: for model_trials= or its own code
+        for (experiment, model), table in models.groupby(["dataset", "subject"]):
+            write_trials(table, out / "decisions" / experiment / f"{experiment}_{model}_session_1.csv")
+    trials = labelled_trials(humans, models)
+    data = compare_on_trials(trials, cles_variant=metric_cfg["cles_variant"], on_undefined=metric_cfg["on_undefined"])
+    data["reader"] = report.as_dict()
+    data["error_alignment"] = write_error_alignment(error_alignment(data["per_condition"], data["systems"]), out)
+    atomic_write_text(out / "trials.csv", trials.to_csv(index=False))
+    figures_dir, figures = out / "figures", []
+    ranges = {name: metric.value_range for name, metric in PAIR_METRIC_REGISTRY.items()}
+    for metric, matrix in data["aggregated"].items():
+        lo, hi = ranges[metric]
+        figures.append(heatmap(matrix, data["systems"], figures_dir / f"heatmap_{metric}.png", f"{metric}: humans and models (mean over conditions)",
+                               vmin=lo, vmax=hi))
+    spearman = data["spearman_between_metrics"]
+    figures.append(heatmap(spearman["rho"], spearman["metrics"], figures_dir / "spearman_between_metrics.png",
+                           "Spearman's rho between metrics over system pairs (humans and models)", vmin=-1, vmax=1, cmap="coolwarm"))
+    figures.append(accuracy_figure(accuracy_per_subject(trials, humans=data["subjects"]), figures_dir / "accuracy.png",
+                                   "Accuracy against condition (humans: band; models: lines)"))
+    data["figures"] = [f.relative_to(out).as_posix() for f in figures]
+    data["seconds"] = round(time.perf_counter() - started, 1)
+    atomic_write_json(out / "metrics.json", plain(data))
+    atomic_write_text(out / "summary.md", human_summary_markdown(data, data["figures"]))
+    result = {"humans": data, "panel": None}
+    if panel is not None:
+        result["panel"] = panel.run()
+        summary = Path(container["out"]) / "summary.md"
+        atomic_write_text(summary, summary.read_text() + "\n## Real human trials\n\nThe same report with the model-vs-human benchmark's human "
+                          "trials as the humans (rows `human:subject-NN`): [humans/summary.md](humans/summary.md).\n")
+    return result
+
+
+def run(cfg: DictConfig | Mapping) -> dict:
+    """The compare pipeline from a composed ``conf/compare.yaml``: the panel run, or with ``humans=`` :func:`run_with_humans`."""
+    container = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    if container.get("humans"):
+        return run_with_humans(container)
+    for key in ("model_trials", "humans_images"):
+        if container.get(key):
+            raise ValueError(f"{key}= is only used with humans=PATH (the benchmark's human trials); set humans= or drop {key}=")
+    return _pipeline(container).run()
+
+
+def _print_models(data: Mapping, against: str) -> None:
+    ranking = data["ranking"]
+    for model in data["models"]:
+        values = ranking["values"][model]
+        print(f"{model:>20}: accuracy {data['accuracy_mean'][model]:.3f}, error consistency with the {against} "
+              f"{_fmt(values['error_consistency'])}, mean rank {_fmt(ranking['mean_rank_mvh'][model], 2)}")
 
 
 @hydra.main(config_path="pkg://conf", config_name="compare", version_base=None)
 def main(cfg: DictConfig) -> None:
     cfg.out = str(job_path(cfg.out))  # a multirun's jobs report in folders of their own
     data = run(cfg)
-    ranking = data["ranking"]
-    for model in data["models"]:
-        values = ranking["values"][model]
-        print(f"{model:>20}: accuracy {data['accuracy_mean'][model]:.3f}, error consistency with the observers "
-              f"{_fmt(values['error_consistency'])}, mean rank {_fmt(ranking['mean_rank_mvh'][model], 2)}")
+    if cfg.get("humans"):
+        humans = data["humans"]
+        ids = humans["subjects"]
+        print(f"against the benchmark's human trials ({len(humans['experiments'])} experiments, subject ids {ids[0]}..{ids[-1]}):")
+        _print_models(humans, "humans")
+        among = humans["ranking"]["observers_among_themselves"]["error_consistency"]
+        print(f"{'humans (pairs)':>20}: error consistency {_fmt(among)}")
+        print(f"report: {(Path(cfg.out) / 'humans' / 'summary.md').resolve()}  ({humans['seconds']:.0f} s)")
+        if data["panel"] is None:
+            return
+        data = data["panel"]
+        print("against the simulated observer panel:")
+    _print_models(data, "observers")
     print(f"report: {(Path(cfg.out) / 'summary.md').resolve()}  ({data['seconds']:.0f} s)")
 
 
-__all__ = ["ComparePipeline", "NOISE_SETS", "main", "run"]
+__all__ = ["ComparePipeline", "NOISE_SETS", "human_model_decisions", "main", "run", "run_with_humans"]

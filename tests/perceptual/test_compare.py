@@ -119,8 +119,13 @@ def test_end_to_end_outputs_trials_and_condition_sets(compared):
     assert condition_set.kind == "condition" and condition_set.parameters["generator"] == "uniform_noise"
     assert len(condition_set) == 30 and set(condition_set.manifest["role"]) == {"query"}
     summary = (out / "summary.md").read_text()
-    for heading in ("## Accuracy per condition", "## Models against the observer panel", "## Spearman's rho", "## Unknown detection"):
+    for heading in ("## Accuracy per condition", "## Models against the observer panel", "## Spearman's rho", "## Unknown detection",
+                    "## Error alignment"):
         assert heading in summary
+    alignment = json.loads((out / "error_alignment.json").read_text())
+    assert alignment["families"] == ["colour=greyscale", "uniform_noise=0.6"] and "error_consistency" in alignment["metrics"]
+    for figure in alignment["figures"]:
+        assert (out / figure).is_file(), figure
 
 
 def test_end_to_end_matrices_are_symmetric_with_documented_diagonals(compared):

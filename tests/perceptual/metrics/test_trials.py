@@ -164,3 +164,19 @@ def test_rejects_inconsistent_tables():
 def test_rejects_bad_arguments(table, kwargs, error, match):
     with pytest.raises(error, match=match):
         aggregate_trials(table, **kwargs)
+
+
+def test_shared_images_compare_only_what_both_saw():
+    """images="shared": subject-01 saw a, b, c; the model a, b. On (a, b): right/wrong both times → kappa 1."""
+    trials = {
+        "subject": ["subject-01"] * 3 + ["model"] * 2 + ["subject-02"] * 3,
+        "dataset": ["d"] * 8, "condition": ["c"] * 8,
+        "image_id": ["a", "b", "c", "a", "b", "a", "b", "c"],
+        "correct": [1, 0, 1, 1, 0, 1, 0, 0],
+    }
+    with pytest.raises(ValueError, match="different images"):
+        aggregate_trials(trials, "error_consistency")
+    result = aggregate_trials(trials, "error_consistency", images="shared")
+    assert result.models["model"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="images"):
+        aggregate_trials(trials, images="some")

@@ -1,0 +1,212 @@
+"""The compare metric suite with the model-vs-human benchmark's real human trials as the human rows.
+
+``compare`` scores models against simulated observers that all classify the same images. Real subjects of the
+benchmark (Geirhos et al., NeurIPS 2021) do not: within an experiment and condition each subject saw its own draw of
+source images, and two observers are compared on the images they share, as the benchmark's ``analyses.py`` does
+(:func:`perceptual.mvh_analysis.pairwise_consistency`). So every pair metric of :mod:`perceptual.pair_metrics` is
+computed here pair by pair on the shared source images of each (experiment, condition) cell, then averaged over the
+cells (NaN skipped), which gives the same condition-averaged matrices, model-vs-human ranking and Spearman table
+between metrics as ``compare`` reports for its panel.
+
+What differs from the panel, deliberately:
+
+* An observer's answer distribution is one-hot on its response (people, and decisions read from CSVs, give no
+  softmax), so SOC and SOCE measure agreement of answers rather than of distributions.
+* An unanswered trial (``na``) is answered with an extra 17th "no answer" class: wrong, as in the benchmark, and
+  never agreeing with a wrong class answer of another observer (MA, CLES).
+* CKA is left out: no observer here has a feature space.
+
+Rows are labelled by kind: ``human:subject-01`` and ``model:<name>`` (:func:`system_label`).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from itertools import combinations
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .human_trials import NO_ANSWER
+from .metrics import SIXTEEN_CLASS_NAMES
+from .mvh_analysis import condition_order
+from .pair_metrics import PAIR_METRIC_REGISTRY, MetricContext, Responses, metric_correlations, nanmean_matrices, rankings
+
+log = logging.getLogger(__name__)
+
+HUMAN_PREFIX, MODEL_PREFIX = "human:", "model:"
+FEATURE_METRICS = ("cka",)  # need a feature space, which observers read from trials do not have
+
+
+def trial_pair_metrics() -> tuple[str, ...]:
+    """Every registered pair metric that needs no feature space (read at call time, so later registrations count)."""
+    return tuple(name for name in PAIR_METRIC_REGISTRY if name not in FEATURE_METRICS)
+
+
+def system_label(subject: str, is_human: bool) -> str:
+    """``human:subject-01`` or ``model:resnet50``: the row names of the report."""
+    return (HUMAN_PREFIX if is_human else MODEL_PREFIX) + str(subject)
+
+
+def labelled_trials(humans: pd.DataFrame, models: pd.DataFrame) -> pd.DataFrame:
+    """Human and model trial tables as one, with subjects renamed by :func:`system_label`.
+
+    Errors, before any work: a model named like a human subject, model trials in an experiment the humans did not
+    do, or model trials that share no source image with the humans in some (experiment, condition) cell.
+    """
+    clash = sorted(set(models["subject"]) & set(humans["subject"]))
+    if clash:
+        raise ValueError(f"model decisions use subject name(s) {clash} of the human trials; give the models names of their own")
+    missing = sorted(set(models["dataset"]) - set(humans["dataset"]))
+    if missing:
+        raise ValueError(f"model decisions for experiment(s) {missing} that have no human trials; drop them or add those human trials")
+    human_images = humans.groupby(["dataset", "condition"])["image_id"].agg(set).to_dict()
+    unmatched = []
+    for (dataset, condition, subject), cell in models.groupby(["dataset", "condition", "subject"]):
+        if not set(cell["image_id"]) & human_images.get((dataset, condition), set()):
+            unmatched.append(f"{subject} in {dataset}/{condition}")
+    if unmatched:
+        raise ValueError(f"model decisions share no source image with the human trials in {len(unmatched)} cell(s): "
+                         + ", ".join(unmatched[:8]) + ". Trials are matched by the source image (the part of imagename after "
+                         "the trial, experiment, subject and condition fields): were the decisions made on the benchmark's images?")
+    humans = humans.assign(subject=[system_label(s, True) for s in humans["subject"]])
+    models = models.assign(subject=[system_label(s, False) for s in models["subject"]])
+    return pd.concat([humans, models], ignore_index=True)
+
+
+def _responses(cell: pd.DataFrame, classes: Sequence[str]) -> tuple[pd.Series, pd.Series]:
+    """(answer index, label index) per source image; ``na`` is the extra class ``len(classes)``."""
+    index = {c: i for i, c in enumerate(classes)} | {NO_ANSWER: len(classes)}
+    cell = cell.set_index("image_id")
+    return cell["response"].map(index).astype(int), cell["category"].map(index).astype(int)
+
+
+def pair_matrices_on_trials(trials: pd.DataFrame, systems: Sequence[str], *, classes: Sequence[str] = SIXTEEN_CLASS_NAMES,
+                            metrics: Sequence[str] | None = None, cles_variant: str = "paper",
+                            on_undefined: str = "nan") -> dict[tuple[str, str], dict[str, np.ndarray]]:
+    """{(experiment, condition): {metric: (S, S) matrix}}: each pair of ``systems`` on the source images both saw.
+
+    A pair that shares no image in a cell is NaN there; the diagonal is a system against itself on all its images.
+    ``metrics``: names in :data:`perceptual.pair_metrics.PAIR_METRIC_REGISTRY` (default: :func:`trial_pair_metrics`).
+    """
+    metrics = trial_pair_metrics() if metrics is None else tuple(metrics)
+    unknown = [m for m in metrics if m not in PAIR_METRIC_REGISTRY]
+    if unknown:
+        raise ValueError(f"unknown pair metric(s) {unknown}: use any of {list(PAIR_METRIC_REGISTRY)}")
+    k = len(classes) + 1  # + "no answer"
+    eye = np.eye(k)
+    out = {}
+    cells = dict(list(trials.groupby(["dataset", "condition"], sort=True)))
+    ordered = [(d, c) for d in sorted({d for d, _ in cells}) for c in condition_order([c for dd, c in cells if dd == d])]
+    for dataset, condition in ordered:  # the benchmark's condition order, so families and tables read in order
+        cell = cells[(dataset, condition)]
+        answers = {s: _responses(g, classes) for s, g in cell.groupby("subject")}
+        matrices = {m: np.full((len(systems), len(systems)), np.nan) for m in metrics}
+        for (i, a), (j, b) in combinations(enumerate(systems), 2):
+            if a not in answers or b not in answers:
+                continue
+            shared = answers[a][0].index.intersection(answers[b][0].index)
+            if not len(shared):
+                continue
+            labels = answers[a][1].loc[shared].to_numpy()
+            ra, rb = (Responses(answers[s][0].loc[shared].to_numpy(), eye[answers[s][0].loc[shared].to_numpy()]) for s in (a, b))
+            context = MetricContext(labels, k, cles_variant, on_undefined)
+            for m in metrics:
+                matrices[m][i, j] = matrices[m][j, i] = PAIR_METRIC_REGISTRY[m].fn(ra, rb, context)
+        for i, s in enumerate(systems):
+            if s in answers:
+                predictions, labels = (x.to_numpy() for x in answers[s])
+                r = Responses(predictions, eye[predictions])
+                context = MetricContext(labels, k, cles_variant, on_undefined)
+                for m in metrics:
+                    matrices[m][i, i] = PAIR_METRIC_REGISTRY[m].fn(r, r, context)
+        out[(dataset, condition)] = matrices
+    return out
+
+
+def compare_on_trials(trials: pd.DataFrame, *, cles_variant: str = "paper", on_undefined: str = "nan") -> dict:
+    """``compare``'s behaviour report on labelled trials (:func:`labelled_trials`): the same keys as the panel's.
+
+    ``accuracy`` per ``experiment/condition`` cell and system; ``per_condition`` and ``aggregated`` pair matrices
+    (aggregated: mean over each experiment's conditions, then over experiments, NaN skipped); ``ranking``: the
+    model-vs-human nesting (conditions, humans, experiments; :func:`perceptual.metrics.aggregate_trials`) for accuracy
+    difference, observed and error consistency, the mean over humans of the aggregated matrices for the others, and
+    the mean ranks (consistencies on the images both observers saw, like the matrices); ``spearman_between_metrics`` over the distinct system pairs (Xu et al.).
+    """
+    subjects = sorted(s for s in trials["subject"].unique() if s.startswith(HUMAN_PREFIX))
+    models = sorted(s for s in trials["subject"].unique() if s.startswith(MODEL_PREFIX))
+    if not subjects or not models:
+        raise ValueError(f"need human and model trials, got {len(subjects)} human and {len(models)} model subject(s); subjects must be "
+                         f"labelled {HUMAN_PREFIX!r}/{MODEL_PREFIX!r} (labelled_trials does that)")
+    systems = models + subjects
+    metrics = trial_pair_metrics()
+    per_cell = pair_matrices_on_trials(trials, systems, metrics=metrics, cles_variant=cles_variant, on_undefined=on_undefined)
+    per_condition = {f"{d}/{c}": m for (d, c), m in per_cell.items()}
+    per_experiment = defaultdict(list)
+    for (dataset, _), matrices in per_cell.items():
+        per_experiment[dataset].append(matrices)
+    aggregated = {m: nanmean_matrices([nanmean_matrices([cell[m] for cell in cells]) for cells in per_experiment.values()])
+                  for m in metrics}
+    accuracy = {}
+    for dataset, experiment in trials.groupby("dataset", sort=True):
+        cells = dict(list(experiment.groupby("condition")))
+        for condition in condition_order(cells):  # the benchmark's order: 0.4 < 0.45 < 1 < inf
+            accuracy[f"{dataset}/{condition}"] = cells[condition].groupby("subject")["correct"].mean().to_dict()
+    accuracy_mean = {}
+    for s in systems:
+        values = [a[s] for a in accuracy.values() if s in a]
+        accuracy_mean[s] = float(np.mean(values)) if values else math.nan
+    return {
+        "systems": systems, "models": models, "subjects": subjects,
+        "experiments": sorted(per_experiment),
+        "accuracy": accuracy, "accuracy_mean": accuracy_mean,
+        "per_condition": per_condition, "aggregated": aggregated,
+        "diagonal": {name: PAIR_METRIC_REGISTRY[name].diagonal for name in metrics},
+        "ranking": rankings(trials, aggregated, systems, models, subjects, on_undefined, images="shared"),
+        "spearman_between_metrics": metric_correlations(aggregated),
+    }
+
+
+def summary_markdown(data: Mapping, figures: Sequence[str] = ()) -> str:
+    """The human section of the compare report."""
+    from .compare_report import _fmt
+
+    models, subjects, ranking = data["models"], data["subjects"], data["ranking"]
+    metrics = ranking["ranked_metrics"]["all"] + ["soc"]
+    lines = ["# Compare report: models against the model-vs-human benchmark's human trials", "",
+             f"Experiments: {', '.join(data['experiments'])}; {len(subjects)} human subject ids (the benchmark numbers subjects per "
+             "experiment, so one id is different people in different experiments; the nested metrics never mix them); models: {', '.join(models)}. "
+             "Observers are compared on the source images both saw in each experiment and condition (one-hot answers: "
+             "SOC and SOCE measure answer agreement; no CKA).", "",
+             "## Models against the humans", "",
+             "Accuracy difference, observed and error consistency in model-vs-human's nesting (conditions, then humans, then "
+             "experiments); the other metrics: mean over humans of the condition-averaged values. Mean rank 1 is the most human-like.", "",
+             "| Model | accuracy | " + " | ".join(metrics) + " | mean rank (mvh) | mean rank (all) |", "|---" * (len(metrics) + 4) + "|"]
+    for m in models:
+        lines.append(f"| {m} | {_fmt(data['accuracy_mean'][m])} | " + " | ".join(_fmt(ranking["values"][m].get(k)) for k in metrics)
+                     + f" | {_fmt(ranking['mean_rank_mvh'][m], 2)} | {_fmt(ranking['mean_rank_all'][m], 2)} |")
+    among = ranking["observers_among_themselves"]
+    lines += ["", "Humans among themselves (the ceiling): " + ", ".join(f"{k} {_fmt(v)}" for k, v in among.items()) + ".", ""]
+    spearman = data["spearman_between_metrics"]
+    names = spearman["metrics"]
+    lines += ["## Spearman's rho between metrics over system pairs", "", "| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for i, a in enumerate(names):
+        lines.append(f"| {a} | " + " | ".join(_fmt(float(spearman["rho"][i][j]), 2) for j in range(len(names))) + " |")
+    if data.get("error_alignment"):
+        from .error_alignment import summary_lines
+
+        lines += [""] + summary_lines(data["error_alignment"])
+    lines += ["", "## Accuracy per condition", "", "| experiment/condition | " + " | ".join(models) + " | humans (mean ± std) |",
+              "|---" * (len(models) + 2) + "|"]
+    for cell, acc in data["accuracy"].items():
+        human = np.array([acc[s] for s in subjects if s in acc])
+        lines.append(f"| {cell} | " + " | ".join(_fmt(acc.get(m)) for m in models) + f" | {_fmt(human.mean())} ± {_fmt(human.std())} |")
+    if figures:
+        lines += ["", "## Figures", ""] + [f"- ![{f}]({f})" for f in figures]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["FEATURE_METRICS", "HUMAN_PREFIX", "MODEL_PREFIX", "compare_on_trials", "labelled_trials", "pair_matrices_on_trials",
+           "summary_markdown", "system_label", "trial_pair_metrics"]

@@ -1,0 +1,88 @@
+"""``python -m perceptual visalign`` on three synthetic images and a hand-computed table.
+
+The model (a factory in a module the test writes) answers logits [log 9 · m, 0] for an image of mean grey level m:
+white → softmax [0.9, 0.1] (max-softmax 0.9), black → [0.5, 0.5] (0.5). Images A white (must-act, label a), B black
+(must-abstain), C white (uncertain, label b; humans 1 × a, 1 × b, 2 × abstain).
+
+Min-max over the set: scores [0.9, 0.5, 0.9] → scaled [1, 0, 1] → abstention [0, 1, 0]; answers A [0.9, 0.1, 0],
+B [0, 0, 1], C [0.9, 0.1, 0]. Hellinger: A and B match their humans exactly (0); C against [0.25, 0.25, 0.5]:
+sqrt((√0.9 − 0.5)² + (√0.1 − 0.5)² + 0.5) / √2 = 0.606255; overall 0.606255 / 3.
+Reliability (γ = λ = 0.5): A acts and is right (+1); B abstains (+1); C is must-abstain (human P(b) = 0.25 ≤ λ) but
+answers a, neither abstaining nor its original label (−c): RS_0 = 2, RS_450 = −448, RS_900 = −898.
+"""
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_module
+from PIL import Image
+
+from perceptual.__main__ import main as perceptual_main
+from perceptual.pipelines.visalign import run
+
+C_DISTANCE = math.sqrt((math.sqrt(0.9) - 0.5) ** 2 + (math.sqrt(0.1) - 0.5) ** 2 + 0.5) / math.sqrt(2)
+
+
+@pytest.fixture
+def visalign_set(tmp_path, monkeypatch):
+    (tmp_path / "greymodel.py").write_text(textwrap.dedent("""
+        import math
+        import torch
+
+        class Grey(torch.nn.Module):
+            def forward(self, x):
+                m = x.mean(dim=(1, 2, 3))
+                return torch.stack([math.log(9.0) * m, torch.zeros_like(m)], dim=1)
+
+        def build():
+            return Grey()
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    images = tmp_path / "images"
+    images.mkdir()
+    for name, level in (("A", 255), ("B", 0), ("C", 255)):
+        Image.fromarray(np.full((8, 8, 3), level, dtype=np.uint8)).save(images / f"{name}.png")
+    (tmp_path / "labels.csv").write_text("image_id,group,label,a,b,abstain\nA,Must-Act,a,9,1,0\nB,Must-Abstain,,0,0,4\nC,Uncertain,b,1,1,2\n")
+    return tmp_path
+
+
+def _overrides(root, *extra):
+    return ["model.factory=greymodel:build", f"images={root / 'images'}", f"labels={root / 'labels.csv'}", "classes=[a,b]",
+            "scores=[max_softmax]", "n_fit=0", f"out={root / 'out'}", *extra]
+
+
+def test_hand_computed_table(visalign_set):
+    with initialize_config_module(config_module="conf", version_base=None):
+        data = run(compose(config_name="visalign", overrides=_overrides(visalign_set)))
+    (row,) = data["table"]
+    assert row["hellinger_must_act"] == pytest.approx(0.0, abs=1e-6)  # float32 logits
+    assert row["hellinger_must_abstain"] == pytest.approx(0.0, abs=1e-6)  # float32 logits
+    assert row["hellinger_uncertain"] == pytest.approx(C_DISTANCE, rel=1e-6)
+    assert row["hellinger_all"] == pytest.approx(C_DISTANCE / 3, rel=1e-6)
+    assert (row["rs_0"], row["rs_450"], row["rs_900"]) == (2, -448, -898)
+    assert data["n_per_group"] == {"must_act": 1, "must_abstain": 1, "uncertain": 1}
+
+
+def test_command_writes_json_markdown_and_figure(visalign_set, capsys):
+    perceptual_main(["visalign", *_overrides(visalign_set)])
+    assert "max_softmax" in capsys.readouterr().out
+    out = visalign_set / "out"
+    assert json.loads((out / "visalign.json").read_text())["table"][0]["rs_0"] == 2
+    assert "| max_softmax |" in (out / "visalign.md").read_text()
+    assert (out / "visalign.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_missing_images_and_bad_labels_are_named(visalign_set):
+    (visalign_set / "images" / "C.png").unlink()
+    with initialize_config_module(config_module="conf", version_base=None):
+        with pytest.raises(FileNotFoundError, match="1 image.*C"):
+            run(compose(config_name="visalign", overrides=_overrides(visalign_set)))
+        (visalign_set / "labels.csv").write_text("image_id,group,label,a,b,abstain\nA,Sometimes,a,9,1,0\n")
+        with pytest.raises(ValueError, match="unknown group"):
+            run(compose(config_name="visalign", overrides=_overrides(visalign_set)))
+        with pytest.raises(ValueError, match="no model"):
+            run(compose(config_name="visalign", overrides=_overrides(visalign_set, "model.factory=null")))

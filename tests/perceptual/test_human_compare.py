@@ -1,0 +1,204 @@
+"""``compare humans=PATH``: the metric suite with real (here: made-up, and the shared) human trials as the human rows.
+
+Hand-computed case (experiment colour, condition cr; categories oven, bear, car, dog, knife):
+
+* subject-01 sees all five images, right on [1, 1, 0, 0, 1]; subject-02 sees the first four, right on [1, 1, 0, 0].
+* model ``alternating`` sees all five, right on [1, 0, 1, 0, 1]; model ``copycat`` answers as subject-01.
+
+alternating vs subject-01 (5 shared): c_obs 3/5, c_exp 0.6·0.6 + 0.4·0.4 = 0.52, kappa (0.6 − 0.52) / 0.48 = 1/6;
+vs subject-02 (4 shared): c_obs 0.5, c_exp 0.5, kappa 0; mean over humans 1/12. Observed consistency (0.6 + 0.5) / 2.
+Accuracy difference (squared, as model-vs-human): (0.6 − 0.6)² and (0.6 − 0.5)² → 0.005 for both models. copycat: kappa 1 with both humans.
+Mean rank (accuracy difference tied → 1.5 each): copycat (1.5 + 1 + 1) / 3, alternating (1.5 + 2 + 2) / 3.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from hydra import compose, initialize_config_module
+from PIL import Image
+
+from perceptual.__main__ import main as perceptual_main
+from perceptual.decisions import trial_table
+from perceptual.human_compare import compare_on_trials, labelled_trials, pair_matrices_on_trials
+from perceptual.human_trials import read_trials, write_trials
+from perceptual.metrics import SIXTEEN_CLASS_NAMES
+from perceptual.pipelines.compare import human_model_decisions
+from perceptual.pipelines.compare import run as compare_run
+
+from ..conftest import MVH_RAW
+
+CLASSES = list(SIXTEEN_CLASS_NAMES)
+IMAGES = [("oven_1.png", "oven"), ("bear_2.png", "bear"), ("car_3.png", "car"), ("dog_4.png", "dog"), ("knife_5.png", "knife")]
+WRONG = "truck"
+
+
+def _answers(right):
+    return [c if r else WRONG for (_, c), r in zip(IMAGES, right)]
+
+
+def human_folder(root):
+    people = {"subject-01": [1, 1, 0, 0, 1], "subject-02": [1, 1, 0, 0]}
+    (root / "colour").mkdir(parents=True)
+    for subject, right in people.items():
+        lines = [f"{subject},1,{t + 1},0.5,{response},{category},cr,{t + 1:04d}_cl_s{subject[-2:]}_cr_{image}"
+                 for t, ((image, category), response) in enumerate(zip(IMAGES, _answers(right)))]
+        (root / "colour" / f"colour_{subject}_session_1.csv").write_text(
+            "subj,Session,trial,rt,object_response,category,condition,imagename\n" + "\n".join(lines) + "\n")
+    return root
+
+
+def model_csvs(root):
+    ids = [i for i, _ in IMAGES]
+    labels = [CLASSES.index(c) for _, c in IMAGES]
+    paths = []
+    for name, right in (("alternating", [1, 0, 1, 0, 1]), ("copycat", [1, 1, 0, 0, 1])):
+        table = trial_table(name, "colour", "cr", ids, labels, [CLASSES.index(a) for a in _answers(right)], CLASSES)
+        paths.append(write_trials(table, root / "colour" / f"colour_{name}_session_1.csv"))  # the folder names the experiment
+    return paths
+
+
+@pytest.fixture
+def trials(tmp_path):
+    humans, _ = read_trials(human_folder(tmp_path / "raw"))
+    models, _ = read_trials(model_csvs(tmp_path / "models"))
+    return labelled_trials(humans, models)
+
+
+def test_hand_computed_values_and_ranks(trials):
+    data = compare_on_trials(trials)
+    assert data["models"] == ["model:alternating", "model:copycat"]
+    assert data["subjects"] == ["human:subject-01", "human:subject-02"]
+    values = data["ranking"]["values"]
+    assert values["model:alternating"]["error_consistency"] == pytest.approx(1 / 12)
+    assert values["model:alternating"]["observed_consistency"] == pytest.approx(0.55)
+    assert values["model:copycat"]["error_consistency"] == pytest.approx(1.0)
+    for model in data["models"]:
+        assert values[model]["accuracy_difference"] == pytest.approx(0.005)
+    assert data["ranking"]["mean_rank_mvh"]["model:copycat"] == pytest.approx((1.5 + 1 + 1) / 3)
+    assert data["ranking"]["mean_rank_mvh"]["model:alternating"] == pytest.approx((1.5 + 2 + 2) / 3)
+    assert data["ranking"]["observers_among_themselves"]["error_consistency"] == pytest.approx(1.0)
+    # The matrix is pair by pair on shared images: alternating vs subject-02 on four images only.
+    kappa = data["aggregated"]["error_consistency"]
+    systems = data["systems"]
+    assert kappa[systems.index("model:alternating"), systems.index("human:subject-01")] == pytest.approx(1 / 6)
+    assert kappa[systems.index("model:alternating"), systems.index("human:subject-02")] == pytest.approx(0.0)
+    assert data["accuracy"]["colour/cr"]["human:subject-02"] == pytest.approx(0.5)
+    assert set(data["spearman_between_metrics"]["metrics"]) == set(data["aggregated"]) and "cka" not in data["aggregated"]
+
+
+def test_unanswered_trial_is_its_own_wrong_class(trials):
+    changed = trials.copy()
+    row = (changed["subject"] == "human:subject-02") & (changed["image_id"] == "car_3.png")
+    changed.loc[row, "response"] = "na"
+    matrices = pair_matrices_on_trials(changed, ["human:subject-01", "human:subject-02"])[("colour", "cr")]
+    # Both are wrong on car_3 (still kappa 1), but "na" never agrees with subject-01's "truck".
+    assert matrices["error_consistency"][0, 1] == pytest.approx(1.0)
+    assert matrices["misclassification_agreement"][0, 1] < 1.0
+
+
+def test_model_decisions_must_meet_the_human_images(tmp_path):
+    humans, _ = read_trials(human_folder(tmp_path / "raw"))
+    stranger = trial_table("elsewhere", "colour", "cr", ["cat_9.png"], [CLASSES.index("cat")], [CLASSES.index("cat")], CLASSES)
+    with pytest.raises(ValueError, match="share no source image"):
+        labelled_trials(humans, stranger)
+    with pytest.raises(ValueError, match="no human trials"):
+        labelled_trials(humans, stranger.assign(dataset="rotation"))
+    with pytest.raises(ValueError, match="subject name"):
+        labelled_trials(humans, humans[humans["subject"] == "subject-01"])
+    with pytest.raises(ValueError, match="model_trials=.*humans_images="):
+        human_model_decisions(humans)
+
+
+def test_compare_command_with_humans(tmp_path, capsys):
+    root = human_folder(tmp_path / "raw")
+    paths = model_csvs(tmp_path / "models")
+    out = tmp_path / "out"
+    perceptual_main(["compare", f"humans={root}", f"model_trials=[{paths[0]},{paths[1]}]", f"out={out}", "progress=false"])
+    printed = capsys.readouterr().out
+    assert "model:copycat" in printed and "humans (pairs)" in printed
+    report = json.loads((out / "humans" / "metrics.json").read_text())
+    assert report["ranking"]["values"]["model:alternating"]["error_consistency"] == pytest.approx(1 / 12)
+    for figure in report["figures"]:
+        assert (out / "humans" / figure).stat().st_size > 0
+    summary = (out / "humans" / "summary.md").read_text()
+    assert "| model:copycat |" in summary and "Spearman" in summary
+    assert not (out / "metrics.json").exists()  # no panel run unless humans_with_panel=true
+    with pytest.raises(ValueError, match="humans_images"):
+        compare_run(_config([f"humans={root}", f"model_trials=[{paths[0]}]", "models=[resnet18]", f"out={out}"]))
+    with pytest.raises(ValueError, match="only used with humans"):
+        compare_run(_config([f"model_trials=[{paths[0]}]", "models=[small_cnn]", f"out={out}"]))
+
+
+def _config(overrides):
+    with initialize_config_module(config_module="conf", version_base=None):
+        return compose(config_name="compare", overrides=overrides)
+
+
+def test_image_folder_models_join_the_humans(tmp_path):
+    """An ImageNet zoo model (random weights) classifies a synthetic benchmark image folder; its trials meet the humans'."""
+    humans, _ = read_trials(human_folder(tmp_path / "raw"))
+    folder = tmp_path / "images" / "colour" / "dnn" / "session-1"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for t, (image, _) in enumerate(IMAGES):
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(folder / f"{t + 1:04d}_cl_dnn_cr_{image}")
+    from perceptual.measure import ModelSpec
+
+    models = human_model_decisions(humans, images=str(tmp_path / "images"), specs=[ModelSpec(name="resnet18", label="r18")],
+                                   image_size=32, progress=False)
+    assert sorted(models["image_id"]) == sorted(i for i, _ in IMAGES) and set(models["subject"]) == {"r18"}
+    data = compare_on_trials(labelled_trials(humans, models))
+    assert data["models"] == ["model:r18"] and not math.isnan(data["ranking"]["values"]["model:r18"]["observed_consistency"])
+    with pytest.raises(FileNotFoundError, match="no image folder"):
+        human_model_decisions(humans, images=str(tmp_path), specs=[ModelSpec(name="resnet18")])
+
+
+@pytest.mark.slow
+def test_image_folder_decisions_round_trip_through_the_command(tmp_path):
+    """compare humans_images=... writes the model's decisions in the benchmark's format; read back as model_trials= they
+    give the same numbers (about 16 s on two busy CPU cores: two reports with their figures)."""
+    human_folder(tmp_path / "raw")
+    folder = tmp_path / "images" / "colour" / "dnn" / "session-1"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for t, (image, _) in enumerate(IMAGES):
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(folder / f"{t + 1:04d}_cl_dnn_cr_{image}")
+    out = tmp_path / "out"
+    first = compare_run(_config([f"humans={tmp_path / 'raw'}", f"humans_images={tmp_path / 'images'}", "humans_image_size=32",
+                                 "models=[{name:resnet18,label:r18}]", f"out={out}", "progress=false"]))["humans"]
+    written = out / "humans" / "decisions" / "colour" / "colour_r18_session_1.csv"
+    again = compare_run(_config([f"humans={tmp_path / 'raw'}", f"model_trials=[{written}]", f"out={tmp_path / 'again'}", "progress=false"]))["humans"]
+    assert again["ranking"]["values"] == first["ranking"]["values"]
+
+
+def test_shared_trials_with_a_copycat_model(tmp_path):
+    if not MVH_RAW.is_dir():
+        pytest.skip(f"shared model-vs-human trials not at {MVH_RAW}")
+    humans, _ = read_trials(MVH_RAW, experiments=["colour"])
+    first = humans[humans["subject"] == "subject-01"]
+    guesser = first.assign(subject="always-dog", response="dog")
+    guesser["correct"] = guesser["category"] == "dog"
+    data = compare_on_trials(labelled_trials(humans, pd.concat([first.assign(subject="copycat"), guesser])))
+    values, among = data["ranking"]["values"], data["ranking"]["observers_among_themselves"]
+    assert 0.3 < among["error_consistency"] < 0.6  # README: colour, 0.42 and 0.48
+    assert values["model:copycat"]["error_consistency"] > among["error_consistency"] > values["model:always-dog"]["error_consistency"]
+    assert data["ranking"]["mean_rank_mvh"]["model:copycat"] < data["ranking"]["mean_rank_mvh"]["model:always-dog"]
+
+
+def test_humans_next_to_the_simulated_panel(tmp_path, tiny_digits_checkpoints):
+    """humans_with_panel=true: the panel run on the data set (its report in out/) and the human one (out/humans/)."""
+    root = human_folder(tmp_path / "raw")
+    paths = model_csvs(tmp_path / "models")
+    out = tmp_path / "out"
+    model = f"{{name:small_cnn,checkpoint:'{tiny_digits_checkpoints['trained']}',label:trained,kwargs:{{width:8}}}}"
+    data = compare_run(_config([
+        f"humans={root}", f"model_trials=[{paths[0]},{paths[1]}]", "humans_with_panel=true", f"models=[{model}]", f"out={out}",
+        "n_images=20", 'conditions=["colour=greyscale"]', "observers=[pixel-l2]", "decisions.seeds=[0]", "decisions.exemplars_per_class=3",
+        "decisions.k=3", "unknown.enabled=false", "device=cpu", "progress=false"]))
+    assert data["panel"]["models"] == ["trained"] and data["humans"]["models"] == ["model:alternating", "model:copycat"]
+    assert (out / "metrics.json").exists() and (out / "humans" / "metrics.json").exists()
+    assert "humans/summary.md" in (out / "summary.md").read_text()
