@@ -199,6 +199,7 @@ def measure_models(
     convergence_threshold: float = DEFAULT_THRESHOLD,
     converged_only: bool = False,
     gaussian_targets: Sequence[Mapping] | bool | None = None,
+    model_dirs: Mapping[str, str | Path] | None = None,
 ) -> dict:
     """The measurement pipeline in Python (see the module docstring); returns the report dict.
 
@@ -208,7 +209,9 @@ def measure_models(
     the all-items numbers (``data["models"][label]["converged_only"]``). ``gaussian_targets`` (True for the
     authors' two Gaussians, or a list of ``{name, mean, std}``) also inverts out-of-distribution noise targets of
     the test images' shape and reports their scores beside the in-distribution ones (the paper's Table 3; sets in
-    ``models/<label>/set-gaussian``, scores in ``data["models"][label]["gaussian"]``)."""
+    ``models/<label>/set-gaussian``, scores in ``data["models"][label]["gaussian"]``). ``model_dirs`` (label ->
+    folder) puts a model's sets and caches elsewhere than ``out/models/<label>``, e.g. in a folder several reports
+    share (``reproduce`` measures a model once for every preset that needs it)."""
     out = Path(out)
     device = resolve_device(device)
     engine = validate_inputs(specs, n_targets=n_targets, seed_types=seed_types, tasks=tasks, engine=engine, controversial=controversial)
@@ -221,7 +224,7 @@ def measure_models(
     results: dict[str, dict] = {}
     classifiers: dict[str, stimuli.ModelRef] = {}
     for spec in tqdm(specs, desc="models", unit="model"):
-        model_dir = out / "models" / spec.label
+        model_dir = Path((model_dirs or {}).get(spec.label) or out / "models" / spec.label)
         classifier = build_model(
             spec.name, dataset, checkpoint=spec.checkpoint, trust_pickle=spec.trust_pickle, pretrained=spec.pretrained, **spec.kwargs
         ).to(device)

@@ -5,9 +5,11 @@ A preset (``conf/experiment/<name>.yaml``) names the models a result needs as ar
 ``conf/reproduce.yaml``), plus explicit pairs. The command
 
 1. expands and checks every model's training config before anything trains (a misspelt key costs seconds);
-2. trains each with the toolkit's recipes in ``runs_dir/<data>-<architecture>-<training>`` (resumed, so a model
-   one preset trained is reused by the next: Table 1's ResNet pair is Fig. 4's first two points);
-3. measures them all with :func:`perceptual.measure.measure_models` (``<out>/measure``, cached per model);
+2. trains each with the toolkit's recipes in ``runs_dir/<data>-<model>-<recipe>-<hash of its config>`` (resumed,
+   so a model one preset trained is reused by the next: Table 1's ResNet pair is Fig. 4's first two points);
+3. measures them all with :func:`perceptual.measure.measure_models` (report in ``<out>/measure``; each model's
+   inversions and judgements in ``runs_dir/measurements/``, keyed by its weights folder and the measurement
+   settings, so they too are computed once for all presets);
 4. writes the result with its statistics (:mod:`perceptual.experiments`): ``<out>/result.md``, ``result.json`` and
    the figures, and prints the table.
 
@@ -94,11 +96,21 @@ def train_overrides(variant: Variant, scale: DictConfig) -> dict:
     return overrides
 
 
+def _digest(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
 def run_dir(cfg: DictConfig, variant: Variant, overrides: dict) -> Path:
-    """One folder per training config: the same model is trained once and reused by every preset that needs it."""
-    digest = hashlib.sha256(json.dumps([variant.model, variant.kwargs, variant.recipe, overrides, cfg.seed], sort_keys=True,
-                                       default=str).encode()).hexdigest()[:8]
-    return Path(cfg.runs_dir) / f"{cfg.data.name}-{variant.label}-{digest}"
+    """One folder per training config: the same model is trained once and reused by every preset that needs it
+    (``standard`` and ``standard_noaug`` at a scale without augmentation are one model)."""
+    digest = _digest(variant.model, variant.kwargs, variant.recipe, overrides, cfg.seed)
+    return Path(cfg.runs_dir) / f"{cfg.data.name}-{variant.model}-{variant.recipe}-{digest}"
+
+
+def measurement_dir(cfg: DictConfig, weights_dir: Path, measure_cfg: dict) -> Path:
+    """One folder per (model, measurement settings): a model's inversions and judgements are reused across presets."""
+    settings = {k: v for k, v in measure_cfg.items() if k != "tasks"}
+    return Path(cfg.runs_dir) / "measurements" / f"{weights_dir.name}-{_digest(settings, cfg.observers, cfg.observer_net, cfg.seed)}"
 
 
 def engine_config(scale: DictConfig):
@@ -125,11 +137,13 @@ def run(cfg: DictConfig) -> dict:
     validate_inputs(specs, n_targets=measure_cfg["n_targets"], seed_types=measure_cfg["seed_types"], tasks=tasks, engine=engine, controversial=None)
     threat = threat_from_config(measure_cfg.get("threat"))
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
-    configs = {}
+    configs, model_dirs = {}, {}
     for v in variants:  # every config checked before the first model trains
         overrides = train_overrides(v, scale)
-        configs[v.label] = training_config(model=v.model, model_kwargs=v.kwargs, data=data_cfg, recipe=v.recipe, run_dir=run_dir(cfg, v, overrides),
+        folder = run_dir(cfg, v, overrides)
+        configs[v.label] = training_config(model=v.model, model_kwargs=v.kwargs, data=data_cfg, recipe=v.recipe, run_dir=folder,
                                            seed=cfg.seed, device=cfg.device, progress=cfg.progress, train_overrides=overrides)
+        model_dirs[v.label] = measurement_dir(cfg, folder, measure_cfg)
     panel = make_panel(cfg.observers if isinstance(cfg.observers, str) else list(cfg.observers), cfg.observer_net)
     print(f"{experiment.title}: {len(variants)} models at scale={scale.name} on {cfg.data.name}")
     weights = train_models(configs)
@@ -138,7 +152,7 @@ def run(cfg: DictConfig) -> dict:
     data = measure_models(specs, data_cfg, out / "measure", engine=engine, n_targets=measure_cfg["n_targets"], seed_types=measure_cfg["seed_types"],
                           seed=cfg.seed, panel=panel, tasks=tasks, threat=threat, accuracy_limit=measure_cfg.get("accuracy_limit"),
                           device=cfg.device, config=container, convergence_threshold=float(cfg.convergence_threshold),
-                          gaussian_targets=bool(experiment.gaussian_targets))
+                          gaussian_targets=bool(experiment.gaussian_targets), model_dirs=model_dirs)
     result = experiment_result(experiment.result, data, variants, tasks, experiment.title, out, n_boot=int(cfg.n_boot), seed=int(cfg.seed))
     seconds = round(time.perf_counter() - started, 1)
     command = f"python -m perceptual reproduce experiment={experiment.name} scale={scale.name} data={cfg.data.name}" + (
