@@ -202,15 +202,7 @@ def summary_markdown(data: dict, unknown: dict | None, figures: Sequence[str]) -
                      + f" | {_fmt(ranking['mean_rank_mvh'][m], 2)} | {_fmt(ranking['mean_rank_all'][m], 2)} |")
     among = ranking["observers_among_themselves"]
     lines += ["", "Observers among themselves: " + ", ".join(f"{k} {_fmt(v)}" for k, v in among.items()) + ".", ""]
-    spearman = data["spearman_between_metrics"]
-    names = spearman["metrics"]
-    lines += ["## Spearman's rho between metrics over system pairs", "", "| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    for i, a in enumerate(names):
-        lines.append(f"| {a} | " + " | ".join(_fmt(float(spearman["rho"][i][j]), 2) for j in range(len(names))) + " |")
-    if data.get("error_alignment"):
-        from .error_alignment import summary_lines
-
-        lines += [""] + summary_lines(data["error_alignment"])
+    lines += metric_correlation_lines(data)
     lines += ["", "Diagonals of the pairwise matrices (a system against itself):", ""]
     lines += [f"- {metric}: {text}" for metric, text in data["diagonal"].items()]
     if unknown:
@@ -238,6 +230,18 @@ def summary_markdown(data: dict, unknown: dict | None, figures: Sequence[str]) -
     return "\n".join(lines) + "\n"
 
 
+def metric_correlation_lines(data: Mapping) -> list[str]:
+    """The Spearman table between metrics over system pairs, then the error-alignment summary (Xu et al.) when present."""
+    spearman = data["spearman_between_metrics"]
+    names = spearman["metrics"]
+    lines = ["## Spearman's rho between metrics over system pairs", "", "| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for i, a in enumerate(names):
+        lines.append(f"| {a} | " + " | ".join(_fmt(float(spearman["rho"][i][j]), 2) for j in range(len(names))) + " |")
+    if data.get("error_alignment"):
+        from .error_alignment import summary_lines
+
+        lines += [""] + summary_lines(data["error_alignment"])
+    return lines
 
 
-__all__ = ["accuracy_figure", "heatmap", "plain", "summary_markdown", "unknown_metrics", "write_outputs"]
+__all__ = ["accuracy_figure", "heatmap", "metric_correlation_lines", "plain", "summary_markdown", "unknown_metrics", "write_outputs"]

@@ -171,7 +171,7 @@ def compare_on_trials(trials: pd.DataFrame, *, cles_variant: str = "paper", on_u
 
 def summary_markdown(data: Mapping, figures: Sequence[str] = ()) -> str:
     """The human section of the compare report."""
-    from .compare_report import _fmt
+    from .compare_report import _fmt, metric_correlation_lines
 
     models, subjects, ranking = data["models"], data["subjects"], data["ranking"]
     metrics = ranking["ranked_metrics"]["all"] + ["soc"]
@@ -189,15 +189,7 @@ def summary_markdown(data: Mapping, figures: Sequence[str] = ()) -> str:
                      + f" | {_fmt(ranking['mean_rank_mvh'][m], 2)} | {_fmt(ranking['mean_rank_all'][m], 2)} |")
     among = ranking["observers_among_themselves"]
     lines += ["", "Humans among themselves (the ceiling): " + ", ".join(f"{k} {_fmt(v)}" for k, v in among.items()) + ".", ""]
-    spearman = data["spearman_between_metrics"]
-    names = spearman["metrics"]
-    lines += ["## Spearman's rho between metrics over system pairs", "", "| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    for i, a in enumerate(names):
-        lines.append(f"| {a} | " + " | ".join(_fmt(float(spearman["rho"][i][j]), 2) for j in range(len(names))) + " |")
-    if data.get("error_alignment"):
-        from .error_alignment import summary_lines
-
-        lines += [""] + summary_lines(data["error_alignment"])
+    lines += metric_correlation_lines(data)
     lines += ["", "## Accuracy per condition", "", "| experiment/condition | " + " | ".join(models) + " | humans (mean ± std) |",
               "|---" * (len(models) + 2) + "|"]
     for cell, acc in data["accuracy"].items():
