@@ -39,8 +39,13 @@ from .training_runs import train_models, training_config
 PAPER_DATA = ("cifar10", "cifar100", "imagenet")
 
 
-def _names(selection, available: dict, what: str, preset: str, everything=None) -> list[str]:
-    names = list(everything if everything is not None else available) if selection == "all" else list(selection)
+def _names(selection, available: dict, what: str, preset: str, sets: dict | None = None) -> list[str]:
+    """A list of names, or (a string) one of the scale's named sets of architectures."""
+    if isinstance(selection, str):
+        if selection not in (sets or {}):
+            raise ValueError(f"experiment {preset}: {what}={selection!r} is not a set of this scale; sets: {sorted(sets or {})}")
+        selection = sets[selection]
+    names = list(selection)
     unknown = [n for n in names if n not in available]
     if unknown:
         raise ValueError(f"experiment {preset}: unknown {what} {unknown}; available: {sorted(available)}")
@@ -52,8 +57,8 @@ def expand_variants(cfg: DictConfig) -> list[Variant]:
     experiment, scale = cfg.experiment, cfg.scale
     architectures = OmegaConf.to_container(scale.architectures, resolve=True)
     trainings = OmegaConf.to_container(cfg.trainings, resolve=True)
-    everything = list(scale.get("all_architectures") or architectures)
-    pairs = [(a, t) for a in _names(experiment.architectures, architectures, "architectures", experiment.name, everything)
+    sets = OmegaConf.to_container(scale.architecture_sets, resolve=True)
+    pairs = [(a, t) for a in _names(experiment.architectures, architectures, "architectures", experiment.name, sets)
              for t in _names(experiment.trainings, trainings, "trainings", experiment.name)]
     for entry in experiment.get("variants") or []:
         if set(entry) != {"architecture", "training"}:

@@ -28,12 +28,13 @@ def test_presets_expand_to_the_papers_models():
     table1 = expand_variants(compose("reproduce", ["experiment=table1"]))
     assert [v.label for v in table1] == ["cnn-standard", "cnn-pgd", "resnet-standard", "resnet-pgd", "vgg-standard", "vgg-pgd"]
     fig4 = expand_variants(compose("reproduce", ["experiment=fig4"]))
-    assert fig4[-1].label == "kwta-pgd" and fig4[-1].model == "kwta_resnet18"
+    assert fig4[0].label == "cnn-standard" and fig4[-1].label == "kwta-pgd"
     assert {v.training for v in fig4} >= {"trades_beta1", "trades_beta6", "mart_beta1", "mart_beta5"}
     fig7 = expand_variants(compose("reproduce", ["experiment=fig7"]))
     assert [v.recipe for v in fig7] == ["standard", "pgd", "simclr", "adv_simclr"]
     paper = expand_variants(compose("reproduce", ["experiment=table1", "scale=paper", "data=cifar10"]))
     assert [v.model for v in paper[::2]] == ["resnet18", "resnet50", "vgg16", "densenet121", "inception_v3"]
+    assert expand_variants(compose("reproduce", ["experiment=fig6", "scale=paper", "data=cifar10"]))[0].model == "resnet18"
 
 
 def test_train_overrides_give_every_adversarial_recipe_the_scales_attack_and_let_the_catalogue_win():
@@ -50,6 +51,7 @@ def test_train_overrides_give_every_adversarial_recipe_the_scales_attack_and_let
     (["experiment.trainings=[standard,pdg]"], "unknown trainings"),
     (["scale=paper"], "scale=paper runs the paper's data sets"),
     (["experiment.result=bars"], "result must be one of"),
+    (["experiment.architectures=everything"], "is not a set of this scale"),
 ])
 def test_bad_presets_are_refused_before_anything_trains(tmp_path, overrides, message):
     cfg = compose("reproduce", [f"out={tmp_path / 'out'}", f"runs_dir={tmp_path / 'runs'}", "progress=false", *overrides])
