@@ -78,7 +78,7 @@ CONTROVERSIAL_OBJECTIVES = ("controversial", "class_controversial")
 CONTROVERSIAL_STARTS = ("uniform", "gaussian", "origin")
 # Engine settings that may change between a run and its resumption (e.g. a smaller micro-batch
 # after running out of memory) without making it a different set.
-EXECUTION_KEYS = ("progress", "micro_batch", "cpu_micro_batch", "memory_fraction")
+EXECUTION_KEYS = ("progress", "micro_batch", "cpu_micro_batch", "memory_fraction", "cuda_graph")  # keys that never change a result
 
 
 @dataclass

@@ -135,6 +135,15 @@ def test_resuming_with_other_parameters_is_refused_unless_overwrite(tmp_path, di
         invert(out, digits, engine=CountingEngine(steps=3))
 
 
+def test_execution_settings_leave_the_set_as_it_is(digits, one_go):
+    # cuda_graph and the micro-batch change how the engine runs, never what it computes: a set made without them
+    # is the set asked for with them (no refusal, no engine call), so adding such keys keeps existing sets valid.
+    s, _ = one_go
+    engine = CountingEngine(cuda_graph="auto", micro_batch=2)
+    again = invert(s.path, digits, engine, preview=True)
+    assert engine.calls == 0 and again.fingerprint == s.fingerprint
+
+
 def test_shards_merge_to_the_unsharded_set(tmp_path, digits, one_go):
     shards = []
     for shard in range(2):
