@@ -22,7 +22,13 @@ How the loop stays fast
     * Early stopping freezes a sample (its best iterate, loss and step count stop changing at once,
       on the device); frozen samples are compacted out of the working set at the next report, so
       they cost nothing after that, and a micro-batch ends when all its samples are frozen.
-    * Options: bf16 autocast, channels-last, ``torch.compile`` of the objective.
+    * The whole step (forward, backward, update, clamp, bookkeeping) is one function that updates the
+      working set in place (:meth:`_Runner.step`). With ``cuda_graph`` it is captured once per
+      micro-batch as a CUDA graph and replayed, one launch per step instead of hundreds; frozen
+      samples are then masked in place rather than compacted (shapes stay fixed), and the
+      micro-batch still ends when all are frozen. Off CUDA, ``cuda_graph=True`` runs that same
+      masked loop eagerly, with results equal to the compacting loop bit for bit.
+    * Options: bf16 autocast, channels-last, ``torch.compile`` of the objective, CUDA graphs.
 """
 from __future__ import annotations
 
@@ -443,11 +449,12 @@ class _Runner:
         """Freeze a sample once ``patience`` steps have passed since its best loss last improved by more than
         ``rtol`` (relative to the best loss at that improvement).
 
-        The window slides per sample (as ``torch.optim.lr_scheduler.ReduceLROnPlateau`` in ``threshold_mode='rel'``
-        counts bad epochs): a sample improving slowly but steadily keeps going as long as each ``rtol`` of
-        progress arrives within ``patience`` steps. The engine's first version compared the best loss at fixed
-        window boundaries (steps patience, 2 patience, ...), where progress straddling a boundary could freeze a
-        sample that was still improving.
+        The window slides per sample (as ``torch.optim.lr_scheduler.ReduceLROnPlateau`` with ``threshold_mode='rel'``
+        counts bad epochs), so ``patience`` means exactly that many steps. The engine's first rule compared the best
+        loss at fixed boundaries (steps patience, 2 patience, ...), which waited anywhere between ``patience`` and
+        ``2 patience`` steps depending on where a stall began. Neither rule protects quality by itself: with the
+        paper's fixed L2 step (eta 1) the best loss stalls for long stretches and then improves again, so the
+        patience must outlast those stalls (``benchmarks/early_stopping_study.py`` measures what a setting costs).
         """
         cfg = self.cfg
         significant = active & (torch.isinf(w.reference) | (w.reference - w.best_loss > cfg.rtol * w.reference.abs()))
