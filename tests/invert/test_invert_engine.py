@@ -437,3 +437,29 @@ def test_captured_items_that_finish_early_are_masked_not_recaptured(inversion, m
     # The eager loop compacts finished items (other batch sizes, other cuDNN kernels): equal up to float rounding.
     assert torch.equal(captured.steps_used, eager.steps_used)
     torch.testing.assert_close(captured.images, eager.images, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("models", ["pointwise", "conv"])
+def test_both_controversial_directions_in_one_batch_equal_one_batch_per_direction(tiny_representation, wave_images, models):
+    from invert import TwoWayControversialLoss
+
+    if models == "pointwise":  # no coupling between rows at all: the results must be identical bit for bit
+        g1, g2 = nn.Sequential(nn.Flatten(), nn.Tanh()), nn.Sequential(nn.Flatten(), nn.Softplus(beta=4.0))
+    else:  # convolutions: a different batch around a row may change the last bit of a sum
+        g1, g2 = tiny_representation(0), tiny_representation(1)
+    origins = wave_images(3).repeat_interleave(2, 0)  # 3 origins x 2 restarts
+    starts = clamp01(random_start_l2(origins, 0.5, generator=torch.Generator().manual_seed(0)))
+    settings = dict(steps=30, step_size=0.3, patience=10, rtol=1e-2, **QUICK)
+    ab = invert_batch(ControversialLoss(g1, g2, origins, lam=0.1), starts, **settings)
+    ba = invert_batch(ControversialLoss(g2, g1, origins, lam=0.1), starts, **settings)
+    first_keeps = torch.tensor([True] * 6 + [False] * 6)
+    both = invert_batch(TwoWayControversialLoss(g1, g2, origins.repeat(2, 1, 1, 1), first_keeps, lam=0.1), starts.repeat(2, 1, 1, 1), **settings)
+    separate = {field: torch.cat([getattr(ab, field), getattr(ba, field)]) for field in ("images", "best_loss", "steps_used")}
+    if models == "pointwise":
+        for field, value in separate.items():
+            assert torch.equal(getattr(both, field), value), field
+    else:
+        torch.testing.assert_close(both.images, separate["images"], atol=1e-5, rtol=0)
+        torch.testing.assert_close(both.best_loss, separate["best_loss"], atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"first_keeps must be a bool tensor with one entry per origin \(12,\), got torch.int64 \(12,\)"):
+        TwoWayControversialLoss(g1, g2, origins.repeat(2, 1, 1, 1), first_keeps.long())
