@@ -266,7 +266,7 @@ def main(argv=None) -> dict:
         }
         print(f"early stopping (patience {args.patience}, rtol {args.rtol:g}): median distance x{early_stopping['median_distance_ratio']:.3f}, "
               f"{early_stopping['items_worse']} of {args.items} items worse by more than {WORSE_BY:.0%}, "
-              f"{early_stopping['item_steps_saved']:.1%} of item-steps saved, {early_stopping['speedup']:.2f}x the time of engine-best")
+              f"{early_stopping['item_steps_saved']:.1%} of item-steps saved, {early_stopping['speedup']:.2f}x faster than engine-best")
 
     report = {
         **environment(device),
