@@ -18,6 +18,7 @@ from .objectives import (
     SumObjective,
     TotalVariation,
     TransformRobust,
+    TwoWayControversialLoss,
     compute_features,
 )
 from .params import Fourier, Pixel, Sigmoid, make_parametrization
@@ -40,6 +41,7 @@ __all__ = [
     "Adam", "ClassControversialLoss", "ControversialLoss", "Distance", "DistanceToReferences", "Engine",
     "Fourier", "InversionLoss", "InversionResult", "InvertConfig", "L2Step", "LinfStep", "LpPrior",
     "NonFiniteLossError", "Objective", "Pixel", "Sigmoid", "SumObjective", "TotalVariation", "TransformRobust",
+    "TwoWayControversialLoss",
     "check_images", "clamp01", "compute_features", "hashed_uniform", "hot_loop", "invert_batch", "item_generator",
     "load_preset", "make_parametrization", "make_stepper", "noise_images", "per_sample_norm", "preset_names",
     "project_l2", "project_linf", "random_start_l2", "random_start_linf", "resolve_engine", "batch_slices", "module_device",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Union
 
 from omegaconf import OmegaConf
 
@@ -17,6 +17,7 @@ from .params import PARAMETRIZATIONS
 from .steps import STEPPERS
 
 PRECISIONS = ("fp32", "bf16", "auto")
+CUDA_GRAPH_MODES = (False, True, "auto")
 
 
 @dataclass
@@ -52,6 +53,12 @@ class InvertConfig:
         precision: ``fp32``, ``bf16`` (autocast) or ``auto`` (bf16 on CUDA, fp32 elsewhere).
         channels_last: run the model and 4-D parameters in channels-last memory format.
         compile: ``torch.compile`` the objective (``compile_mode`` is its mode).
+        cuda_graph: on CUDA, capture the whole step (forward and backward, the normalised update, the clamp, best
+            and early-stopping bookkeeping) once per micro-batch as a CUDA graph and replay it: one launch per
+            step instead of hundreds, for small batches where the step is bound by kernel launches. Finished
+            samples are masked, not removed, so the graph is never captured again. ``True``: capture, or fail with
+            the reason; ``'auto'``: capture where possible (CUDA, no ``compile``), else the eager loop; ``False``:
+            eager. Off CUDA, ``True`` runs the captured loop's structure eagerly (the same results; a test checks).
         deterministic: on CUDA, run with deterministic cuDNN algorithms (``torch.backends.cudnn.deterministic``,
             no autotuning), so that an item's result does not depend on the run: a sharded set then equals
             the unsharded one bit for bit, provided each chunk gets the same micro-batches (a fixed
@@ -87,6 +94,7 @@ class InvertConfig:
     channels_last: bool = False
     compile: bool = False
     compile_mode: Optional[str] = None
+    cuda_graph: Union[bool, str] = False
     deterministic: bool = True
     micro_batch: Optional[int] = None
     cpu_micro_batch: int = 256
@@ -115,6 +123,15 @@ class InvertConfig:
             raise ValueError(f"patience must be at least 1 step (or None to disable), got {self.patience}")
         if self.micro_batch is not None and self.micro_batch < 1:
             raise ValueError(f"micro_batch must be at least 1 (or None for automatic), got {self.micro_batch}")
+        if isinstance(self.cuda_graph, int):  # YAML/CLI 0 and 1 as booleans
+            self.cuda_graph = bool(self.cuda_graph)
+        if self.cuda_graph not in CUDA_GRAPH_MODES:
+            raise ValueError(f"cuda_graph must be one of {list(CUDA_GRAPH_MODES)}, got {self.cuda_graph!r}")
+        if self.cuda_graph is True and self.compile:
+            raise ValueError(
+                "cuda_graph=True and compile=True both want to own the step's CUDA graphs: use cuda_graph=True alone, "
+                "or compile=True with compile_mode='reduce-overhead' (cuda_graph='auto' then steps aside)"
+            )
         if not 0 < self.memory_fraction <= 1:
             raise ValueError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
 

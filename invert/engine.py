@@ -22,7 +22,13 @@ How the loop stays fast
     * Early stopping freezes a sample (its best iterate, loss and step count stop changing at once,
       on the device); frozen samples are compacted out of the working set at the next report, so
       they cost nothing after that, and a micro-batch ends when all its samples are frozen.
-    * Options: bf16 autocast, channels-last, ``torch.compile`` of the objective.
+    * The whole step (forward, backward, update, clamp, bookkeeping) is one function that updates the
+      working set in place (:meth:`_Runner.step`). With ``cuda_graph`` it is captured once per
+      micro-batch as a CUDA graph and replayed, one launch per step instead of hundreds; frozen
+      samples are then masked in place rather than compacted (shapes stay fixed), and the
+      micro-batch still ends when all are frozen. Off CUDA, ``cuda_graph=True`` runs that same
+      masked loop eagerly, with results equal to the compacting loop bit for bit.
+    * Options: bf16 autocast, channels-last, ``torch.compile`` of the objective, CUDA graphs.
 """
 from __future__ import annotations
 
@@ -30,7 +36,7 @@ import contextlib
 import logging
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import numpy as np
 import torch
@@ -45,6 +51,8 @@ from .steps import Stepper, make_stepper, select_state
 from .validation import check_images, hot_loop
 
 logger = logging.getLogger(__name__)
+
+_GRAPH_WARMUP_STEPS = 3  # eager steps on a copy before capture (PyTorch's CUDA-graph recipe warms up on a side stream)
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -121,7 +129,8 @@ class _Working:
     state: dict[str, Tensor]
     best_param: Tensor
     best_loss: Tensor
-    reference: Tensor  # best loss at the start of the current patience window
+    reference: Tensor  # the best loss at its last improvement by more than rtol (early stopping)
+    since: Tensor  # the value of ``evaluated`` at that improvement
     evaluated: Tensor  # iterates scored while active (steps_used = evaluated - 1)
     frozen: Tensor
     nonfinite: Tensor
@@ -136,12 +145,17 @@ class _Working:
             best_param=self.best_param[keep],
             best_loss=self.best_loss[keep],
             reference=self.reference[keep],
+            since=self.since[keep],
             evaluated=self.evaluated[keep],
             frozen=self.frozen[keep],
             nonfinite=self.nonfinite[keep],
             initial_loss=self.initial_loss[keep],
             last_loss=self.last_loss[keep],
         )
+
+    def clone(self) -> "_Working":
+        """A deep copy (the CUDA-graph warm-up steps a copy, so that warming up changes no result)."""
+        return _Working(**{k: ({n: t.clone() for n, t in v.items()} if isinstance(v, dict) else v.clone()) for k, v in vars(self).items()})
 
 
 def _bcast(mask: Tensor, like: Tensor) -> Tensor:
@@ -198,7 +212,7 @@ class Engine:
             if cfg.channels_last:
                 objective.to(memory_format=torch.channels_last)
             loss_fn = torch.compile(objective, dynamic=True, mode=cfg.compile_mode) if cfg.compile else objective
-            runner = _Runner(cfg, loss_fn, parametrization, stepper, device, use_bf16)
+            runner = _Runner(cfg, loss_fn, parametrization, stepper, device, use_bf16, _graph_mode(cfg, device))
             micro_batch = self._micro_batch_size(runner, init)
             out = _Outputs.allocate(init, len(curve_steps))
             chunks = range(0, n, micro_batch)
@@ -271,6 +285,18 @@ def _cudnn_mode(device: torch.device, deterministic: bool):
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = previous
 
 
+def _graph_mode(cfg: InvertConfig, device: torch.device) -> str:
+    """How :class:`_Runner` loops: ``capture`` (CUDA graph), ``masked`` (the same loop eagerly) or ``off``."""
+    if cfg.cuda_graph is False:
+        return "off"
+    if device.type == "cuda" and not cfg.compile:  # a compiled objective makes its own graphs (compile_mode)
+        return "capture"
+    if cfg.cuda_graph is True:
+        logger.info("cuda_graph=True on %s: running the captured loop's structure eagerly (no graphs off CUDA)", device)
+        return "masked"
+    return "off"
+
+
 def _match_items(init: Tensor, num_items: Optional[int]) -> Tensor:
     """``init`` with one row per item of the objective (a single row is shared by all; see :meth:`Engine.run`)."""
     if num_items is None or init.shape[0] == num_items:
@@ -318,7 +344,12 @@ def _forward_fill(curve: Tensor) -> Tensor:
 
 
 class _Runner:
-    """The step loop for one micro-batch at a time."""
+    """The step loop for one micro-batch at a time.
+
+    ``graphs``: ``off`` (eager, frozen samples compacted away at reports), ``capture`` (the step replayed as a CUDA
+    graph, frozen samples masked) or ``masked`` (the captured loop's structure run eagerly: the graph-free fallback
+    of ``cuda_graph=True`` off CUDA; it gives the same results as ``off``).
+    """
 
     def __init__(
         self,
@@ -328,11 +359,15 @@ class _Runner:
         stepper: Stepper,
         device: torch.device,
         use_bf16: bool,
+        graphs: str = "off",
     ):
         self.cfg, self.loss_fn, self.parametrization, self.stepper = cfg, loss_fn, parametrization, stepper
         self.device = device
+        self.graphs = graphs
+        # No autocast cache: it would hold casts across steps, which a CUDA graph capture does not allow; the engine's
+        # weights are frozen (requires_grad off), which the cache skips anyway.
         self.autocast = (
-            (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if use_bf16 else contextlib.nullcontext
+            (lambda: torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)) if use_bf16 else contextlib.nullcontext
         )
 
     # -- one evaluation
@@ -367,75 +402,139 @@ class _Runner:
     # -- the loop
 
     def _start(self, init: Tensor, rows: Tensor) -> _Working:
+        """The working set of ``init``'s samples; every tensor is its own buffer (the step updates them in place)."""
         param = self.parametrization.from_image(init)
-        if self.cfg.channels_last and param.ndim == 4:
-            param = param.contiguous(memory_format=torch.channels_last)
+        layout = torch.channels_last if self.cfg.channels_last and param.ndim == 4 else torch.contiguous_format
+        param = param.clone(memory_format=layout)
         n = param.shape[0]
-        inf = torch.full((n,), math.inf, device=self.device)
+
+        def filled(value: float) -> Tensor:
+            return torch.full((n,), value, device=self.device)
+
+        def zeros(dtype: torch.dtype) -> Tensor:
+            return torch.zeros(n, dtype=dtype, device=self.device)
+
         return _Working(
             rows=rows,
             param=param,
             state=self.stepper.init_state(param),
-            best_param=param,
-            best_loss=inf,
-            reference=inf,
-            evaluated=torch.zeros(n, dtype=torch.long, device=self.device),
-            frozen=torch.zeros(n, dtype=torch.bool, device=self.device),
-            nonfinite=torch.zeros(n, dtype=torch.bool, device=self.device),
-            initial_loss=inf,
-            last_loss=inf,
+            best_param=param.clone(memory_format=layout),
+            best_loss=filled(math.inf),
+            reference=filled(math.inf),
+            since=zeros(torch.long),
+            evaluated=zeros(torch.long),
+            frozen=zeros(torch.bool),
+            nonfinite=zeros(torch.bool),
+            initial_loss=filled(math.inf),
+            last_loss=filled(math.inf),
         )
 
     def _track(self, w: _Working, loss: Tensor) -> None:
-        """Score the current iterate: best tracking, non-finite flags, early stopping. Device-only."""
+        """Score the current iterate in place: best tracking, non-finite flags, early stopping. Device-only."""
         cfg = self.cfg
         active = ~w.frozen
+        w.initial_loss.copy_(torch.where(active & (w.evaluated == 0), loss, w.initial_loss))
         improved = active & (loss < w.best_loss) if cfg.keep_best else active
-        w.best_loss = torch.where(improved, loss, w.best_loss)
-        w.best_param = torch.where(_bcast(improved, w.param), w.param, w.best_param)
-        w.evaluated = w.evaluated + active
-        w.last_loss = torch.where(active, loss, w.last_loss)
-        w.nonfinite = w.nonfinite | (active & ~torch.isfinite(loss))
+        w.best_loss.copy_(torch.where(improved, loss, w.best_loss))
+        w.best_param.copy_(torch.where(_bcast(improved, w.param), w.param, w.best_param))
+        w.evaluated.add_(active)
+        w.last_loss.copy_(torch.where(active, loss, w.last_loss))
+        w.nonfinite.logical_or_(active & ~torch.isfinite(loss))
+        if cfg.patience is not None:
+            self._check_patience(w, active)
         if cfg.loss_threshold is not None:
-            w.frozen = w.frozen | (w.best_loss <= cfg.loss_threshold)
+            w.frozen.logical_or_(w.best_loss <= cfg.loss_threshold)
 
-    def _check_patience(self, w: _Working) -> None:
-        stalled = (w.reference - w.best_loss) <= self.cfg.rtol * w.reference.abs()
-        w.frozen = w.frozen | stalled
-        w.reference = w.best_loss
+    def _check_patience(self, w: _Working, active: Tensor) -> None:
+        """Freeze a sample once ``patience`` steps have passed since its best loss last improved by more than
+        ``rtol`` (relative to the best loss at that improvement).
+
+        The window slides per sample (as ``torch.optim.lr_scheduler.ReduceLROnPlateau`` with ``threshold_mode='rel'``
+        counts bad epochs), so ``patience`` means exactly that many steps. The engine's first rule compared the best
+        loss at fixed boundaries (steps patience, 2 patience, ...), which waited anywhere between ``patience`` and
+        ``2 patience`` steps depending on where a stall began. Neither rule protects quality by itself: with the
+        paper's fixed L2 step (eta 1) the best loss stalls for long stretches and then improves again, so the
+        patience must outlast those stalls (``benchmarks/early_stopping_study.py`` measures what a setting costs).
+        """
+        cfg = self.cfg
+        significant = active & (torch.isinf(w.reference) | (w.reference - w.best_loss > cfg.rtol * w.reference.abs()))
+        w.reference.copy_(torch.where(significant, w.best_loss, w.reference))
+        w.since.copy_(torch.where(significant, w.evaluated, w.since))
+        w.frozen.logical_or_(active & (w.evaluated - w.since >= cfg.patience))
+
+    def step(self, w: _Working, step: Tensor) -> None:
+        """One iteration of the working set, in place and without a host sync: score the iterate (forward and
+        backward), track it, step it; frozen samples keep their iterate. This one function is what the eager loop
+        calls and what :meth:`_capture` records as a CUDA graph, so the two paths compute the same thing."""
+        loss, grad = self.loss_and_grad(w.param, w.rows, step)
+        self._track(w, loss)
+        stepped = self.parametrization.project(self.stepper.step(w.param, grad, w.state))
+        w.param.copy_(torch.where(_bcast(w.frozen, stepped), w.param, stepped))
+        step.add_(1)
+
+    def _capture(self, w: _Working, step: Tensor) -> Optional[Callable[[], None]]:
+        """:meth:`step` over ``w``'s buffers captured as one CUDA graph; returns its ``replay`` (None where capture
+        failed and ``cuda_graph='auto'`` allows the eager loop).
+
+        Warm-up steps (cuDNN autotuning, autograd's lazy state; PyTorch's capture recipe) run on a copy of the working
+        set on a side stream, so they change no result; capture itself executes nothing.
+        """
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        try:
+            with torch.cuda.stream(side):
+                copy, copy_step = w.clone(), step.clone()
+                for _ in range(_GRAPH_WARMUP_STEPS):
+                    self.step(copy, copy_step)
+            current.wait_stream(side)
+            del copy, copy_step
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self.step(w, step)
+        except RuntimeError as err:
+            if self.cfg.cuda_graph is True:
+                raise RuntimeError(
+                    f"capturing the engine's step as a CUDA graph failed ({err}); the objective probably synchronises with "
+                    "the host (.item(), a data-dependent shape, a check outside invert.validation.hot_loop()). "
+                    "Set cuda_graph='auto' to fall back to the eager loop, or cuda_graph=false."
+                ) from err
+            logger.warning("CUDA graph capture failed (%s); running the step eagerly", err)
+            torch.cuda.synchronize(self.device)
+            return None
+        return graph.replay
 
     def run_chunk(self, init: Tensor, start: int, stop: int, out: _Outputs, bar: Any) -> None:
-        """Optimise items ``start:stop`` (``init`` holds their seeds) and write their results."""
+        """Optimise items ``start:stop`` (``init`` holds their seeds) and write their results.
+
+        Eager (``graphs`` off), frozen samples are compacted out of the working set at each report; with graphs the
+        shapes are fixed, frozen samples stay masked in place, and the chunk ends when all of them are frozen.
+        """
         cfg = self.cfg
         w = self._start(init, torch.arange(start, stop, device=self.device))
         rows_host = np.arange(start, stop)  # the host's copy of the working-set layout
         mirror = _HostMirror(self.device)
         step = torch.zeros((), dtype=torch.long, device=self.device)
+        replay = self._capture(w, step) if self.graphs == "capture" and cfg.steps > 0 else None
+        compact = self.graphs == "off"
+        finished = False
         last_report = 0
         for t in range(cfg.steps):
-            loss, grad = self.loss_and_grad(w.param, w.rows, step)
-            if t == 0:
-                w.initial_loss = loss
-                w.reference = loss
-            self._track(w, loss)
-            if cfg.patience is not None and t > 0 and t % cfg.patience == 0:
-                self._check_patience(w)
-            w.param = self.parametrization.project(self.stepper.step(w.param, grad, w.state))
-            step += 1
+            if replay is not None:
+                replay()
+            else:
+                self.step(w, step)
             if t % cfg.log_every == 0:
                 out.curve[t // cfg.log_every].index_copy_(0, w.rows, w.best_loss)
                 snapshot = mirror.exchange(self._summary(w), (rows_host, t))
                 bar.update(t - last_report)
                 last_report = t
                 if snapshot is not None:
-                    w, rows_host = self._report(snapshot, w, rows_host, out, bar)
-                    if w.rows.numel() == 0:
+                    w, rows_host, finished = self._report(snapshot, w, rows_host, out, bar, compact)
+                    if finished:
                         break
-        if w.rows.numel() > 0:
-            loss = self.loss(w.param, w.rows, step)
-            if cfg.steps == 0:
-                w.initial_loss = loss
-            self._track(w, loss)
+        if not finished:
+            self._track(w, self.loss(w.param, w.rows, step))  # the last iterate (after the last step)
             out.curve[-1].index_copy_(0, w.rows, w.best_loss)
         bar.update(cfg.steps - last_report)
         for snapshot in (mirror.drain(), (self._summary(w).cpu(), (rows_host, cfg.steps))):
@@ -465,7 +564,8 @@ class _Runner:
                 "step_size or precision='fp32'."
             )
 
-    def _report(self, snapshot, w: _Working, rows_host: np.ndarray, out: _Outputs, bar: Any):
+    def _report(self, snapshot, w: _Working, rows_host: np.ndarray, out: _Outputs, bar: Any, compact: bool):
+        """Log a snapshot; compact frozen samples away (``compact``). Returns (working set, its rows, all finished)."""
         self._raise_if_nonfinite(snapshot)
         best, frozen, _, snap_rows, t = self._unpack(snapshot)
         active = int((~frozen).sum())
@@ -473,12 +573,15 @@ class _Runner:
         stats = (float(np.median(finite)), float(finite.min()), float(finite.max())) if finite.size else (math.nan,) * 3
         bar.set_postfix(active=active, best_median=f"{stats[0]:.4g}", refresh=False)
         logger.info("step %d: %d/%d samples active, best loss median %.4g (min %.4g, max %.4g)", t, active, len(best), *stats)
+        if not compact:  # fixed shapes (a captured graph): frozen samples stay, masked
+            return w, rows_host, active == 0
         # Compact: drop the rows the snapshot saw frozen (the snapshot may be one report old).
         drop = np.isin(rows_host, snap_rows[frozen])
         if not drop.any():
-            return w, rows_host
+            return w, rows_host, False
         self._write(w, _to_device(np.flatnonzero(drop), self.device), out)
-        return w.select(_to_device(np.flatnonzero(~drop), self.device)), rows_host[~drop]
+        keep = np.flatnonzero(~drop)
+        return w.select(_to_device(keep, self.device)), rows_host[keep], keep.size == 0
 
     def _write(self, w: _Working, index: Tensor, out: _Outputs) -> None:
         """Store finished samples' results in the outputs."""
@@ -507,12 +610,10 @@ class _Runner:
             base = torch.cuda.memory_allocated(device)
             torch.cuda.reset_peak_memory_stats(device)
             w = self._start(init[:size], torch.arange(size, device=device))
-            loss, grad = self.loss_and_grad(w.param, w.rows, torch.zeros((), dtype=torch.long, device=device))
-            self._track(w, loss)
-            w.param = self.parametrization.project(self.stepper.step(w.param, grad, w.state))
+            self.step(w, torch.zeros((), dtype=torch.long, device=device))
             torch.cuda.synchronize(device)
             peaks.append(torch.cuda.max_memory_allocated(device) - base)
-            del w, loss, grad
+            del w
         per_sample = max((peaks[1] - peaks[0]) / probe, peaks[1] / (2 * probe) * 0.25, 1.0)
         fixed = max(peaks[0] - probe * per_sample, 0.0)
         free, _ = torch.cuda.mem_get_info(device)

@@ -211,6 +211,41 @@ class ControversialLoss(Objective):
         return self.keep(x, items, step) - self.lam * self.push(x, items, step)
 
 
+class TwoWayControversialLoss(Objective):
+    """Both directions of :class:`ControversialLoss` in one batch: item i minimises
+
+    ``d1(x) - lam * d2(x)`` where ``first_keeps[i]`` (model 1 keeps, model 2 is pushed: the direction A/B), else
+    ``d2(x) - lam * d1(x)`` (B/A), with ``dk(x) = ||gk(x) - gk(x0)|| / ||gk(x0)||`` for the item's origin x0.
+
+    Each direction needs both models' features of every row, so one batch of both directions costs the same
+    forwards as two batches of one direction each, in half the launches: on a GPU where small batches are bound
+    by kernel launches, both directions and all restarts of a controversial set then run as one batch. Row for
+    row it computes exactly :class:`ControversialLoss`'s expression; only the batch around a row changes.
+    """
+
+    def __init__(self, g1: nn.Module, g2: nn.Module, origins: Tensor, first_keeps: Tensor, lam: float = 0.1, chunk_size: int = 256):
+        super().__init__()
+        first_keeps = torch.as_tensor(first_keeps)
+        if first_keeps.dtype != torch.bool or first_keeps.shape != origins.shape[:1]:
+            raise ValueError(
+                f"first_keeps must be a bool tensor with one entry per origin ({origins.shape[0]},), got "
+                f"{first_keeps.dtype} {tuple(first_keeps.shape)}"
+            )
+        self.lam = lam
+        self.d1 = InversionLoss(g1, origins, chunk_size=chunk_size)
+        self.d2 = InversionLoss(g2, origins, chunk_size=chunk_size)
+        self.register_buffer("first_keeps", first_keeps.to(self.d1.target_features.device), persistent=False)
+
+    @property
+    def num_items(self) -> int:
+        return self.d1.num_items
+
+    def forward(self, x: Tensor, items: Tensor | None = None, step: Step = 0) -> Tensor:
+        d1, d2 = self.d1(x, items, step), self.d2(x, items, step)
+        first = rows(self.first_keeps, items, x.shape[0], "origins")
+        return torch.where(first, d1 - self.lam * d2, d2 - self.lam * d1)
+
+
 def _class_buffer(classes: Union[int, Sequence[int], Tensor], name: str) -> Tensor:
     tensor = torch.as_tensor(classes, dtype=torch.long)
     if tensor.ndim > 1:

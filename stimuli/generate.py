@@ -11,8 +11,9 @@ calls with :func:`stimuli.gaussian_targets` (Table 3).
 How a run is organised
     The set is planned up front: static images (targets or origins, seeds or starts) and one
     *item* per result, numbered globally. Items are cut into *chunks* of ``chunk_size``
-    consecutive items that share one objective (a controversial direction never straddles a
-    chunk). Each chunk is one engine call with ``item_offset`` = its first item, so every random
+    consecutive items that share one objective (the two-model controversial objective covers both
+    directions and all restarts at once, :class:`invert.TwoWayControversialLoss`; a
+    class-controversial direction never straddles a chunk). Each chunk is one engine call with ``item_offset`` = its first item, so every random
     key is the global item number and a chunk computes the same numbers in every run.
 
     Resumable: each finished chunk is written to ``OUT/parts/`` (tensors, then a JSON record with
@@ -46,7 +47,16 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from invert import ClassControversialLoss, ControversialLoss, Engine, InversionLoss, InvertConfig, module_device, resolve_engine
+from invert import (
+    ClassControversialLoss,
+    ControversialLoss,
+    Engine,
+    InversionLoss,
+    InvertConfig,
+    TwoWayControversialLoss,
+    module_device,
+    resolve_engine,
+)
 from training.checkpoints import weights_hash
 from training.io import atomic_save, atomic_write_json
 
@@ -78,7 +88,7 @@ CONTROVERSIAL_OBJECTIVES = ("controversial", "class_controversial")
 CONTROVERSIAL_STARTS = ("uniform", "gaussian", "origin")
 # Engine settings that may change between a run and its resumption (e.g. a smaller micro-batch
 # after running out of memory) without making it a different set.
-EXECUTION_KEYS = ("progress", "micro_batch", "cpu_micro_batch", "memory_fraction")
+EXECUTION_KEYS = ("progress", "micro_batch", "cpu_micro_batch", "memory_fraction", "cuda_graph")  # keys that never change a result
 
 
 @dataclass
@@ -387,6 +397,13 @@ def _controversial_plan(
         groups.append(_Group(direction, group_start, len(result_rows), _controversial_objective(
             objective, keep, push, origins, torch.tensor(origin_of, dtype=torch.long), lam, alpha, class_keep, class_push,
         )))
+    if objective == "controversial" and sorted(directions) == sorted(DIRECTIONS):
+        # Both directions (and all restarts) as one engine batch: the same forwards as one batch per direction, half the
+        # launches (invert.TwoWayControversialLoss computes each row exactly as ControversialLoss does).
+        first_keeps = torch.tensor([row["direction"] == "AB" for row in result_rows])
+        groups = [_Group("+".join(directions), 0, len(result_rows), _two_way_objective(
+            model_a, model_b, origins, torch.tensor(origin_of, dtype=torch.long), first_keeps, lam,
+        ))]
     parameters = {
         "kind": objective,
         "origins": origins.params,
@@ -409,6 +426,14 @@ def _controversial_plan(
         parameters=parameters,
         chunk_size=chunk_size,
     )
+
+
+def _two_way_objective(model_a, model_b, origins, origin_of, first_keeps, lam):
+    def build(items: Tensor, device: torch.device) -> nn.Module:
+        return TwoWayControversialLoss(model_a.module("representation"), model_b.module("representation"),
+                                       origins.images[origin_of[items]].to(device), first_keeps[items], lam=lam)
+
+    return build
 
 
 def _controversial_objective(objective, keep, push, origins, origin_of, lam, alpha, class_keep, class_push):

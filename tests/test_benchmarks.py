@@ -34,3 +34,54 @@ def test_training_benchmark_runs_every_contender(tmp_path):
     assert set(report["results"]) == {f"{m}/{r}" for m in ("standard", "pgd") for r in ("ours", "robustness", "dataloader", "kernels")}
     assert all(r["images_per_second"] > 0 for r in report["results"].values())
     assert "pgd: ours / robustness" in report["ratios"]
+
+
+@pytest.mark.slow
+def test_inversion_benchmark_reports_throughput_and_early_stopping_quality(tmp_path):
+    report = run_benchmark("bench_inversion.py", tmp_path / "inversion.json", "--arch", "small_cnn", "--skip", "anchor",
+                           "--items", "4", "--steps", "12", "--patience", "3", "--threads", "1")
+    assert set(report["results"]) == {"engine", "engine-best", "engine-best-stop"}
+    assert report["flops_per_item_step"] > 0 and report["bf16_peak_tflops"] is None  # a CPU has no entry in the peak table
+    for result in report["results"].values():
+        assert result["item_steps_per_s"] == pytest.approx(4 * 12 / result["seconds"])
+        assert result["tflops"] > 0 and result["fraction_of_bf16_peak"] == "n.a."
+    stopping = report["early_stopping"]
+    assert stopping["patience"] == 3 and 0 <= stopping["item_steps_saved"] < 1 and 0 <= stopping["items_worse"] <= 4
+
+
+@pytest.mark.slow
+def test_measure_benchmark_times_every_stage_of_the_pipeline(tmp_path):
+    report = run_benchmark("bench_measure.py", tmp_path / "measure.json", "--scale", "tiny", "--threads", "1",
+                           "--observers", "pixel-l2", "ssim", "--device", "cpu")
+    assert report["stage_calls"] == {"build": 2, "inversion": 2, "accuracy": 2, "observe": 2, "controversial": 1}
+    assert all(report["stage_seconds"][stage] > 0 for stage in report["stage_calls"])
+    assert report["seconds"] >= report["pipeline_seconds"] > 0
+
+
+def test_the_early_stopping_replay_is_the_engines_rule_step_for_step():
+    import numpy as np
+    import torch
+    from torch import nn
+
+    sys.path.insert(0, str(BENCHMARKS))
+    from early_stopping_study import replay, stopping_steps
+
+    from invert import Engine, InversionLoss, noise_images
+
+    torch.manual_seed(0)
+    representation = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), nn.ReLU(), nn.Conv2d(8, 8, 3, 2, 1), nn.Flatten()).eval()
+    objective = InversionLoss(representation, noise_images(6, (3, 16, 16), seed=3))
+    seeds = noise_images(6, (3, 16, 16), seed=4)
+    # cuda_graph=True: the batch keeps its shape, so the stopped run follows the unstopped one exactly.
+    settings = dict(steps=120, step_size=0.5, progress=False, log_every=1, cuda_graph=True)
+    full = Engine(**settings).run(objective, seeds)
+    curve = full.loss_curve.numpy()
+    for patience, rtol in ((10, 1e-3), (25, 1e-2)):
+        stopped = Engine(patience=patience, rtol=rtol, **settings).run(objective, seeds)
+        predicted = stopping_steps(curve, patience, rtol, "sliding")
+        assert predicted.tolist() == stopped.steps_used.tolist()
+        assert (predicted < 120).any()
+        row = replay(curve, patience, rtol, "sliding", worse_by=0.01)
+        assert row["median_distance"] == pytest.approx(float(np.median(stopped.best_loss.numpy())))  # numpy: the mean of the middle two
+    window = stopping_steps(curve, 10, 1e-3, "window")
+    assert (window % 10 == 0).all()  # the first rule only looked at multiples of the patience

@@ -128,23 +128,93 @@ def test_class_controversial_objective_makes_two_models_disagree(tiny_classifier
         assert torch.equal(model2(result.images).argmax(1), class2)
 
 
-def test_early_stopping_freezes_samples_and_skips_their_work(inversion):
-    objective, seeds = inversion
+class RippledQuadratic(Objective):
+    """A per-sample loss with no coupling between samples at all (elementwise, then a row mean), so that
+    results are bit-identical whatever the batch looks like: a bowl around each target plus a ripple
+    that makes fixed-size normalised steps stall and resume, as on real representations."""
+
+    def __init__(self, targets: torch.Tensor):
+        super().__init__()
+        self.register_buffer("targets", targets)
+
+    def forward(self, x, items=None, step=0):
+        target = self.targets if items is None else self.targets[items]
+        return ((x - target) ** 2 + 0.02 * torch.sin(40 * x)).flatten(1).mean(1)
+
+
+@pytest.fixture
+def rippled(wave_images):
+    """(objective, seeds): 6 items whose best losses stall at different steps."""
+    return RippledQuadratic(wave_images(6)), noise_images(6, (3, 16, 16), seed=4)
+
+
+def stop_step_by_the_rule(curve: torch.Tensor, patience: int, rtol: float) -> list[int]:
+    """The early-stopping rule restated from its definition, on an unstopped run's per-step best-loss curve:
+    an item stops at the first step k where no step in (k - patience, k] improved the best loss by more than
+    rtol relative to the best loss at the last such improvement."""
+    stops = []
+    for column in curve.T.tolist():
+        reference, since, stop = column[0], 0, len(column) - 1
+        for k in range(1, len(column)):
+            if reference - column[k] > rtol * abs(reference):
+                reference, since = column[k], k
+            if k - since >= patience:
+                stop = k
+                break
+        stops.append(stop)
+    return stops
+
+
+@pytest.mark.parametrize("cuda_graph", [False, True], ids=["compacting", "masked"])
+def test_early_stopping_freezes_an_item_once_its_best_loss_stalls_for_patience_steps(rippled, cuda_graph):
+    objective, seeds = rippled
     counting = CountingObjective(objective)
-    settings = dict(step_size=0.3, **QUICK)
-    stopped = invert_batch(counting, seeds, steps=200, patience=20, rtol=0.07, **settings)
-    used = stopped.steps_used
-    assert (used < 200).all() and (used % 20 == 0).all() and len(set(used.tolist())) > 1, used
-    # Frozen samples leave the batch: far fewer rows evaluated than 4 x 201.
-    assert counting.rows < 0.9 * 4 * 201
-    for item in range(4):
-        # A frozen sample's result is exactly that of a run stopped at its step count ...
-        full = invert_batch(objective, seeds, steps=int(used[item]), **settings)
-        torch.testing.assert_close(stopped.images[item], full.images[item])
-        torch.testing.assert_close(stopped.best_loss[item], full.best_loss[item])
-        # ... and its loss curve stays flat afterwards.
-        after = stopped.loss_curve[int(used[item]) // 10 :, item]
-        torch.testing.assert_close(after, stopped.best_loss[item].expand_as(after))
+    settings = dict(step_size=0.5, progress=False, log_every=1, cuda_graph=cuda_graph)
+    full = invert_batch(objective, seeds, steps=150, **settings)
+    stopped = invert_batch(counting, seeds, steps=150, patience=15, rtol=1e-3, **settings)
+    expected = stop_step_by_the_rule(full.loss_curve, patience=15, rtol=1e-3)
+    assert stopped.steps_used.tolist() == expected
+    assert max(expected) < 150 and len(set(expected)) > 1, expected  # the test stops items, at different steps
+    # A frozen item returns exactly what the unstopped run held at its stopping step, and its curve stays flat.
+    items = torch.arange(6)
+    assert torch.equal(stopped.best_loss, full.loss_curve[stopped.steps_used, items])
+    assert torch.equal(stopped.loss_curve[:, 0][expected[0]:], stopped.best_loss[0].expand(151 - expected[0]))
+    for item in range(6):
+        alone = invert_batch(objective, seeds, steps=expected[item], **settings)
+        assert torch.equal(stopped.images[item], alone.images[item])
+    if not cuda_graph:  # compacting: frozen items leave the batch, so far fewer rows are evaluated than 6 x 151
+        assert counting.rows < 0.9 * 6 * 151
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(step_size=0.5, patience=10, rtol=1e-3),
+        dict(step_size=0.5, loss_threshold=0.06, keep_best=False),
+        dict(stepper="adam", step_size=0.1, patience=5, rtol=3e-2, micro_batch=4),
+        dict(step_size=0.5, steps=0),
+    ],
+    ids=["patience", "threshold-last-iterate", "adam-micro-batches", "zero-steps"],
+)
+def test_the_graph_structured_loop_gives_the_eager_loops_results_bit_for_bit(rippled, settings):
+    # cuda_graph=True off CUDA runs the very loop a CUDA graph replays (fixed shapes, finished items masked) without
+    # the graph: the graph-free fallback. It must equal the eager loop (finished items compacted away) exactly.
+    objective, seeds = rippled
+    settings = {"steps": 60, **settings, **QUICK}
+    eager = invert_batch(objective, seeds, cuda_graph=False, **settings)
+    masked = invert_batch(objective, seeds, cuda_graph=True, **settings)
+    if settings["steps"]:
+        assert (eager.steps_used < 60).any()  # some items finish early
+    for field in ("images", "best_loss", "initial_loss", "last_loss", "steps_used", "loss_curve"):
+        assert torch.equal(getattr(masked, field), getattr(eager, field)), field
+
+
+def test_the_engine_never_writes_into_the_callers_tensors(rippled):
+    objective, seeds = rippled  # the loop updates its buffers in place; they must be its own
+    before = seeds.clone()
+    invert_batch(objective, seeds, steps=5, cuda_graph=True, **QUICK)
+    invert_batch(objective, seeds, steps=5, **QUICK)
+    assert torch.equal(seeds, before)
 
 
 def test_loss_threshold_stops_a_sample_at_the_first_step_below_it(inversion):
@@ -253,6 +323,8 @@ def test_bad_inputs_have_clear_messages(inversion):
         (dict(patience=0), "patience must be at least 1 step"),
         (dict(micro_batch=0), "micro_batch must be at least 1"),
         (dict(memory_fraction=1.5), "memory_fraction must be in \\(0, 1\\]"),
+        (dict(cuda_graph="always"), "cuda_graph must be one of \\[False, True, 'auto'\\], got 'always'"),
+        (dict(cuda_graph=True, compile=True), "cuda_graph=True and compile=True both want.*compile_mode='reduce-overhead'"),
         (dict(iterations=10), "unknown invert config keys \\['iterations'\\]; valid keys are"),
     ],
 )
@@ -330,3 +402,67 @@ def test_compiled_objective_on_cuda_gives_the_same_result(inversion):
     eager = Engine(steps=5, **QUICK).run(objective, seeds)
     compiled = Engine(steps=5, compile=True, **QUICK).run(objective, seeds)
     torch.testing.assert_close(compiled.images, eager.images, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "settings",
+    [dict(), dict(precision="bf16", channels_last=True), dict(stepper="adam", step_size=0.05, transform_robust=True, transform_samples=2)],
+    ids=["fp32", "bf16-channels-last", "adam-transform-robust"],
+)
+def test_the_captured_step_equals_the_uncaptured_step(inversion, settings):
+    objective, seeds = inversion
+    objective, seeds = objective.cuda(), seeds.cuda()
+    settings = {"steps": 30, **settings, **QUICK}
+    eager = Engine(cuda_graph=False, **settings).run(objective, seeds)
+    captured = Engine(cuda_graph=True, **settings).run(objective, seeds)
+    # Deterministic cuDNN and the same batch throughout: the replayed kernels are the eager ones.
+    for field in ("images", "best_loss", "initial_loss", "last_loss", "steps_used", "loss_curve"):
+        assert torch.equal(getattr(captured, field), getattr(eager, field)), field
+
+
+@pytest.mark.gpu
+def test_captured_items_that_finish_early_are_masked_not_recaptured(inversion, monkeypatch):
+    import invert.engine as engine_module
+
+    captures = []
+    original = engine_module._Runner._capture
+    monkeypatch.setattr(engine_module._Runner, "_capture", lambda self, w, step: captures.append(1) or original(self, w, step))
+    objective, seeds = inversion
+    objective, seeds = objective.cuda(), seeds.cuda()
+    settings = dict(steps=200, step_size=0.3, patience=20, rtol=0.07, progress=False, log_every=10)
+    captured = Engine(cuda_graph=True, **settings).run(objective, seeds)
+    assert len(captures) == 1 and (captured.steps_used < 200).all()
+    # The reference: the same masked loop run eagerly on CUDA (the eager default compacts finished items away, and
+    # other batch sizes may pick other cuDNN kernels).
+    monkeypatch.setattr(engine_module, "_graph_mode", lambda cfg, device: "masked")
+    eager = Engine(cuda_graph=True, **settings).run(objective, seeds)
+    assert len(captures) == 1
+    for field in ("images", "best_loss", "initial_loss", "last_loss", "steps_used", "loss_curve"):
+        assert torch.equal(getattr(captured, field), getattr(eager, field)), field
+
+
+@pytest.mark.parametrize("models", ["pointwise", "conv"])
+def test_both_controversial_directions_in_one_batch_equal_one_batch_per_direction(tiny_representation, wave_images, models):
+    from invert import TwoWayControversialLoss
+
+    if models == "pointwise":  # no coupling between rows at all: the results must be identical bit for bit
+        g1, g2 = nn.Sequential(nn.Flatten(), nn.Tanh()), nn.Sequential(nn.Flatten(), nn.Softplus(beta=4.0))
+    else:  # convolutions: a different batch around a row may change the last bit of a sum
+        g1, g2 = tiny_representation(0), tiny_representation(1)
+    origins = wave_images(3).repeat_interleave(2, 0)  # 3 origins x 2 restarts
+    starts = clamp01(random_start_l2(origins, 0.5, generator=torch.Generator().manual_seed(0)))
+    settings = dict(steps=30, step_size=0.3, patience=10, rtol=1e-2, **QUICK)
+    ab = invert_batch(ControversialLoss(g1, g2, origins, lam=0.1), starts, **settings)
+    ba = invert_batch(ControversialLoss(g2, g1, origins, lam=0.1), starts, **settings)
+    first_keeps = torch.tensor([True] * 6 + [False] * 6)
+    both = invert_batch(TwoWayControversialLoss(g1, g2, origins.repeat(2, 1, 1, 1), first_keeps, lam=0.1), starts.repeat(2, 1, 1, 1), **settings)
+    separate = {field: torch.cat([getattr(ab, field), getattr(ba, field)]) for field in ("images", "best_loss", "steps_used")}
+    if models == "pointwise":
+        for field, value in separate.items():
+            assert torch.equal(getattr(both, field), value), field
+    else:
+        torch.testing.assert_close(both.images, separate["images"], atol=1e-5, rtol=0)
+        torch.testing.assert_close(both.best_loss, separate["best_loss"], atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"first_keeps must be a bool tensor with one entry per origin \(12,\), got torch.int64 \(12,\)"):
+        TwoWayControversialLoss(g1, g2, origins.repeat(2, 1, 1, 1), first_keeps.long())

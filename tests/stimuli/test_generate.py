@@ -135,6 +135,15 @@ def test_resuming_with_other_parameters_is_refused_unless_overwrite(tmp_path, di
         invert(out, digits, engine=CountingEngine(steps=3))
 
 
+def test_execution_settings_leave_the_set_as_it_is(digits, one_go):
+    # cuda_graph and the micro-batch change how the engine runs, never what it computes: a set made without them
+    # is the set asked for with them (no refusal, no engine call), so adding such keys keeps existing sets valid.
+    s, _ = one_go
+    engine = CountingEngine(cuda_graph="auto", micro_batch=2)
+    again = invert(s.path, digits, engine, preview=True)
+    assert engine.calls == 0 and again.fingerprint == s.fingerprint
+
+
 def test_shards_merge_to_the_unsharded_set(tmp_path, digits, one_go):
     shards = []
     for shard in range(2):
@@ -210,6 +219,23 @@ def test_controversial_set_both_directions_from_shared_starts(tmp_path, digits):
     assert (s.path / "preview.png").is_file()
     with pytest.raises(ValueError, match="trials are built from inversion sets"):
         set_trials(s, "2afc")
+
+
+def test_both_controversial_directions_run_as_one_engine_batch_with_each_directions_results(tmp_path, digits):
+    from invert import ControversialLoss
+
+    test, _ = digits
+    a, b = ModelRef("a", tiny_representation(1)), ModelRef("b", tiny_representation(2))
+    engine = CountingEngine(steps=6)
+    s = make_controversial_set(tmp_path / "c", a, b, select_targets(test, 2, seed=0), lam=0.5, restarts=2, engine=engine, preview=False)
+    assert engine.calls == 1  # 2 origins x 2 restarts x 2 directions: one batch
+    results = s.manifest[s.manifest.role == "result"]
+    for direction, (keep, push) in {"AB": (a, b), "BA": (b, a)}.items():
+        rows = results[results.direction == direction]
+        origins, starts = s.get(list(rows.origin_id)), s.get(list(rows.seed_id))
+        alone = CountingEngine(steps=6).run(ControversialLoss(keep.module("representation"), push.module("representation"), origins, lam=0.5), starts)
+        # The same per-row computation; only the batch around a row differs (convolutions may round differently).
+        torch.testing.assert_close(s.get(list(rows.id)), alone.images, atol=1e-5, rtol=0)
 
 
 def test_class_controversial_drives_the_pushed_model_to_another_class(tmp_path, digits):

@@ -1,0 +1,50 @@
+"""Work and peak: the FLOPs of one engine step, and the bf16 peak of known GPUs, for TFLOP/s next to item-steps/s."""
+from __future__ import annotations
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from invert.modules import evaluation
+
+# Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) from NVIDIA's data sheets, matched against
+# torch.cuda.get_device_name() in this order (more specific names first).
+BF16_PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("H200", 989.0),
+    ("H100 PCIe", 756.0),
+    ("H100 NVL", 835.0),
+    ("H100", 989.0),  # SXM (reported as "NVIDIA H100 80GB HBM3")
+    ("GH200", 989.0),
+    ("A100", 312.0),
+    ("L40S", 362.0),
+    ("L4", 121.0),
+    ("A10", 125.0),
+)
+
+
+def bf16_peak_tflops(device: torch.device) -> float | None:
+    """The dense bf16 peak of ``device``'s GPU, or None (a CPU, or a GPU missing from the table)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in BF16_PEAK_TFLOPS if key in name), None)
+
+
+def flops_per_item_step(objective: torch.nn.Module, images: torch.Tensor, items: torch.Tensor | None = None) -> float:
+    """FLOPs of one engine step per item: the objective's forward and the backward to the input (weights frozen, as
+    the engine runs it), counted by ``torch.utils.flop_counter.FlopCounterMode`` (matmuls and convolutions) on
+    ``images`` (the objective's ``items``) and divided by their number. Elementwise work (the update, the clamp, the bookkeeping) is not counted."""
+    with evaluation(objective, freeze_parameters=True), FlopCounterMode(display=False) as counter, torch.enable_grad():
+        x = images.detach().clone().requires_grad_(True)
+        objective(x, items).sum().backward()  # FlopCounterMode counts .backward() (not autograd.grad)
+    return counter.get_total_flops() / images.shape[0]
+
+
+def throughput(item_steps: float, seconds: float, flops_per_step: float, peak_tflops: float | None) -> dict:
+    """Item-steps/s, the achieved TFLOP/s and the share of the bf16 peak ("n.a." where the peak is unknown)."""
+    tflops = item_steps * flops_per_step / seconds / 1e12
+    return {
+        "item_steps_per_s": item_steps / seconds,
+        "tflops": tflops,
+        "fraction_of_bf16_peak": tflops / peak_tflops if peak_tflops else "n.a.",
+    }
