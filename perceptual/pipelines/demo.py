@@ -15,53 +15,17 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Mapping
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from training.config import check_overrides, check_train_config
 from training.sweeps import job_path
-from training.trainer import train
 
 from ..convergence import convergence_sentence
 from ..measure import TASKS, ModelSpec, headline, make_panel, measure_models, threat_from_config, validate_inputs
 from ..observers import lpips_weights_available
+from ._references import pair_configs, train_pair
 from .measure import check_convergence
-
-
-def pair_configs(cfg: DictConfig) -> dict[str, DictConfig]:
-    """The training configs of the standard and the PGD model (same architecture and schedule), checked."""
-    configs = {}
-    for label, recipe in (("standard", "standard"), ("robust", "pgd")):
-        run_dir = Path(cfg.out) / "runs" / label
-        overrides = [
-            f"model={cfg.model}",
-            *[f"+model.kwargs.{key}={value}" for key, value in cfg.model_kwargs.items()],
-            f"data={cfg.data.name}",
-            *([f"data.root={cfg.data.root}"] if cfg.data.get("root") else []),
-            f"train={recipe}",
-            f"run_dir={run_dir}",
-            "resume=true",
-            f"seed={cfg.seed}",
-            f"device={cfg.device}",
-            f"progress={str(cfg.progress).lower()}",
-        ] + [f"train.{key}={value}" for key, value in cfg.schedule.items()]
-        if recipe == "pgd":
-            overrides += [f"train.attack.{key}={value}" for key, value in cfg.attack.items()]
-        configs[label] = check_overrides("train", overrides)  # a misspelt schedule key is named, not appended
-        check_train_config(configs[label])
-    return configs
-
-
-def train_pair(configs: Mapping[str, DictConfig]) -> dict[str, Path]:
-    """Train (or resume) each model; returns their weight files."""
-    weights = {}
-    for label, train_cfg in configs.items():
-        result = train(train_cfg)
-        weights[label] = result.run_dir / "model.safetensors"
-        print(f"{label:>8}: {result.summary.get('clean_accuracy', float('nan')):.3f} clean accuracy ({result.run_dir})")
-    return weights
 
 
 def run(cfg: DictConfig) -> dict:
@@ -73,7 +37,7 @@ def run(cfg: DictConfig) -> dict:
     validate_inputs([ModelSpec(cfg.model, None, label) for label in ("standard", "robust")], n_targets=cfg.n_targets,
                     seed_types=list(cfg.seed_types), tasks=TASKS, engine=container["invert"], controversial=controversial)
     threat = threat_from_config(container["threat"])
-    configs = pair_configs(cfg)
+    configs = pair_configs(cfg, out / "runs")
     panel = make_panel("auto", cfg.observer_net)
     if not lpips_weights_available(cfg.observer_net):
         print(
