@@ -229,7 +229,7 @@ def audit_robustness(model: nn.Module, x: Tensor, y: Tensor, norm: str, eps: flo
     sweep = {f"{value:.6g}": (accuracy if value == eps else run_at(value)) for value in sorted({*(sweep_eps or []), eps})}
     masking = _masking_report(model, x, y, norm, masking_eps, steps, unbounded_steps, seed, eot_samples, bpda, cache_dir, key)
     audit = RobustnessAudit(norm, eps, len(y), accuracy, randomised, eot_samples, masking, sweep=sweep, bpda=bpda, warnings=warnings)
-    audit.checks = masking_checks(accuracy, masking["checks"], masking["unbounded_accuracy"], randomised, eot_samples)
+    audit.checks = masking_checks(accuracy, masking["checks"], masking["unbounded_accuracy"], randomised, eot_samples, masking)
     return audit
 
 
@@ -260,9 +260,22 @@ def _masking_report(model, x, y, norm, masking_eps, steps, unbounded_steps, seed
     return report
 
 
+def _sweep_detail(name: str, masking: Optional[Mapping]) -> str:
+    """The numbers behind one of gradient_masking_report's eps-sweep checks."""
+    if not masking:
+        return "eps sweep of training.evaluate.gradient_masking_report"
+    eps = ", ".join(f"{e:.3g}" for e in masking["eps"])
+    if name == "loss_rises_with_eps":
+        return f"PGD loss {masking['clean_loss']:.3f} (clean) -> " + " -> ".join(f"{v:.3f}" for v in masking["loss"]) + f" at eps {eps}"
+    if name == "accuracy_falls_with_eps":
+        return f"PGD accuracy {masking['clean_accuracy']:.0%} (clean) -> " + " -> ".join(f"{v:.0%}" for v in masking["accuracy"]) + f" at eps {eps}"
+    return f"clean {masking['clean_accuracy']:.1%}, highest PGD accuracy {max(masking['accuracy']):.1%} (at eps {eps})"
+
+
 def masking_checks(accuracy: dict[str, float], report_checks: dict[str, bool], unbounded_accuracy: float, randomised: bool,
-                   eot_samples: int) -> list[Check]:
-    """The checks of :data:`DECISION_RULE` from the attack accuracies and the masking report."""
+                   eot_samples: int, masking: Optional[Mapping] = None) -> list[Check]:
+    """The checks of :data:`DECISION_RULE` from the attack accuracies and the masking report (``masking``:
+    :meth:`training.evaluate.MaskingReport.to_dict`, for the numbers of its eps-sweep checks)."""
     white_box = min(accuracy[k] for k in ("pgd", "apgd-ce", "apgd-t") if k in accuracy)
     checks = []
     black = {k: accuracy[k] for k in ("square", "transfer") if k in accuracy}
@@ -280,7 +293,8 @@ def masking_checks(accuracy: dict[str, float], report_checks: dict[str, bool], u
     checks.append(Check("multi_step_beats_single_step", "fail" if single > GAP else "pass",
                         f"FGSM {accuracy['fgsm']:.1%}, PGD {accuracy['pgd']:.1%}"))
     for name, ok in report_checks.items():
-        detail = f"unbounded accuracy {unbounded_accuracy:.1%} (limit {UNBOUNDED_MAX:.0%})" if name == "unbounded_attack_succeeds" else "eps sweep, see masking"
+        detail = (f"unbounded accuracy {unbounded_accuracy:.1%} (limit {UNBOUNDED_MAX:.0%})" if name == "unbounded_attack_succeeds"
+                  else _sweep_detail(name, masking))
         checks.append(Check(name, "pass" if ok else "fail", detail))
     if not randomised:
         checks.append(Check("randomness_handled", "n.a.", "deterministic: two forward passes agree"))
@@ -299,10 +313,11 @@ def alignment_position(defence: dict[str, float], standard: dict[str, float], ro
 
 def controversial_summary(result: Mapping) -> str:
     """Which model the observers favour on the controversial stimuli (``perceptual.measure.measure_controversial``'s
-    result), in words: e.g. "robust favoured by 3 of 5 observers, defence by 0"."""
+    result), in words: e.g. "of 5 observers, 3 favour robust, 0 defence, 2 undecided"."""
     favoured = [f.get("favours") for f in result.get("favoured_by_observer", {}).values()]
-    counts = ", ".join(f"{model} by {favoured.count(model)}" for model in (result["model_b"], result["model_a"]))
-    return f"observers favour {counts} of {len(favoured)} (the rest undecided)"
+    a, b = result["model_a"], result["model_b"]
+    undecided = len(favoured) - favoured.count(a) - favoured.count(b)
+    return f"of {len(favoured)} observers, {favoured.count(b)} favour {b}, {favoured.count(a)} {a}, {undecided} undecided"
 
 
 def verdict(audit: RobustnessAudit, alignment: Optional[float] = None, controversial: Optional[str] = None) -> str:

@@ -134,6 +134,7 @@ def run(cfg: DictConfig) -> dict:
     test = dataset_from_config(cfg.data, "test")
     n = min(int(cfg.n_images), len(test))
     x, y = test.float_images(slice(0, n), device=device), test.labels[:n].to(device)
+    torch.manual_seed(int(cfg.seed))  # a factory that initialises weights randomly builds the same model on a rerun
     defence = load_defence(defence_spec, dataset).to(device).eval()
     check_classifier(defence, x[:8], NUM_CLASSES.get(dataset))
     warnings = [w for w in [randomness_warning(is_randomised(defence, x[:8]), int(cfg.eot))] if w]
