@@ -109,7 +109,8 @@ def check_classifier(model: nn.Module, x: Tensor, n_classes: int | None = None) 
         shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
         raise ValueError(f"the defence must map (N, C, H, W) images to (N, classes) logits, got {shape}")
     if n_classes is not None and out.shape[1] != n_classes:
-        raise ValueError(f"the defence outputs {out.shape[1]} scores but the data set has {n_classes} classes")
+        raise ValueError(f"the defence outputs {out.shape[1]} scores but the data set has {n_classes} classes: return one logit per class "
+                         "(is it a feature extractor rather than a classifier?)")
     if not torch.isfinite(out).all():
         raise ValueError("the defence returned non-finite outputs")
     if (out >= 0).all() and torch.allclose(out.float().sum(1), torch.ones(out.shape[0]), atol=1e-4):

@@ -70,6 +70,7 @@ class ModelSpec:
     pretrained: bool = False
     kwargs: dict = field(default_factory=dict)
     factory: str | None = None
+    module: torch.nn.Module | None = field(default=None, repr=False, compare=False)  # already built (e.g. the audited defence)
 
     def __post_init__(self) -> None:
         if bool(self.name) == bool(self.factory):
@@ -81,7 +82,9 @@ class ModelSpec:
             raise ValueError(f"model label {self.label!r} must be a plain name (it becomes a folder)")
 
     def build(self, dataset: str) -> torch.nn.Module:
-        """The classifier: from the zoo for ``dataset``, or the factory's module (which knows its own data set)."""
+        """The classifier: ``module`` when given, else from the zoo for ``dataset`` or the factory (which knows its own data set)."""
+        if self.module is not None:
+            return self.module
         if self.factory:
             return build_from_factory(self.factory, checkpoint=self.checkpoint, trust_pickle=self.trust_pickle, **self.kwargs)
         return build_model(self.name, dataset, checkpoint=self.checkpoint, trust_pickle=self.trust_pickle, pretrained=self.pretrained, **self.kwargs)

@@ -136,6 +136,7 @@ def run(cfg: DictConfig) -> dict:
     x, y = test.float_images(slice(0, n), device=device), test.labels[:n].to(device)
     torch.manual_seed(int(cfg.seed))  # a factory that initialises weights randomly builds the same model on a rerun
     defence = load_defence(defence_spec, dataset).to(device).eval()
+    defence_spec.module = defence  # the alignment measures this very object, not a second build of the factory
     check_classifier(defence, x[:8], NUM_CLASSES.get(dataset))
     warnings = [w for w in [randomness_warning(is_randomised(defence, x[:8]), int(cfg.eot))] if w]
     for warning in warnings:
@@ -156,6 +157,8 @@ def run(cfg: DictConfig) -> dict:
     else:
         sources = {label: f"given: {spec.name or spec.factory} ({spec.checkpoint or 'no checkpoint'})" for label, spec in references.items()}
     reference_models = {label: load_defence(spec, dataset, f"reference.{label}").to(device).eval() for label, spec in references.items()}
+    for label, model in reference_models.items():
+        references[label].module = model
     for model in reference_models.values():
         check_classifier(model, x[:8], NUM_CLASSES.get(dataset))
 
