@@ -13,6 +13,7 @@ from hydra import compose, initialize_config_module
 import perceptual.audit as audit_module
 import perceptual.measure as measure_module
 import perceptual.pipelines._references as references_module
+from invert import Engine
 from perceptual.pipelines import COMMANDS
 from perceptual.pipelines.audit import load_factory, run
 
@@ -30,16 +31,15 @@ def _refuse(*args, **kwargs):
     raise AssertionError("a cached stage ran again")
 
 
-def test_audit_command_end_to_end_reuses_references_and_resumes(tmp_path, monkeypatch):
-    """Quantised-input small CNN (untrained, seeded) audited with references trained here for one epoch; the bootstrap
-    statistics of the measure report are skipped (they are measure's, tested there, and slow)."""
+def test_audit_command_end_to_end_and_a_rerun_recomputes_nothing(tmp_path, monkeypatch):
+    """Quantised-input small CNN (untrained, seeded) against given (random) references, with the alignment and the
+    controversial stimuli; the bootstrap statistics of the measure report are skipped (measure's, tested there, slow)."""
     monkeypatch.setattr(measure_module, "measurement_statistics", lambda *args, **kwargs: {})
-    alignment = ["references.schedule.epochs=1", "references.model_kwargs.width=4", "alignment.n_targets=3", "alignment.observers=[pixel-l2,ssim]",
-                 "alignment.controversial.n_origins=2", "alignment.controversial.steps=5", "invert.steps=10"]
-    quantised = ["defence.factory=training.models.defences:input_quantised", "+defence.kwargs={name: small_cnn, dataset: digits, width: 4}"]
-    result = run(_cfg(tmp_path / "quantised", *quantised, *alignment))
-    out = tmp_path / "quantised"
-    report = json.loads((out / "audit.json").read_text())
+    overrides = ["defence.factory=training.models.defences:input_quantised", "+defence.kwargs={name: small_cnn, dataset: digits, width: 4}",
+                 "alignment.n_targets=3", "alignment.observers=[pixel-l2,ssim]", "alignment.controversial.n_origins=2", "alignment.controversial.steps=5",
+                 "invert.steps=10", *RANDOM_REFERENCES]
+    result = run(_cfg(tmp_path, *overrides))
+    report = json.loads((tmp_path / "audit.json").read_text())
     assert report["verdict"] == result["verdict"] and report["flagged"] == ("suspected gradient masking" in report["verdict"])
     accuracy = report["robustness"]["accuracy"]
     assert set(accuracy) >= {"clean", "fgsm", "pgd", "apgd-ce", "apgd-t", "square", "transfer", "worst_case"}
@@ -47,23 +47,37 @@ def test_audit_command_end_to_end_reuses_references_and_resumes(tmp_path, monkey
     assert set(report["robustness"]["sweep"]) == {"0.0156863", "0.0313725"}
     assert set(report["alignment"]["models"]) == {"defence", "standard", "robust"} and "position" in report["alignment"]
     assert "favoured_by_observer" in report["alignment"]["controversial"]
-    assert "trained here" in report["references"]["robust"]["source"]
-    assert (out / "audit.md").read_text().startswith("# Defence audit")
-    page = (out / "audit.html").read_text()
+    assert report["references"]["robust"]["source"].startswith("given")
+    assert (tmp_path / "audit.md").read_text().startswith("# Defence audit")
+    page = (tmp_path / "audit.html").read_text()
     assert page.index("Verdict") < page.index("Masking checks") < page.index("Decision rule")
     for figure in ("accuracy_vs_eps.png", "masking_checks.png", "accuracy_per_attack.png", "alignment_vs_robust_clustering.png"):
-        assert (out / figure).stat().st_size > 1000, figure
+        assert (tmp_path / figure).stat().st_size > 1000, figure
         assert figure in report["figures"]
     assert COMMANDS["audit"] == "perceptual.pipelines.audit"
-
-    # The audit of another defence next to it reuses the references (<out>/../references) instead of training them.
-    monkeypatch.setattr(references_module, "train", _refuse)
-    other = run(_cfg(tmp_path / "standard", "defence.name=small_cnn", "+defence.kwargs={width: 4}", "alignment.enabled=false", *alignment[:2]))
-    assert "verdict" in other
-    # Rerunning the first audit recomputes no attack and no masking report.
+    # Rerunning recomputes no attack, no masking report and no inversion.
     for name in ("apgd", "pgd", "fgsm", "square", "gradient_masking_report"):
         monkeypatch.setattr(audit_module, name, _refuse)
-    assert run(_cfg(tmp_path / "quantised", *quantised, *alignment))["verdict"] == result["verdict"]
+    monkeypatch.setattr(Engine, "run", _refuse)
+    assert run(_cfg(tmp_path, *overrides))["verdict"] == result["verdict"]
+
+
+def test_references_are_trained_once_and_reused_by_the_next_audit(tmp_path, monkeypatch):
+    """No reference given: a standard and a PGD small CNN are trained (one tiny epoch) into <out>/../references; the
+    audit of another defence beside it finds them and trains nothing."""
+    tiny = ["references.schedule.epochs=1", "references.schedule.batch_size=256", "references.model_kwargs.width=4", "references.attack.steps=1",
+            "alignment.enabled=false"]
+    first = run(_cfg(tmp_path / "first", "defence.name=small_cnn", "+defence.kwargs={width: 4}", *tiny))
+    report = json.loads((tmp_path / "first" / "audit.json").read_text())
+    assert "trained here with the pgd recipe" in report["references"]["robust"]["source"] and "transfer" in report["robustness"]["accuracy"]
+    weights = sorted((tmp_path / "references").glob("*/runs/*/model.safetensors"))
+    assert [w.parent.name for w in weights] == ["robust", "standard"]
+    stamps = [w.stat().st_mtime_ns for w in weights]
+    monkeypatch.setattr(references_module, "train", _refuse)
+    second = run(_cfg(tmp_path / "second", "defence.factory=training.models.defences:input_quantised",
+                      "+defence.kwargs={name: small_cnn, dataset: digits, width: 4}", *tiny))
+    assert first["verdict"] and second["verdict"]
+    assert [w.stat().st_mtime_ns for w in weights] == stamps
 
 
 @pytest.fixture()
