@@ -49,18 +49,19 @@ def cifar_mini_root() -> Path:
     return CIFAR_MINI
 
 
-def train_digits_model(name: str, *, epochs: int, pgd_steps: int = 0, n_images: int | None = None, **kwargs):
-    """A zoo model trained with SGD on the embedded digits (seconds to a minute on one core), frozen, in eval mode.
-    ``pgd_steps`` > 0: PGD adversarial training (Madry et al.) at Linf 8/255, step 2.5 eps / steps, random start."""
+def train_digits_model(name: str, *, epochs: int, pgd_steps: int = 0, n_images: int | None = None, dataset: str = "digits", root=None, **kwargs):
+    """A zoo model trained with SGD on the embedded digits (seconds to a minute on one core; or ``dataset`` from ``root``),
+    frozen, in eval mode. ``pgd_steps`` > 0: PGD adversarial training (Madry et al.) at Linf 8/255, step 2.5 eps / steps,
+    random start."""
     import torch.nn.functional as F
 
     from training import build_model, load_dataset
     from training.attacks import ThreatModel, pgd
 
     torch.manual_seed(0)
-    train = load_dataset("digits", "train")
+    train = load_dataset(dataset, "train", root=root)
     n = min(n_images or len(train), len(train))
-    model = build_model(name, "digits", **kwargs)
+    model = build_model(name, dataset, **kwargs)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     x_all, y_all = train.float_images(slice(0, n)), train.labels[:n]
     threat = ThreatModel("linf", 8 / 255, steps=pgd_steps, step_size=2.5 * 8 / 255 / max(pgd_steps, 1)) if pgd_steps else None
