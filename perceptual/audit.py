@@ -19,6 +19,7 @@ from typing import Callable, Mapping, Optional
 
 import torch
 from torch import Tensor, nn
+from tqdm.auto import tqdm
 
 from training.attacks import ThreatModel, fgsm, pgd
 from training.checkpoints import weights_hash
@@ -226,8 +227,13 @@ def audit_robustness(model: nn.Module, x: Tensor, y: Tensor, norm: str, eps: flo
         result = worst_case(model, x, y, attack_suite(model, norm, value, **settings), predict=predict, store=store)
         return result.accuracies()
 
-    accuracy = run_at(eps)
-    sweep = {f"{value:.6g}": (accuracy if value == eps else run_at(value)) for value in sorted({*(sweep_eps or []), eps})}
+    with tqdm(total=len({*(sweep_eps or []), eps}), desc="audit: attacks per eps", unit="eps") as progress:
+        accuracy = run_at(eps)
+        progress.update()
+        sweep = {}
+        for value in sorted({*(sweep_eps or []), eps}):
+            sweep[f"{value:.6g}"] = accuracy if value == eps else run_at(value)
+            progress.update(value != eps)
     masking = _masking_report(model, x, y, norm, masking_eps, steps, unbounded_steps, seed, eot_samples, bpda, cache_dir, key)
     audit = RobustnessAudit(norm, eps, len(y), accuracy, randomised, eot_samples, masking, sweep=sweep, bpda=bpda, warnings=warnings)
     audit.checks = masking_checks(accuracy, masking["checks"], masking["unbounded_accuracy"], randomised, eot_samples, masking)

@@ -53,9 +53,9 @@ def accuracy_vs_eps_figure(robustness: Mapping, path: str | Path) -> Path:
 def masking_checks_figure(checks: Sequence[Mapping], path: str | Path) -> Path:
     """The masking checks as a coloured pass / fail / n.a. table."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(9.5, 0.45 * len(checks) + 0.9))
+    fig, ax = plt.subplots(figsize=(11, 0.32 * len(checks) + 0.8))
     ax.axis("off")
-    rows = [[c["name"], c["status"], c["detail"][:90]] for c in checks]
+    rows = [[c["name"], c["status"], c["detail"] if len(c["detail"]) <= 80 else c["detail"][:77] + "..."] for c in checks]
     table = ax.table(cellText=rows, colLabels=["check", "status", "numbers"], loc="center", cellLoc="left", colWidths=[0.27, 0.08, 0.65])
     table.auto_set_font_size(False)
     table.set_fontsize(7.5)
