@@ -56,6 +56,9 @@ Verdict rule (thresholds in accuracy points of the audited images):
    (low alignment predicts later breaks, Nanda et al. Fig. 4) next to a clean one. It never flips the verdict alone.
 4. Controversial stimuli of the defence against the robust reference (Table 2 score): which model the
    observers favour is reported next to the verdict as evidence; it never flips the verdict either.
+5. The audit FLAGS the defence (audit.json "flagged") when the verdict is "suspected gradient masking", or
+   when it is "no sign of gradient masking" but the alignment is at the standard model's level (the
+   defence's robustness is not backed by aligned invariances, the pattern of the defences later broken).
 """
 
 
@@ -345,12 +348,16 @@ def verdict(audit: RobustnessAudit, alignment: Optional[float] = None, controver
     if acc["worst_case"] <= UNBOUNDED_MAX:
         return f"{text}: not robust"
     if alignment is not None and alignment < LOW_ALIGNMENT:
-        return f"{text}: no sign of gradient masking, but low alignment predicts stronger attacks may break it"
+        return f"{text}: no sign of gradient masking, but {LOW_ALIGNMENT_WARNING}"
     return f"{text}: no sign of gradient masking"
 
 
+LOW_ALIGNMENT_WARNING = "low alignment predicts stronger attacks may break it"
+
+
 def is_flagged(text: str) -> bool:
-    return "suspected gradient masking" in text
+    """Rule 5 of :data:`DECISION_RULE`: suspected gradient masking, or robustness without alignment."""
+    return "suspected gradient masking" in text or LOW_ALIGNMENT_WARNING in text
 
 
 __all__ = ["Check", "DECISION_RULE", "JsonAttackStore", "RobustnessAudit", "alignment_position", "attack_suite", "audit_robustness",

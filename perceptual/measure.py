@@ -86,7 +86,7 @@ class ModelSpec:
         if self.module is not None:
             return self.module
         if self.factory:
-            return build_from_factory(self.factory, checkpoint=self.checkpoint, trust_pickle=self.trust_pickle, **self.kwargs)
+            return build_from_factory(self.factory, self.kwargs, checkpoint=self.checkpoint, trust_pickle=self.trust_pickle)
         return build_model(self.name, dataset, checkpoint=self.checkpoint, trust_pickle=self.trust_pickle, pretrained=self.pretrained, **self.kwargs)
 
     @staticmethod

@@ -156,4 +156,5 @@ def test_controversial_summary_counts_observers():
                                                             "worst_case": 0.6}, False, 1, {})
     text = verdict(audit, alignment=0.2, controversial=controversial_summary(result))
     assert "controversial stimuli against the robust reference: of 4 observers" in text
-    assert text.endswith("no sign of gradient masking, but low alignment predicts stronger attacks may break it")
+    assert text.endswith("no sign of gradient masking, but low alignment predicts stronger attacks may break it") and is_flagged(text)
+    assert not is_flagged(verdict(audit, alignment=0.8))

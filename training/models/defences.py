@@ -10,7 +10,7 @@ function is barely more robust than the model behind it.
 from __future__ import annotations
 
 import importlib
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 from torch import nn
@@ -36,10 +36,11 @@ def load_factory(path: str) -> Callable[..., nn.Module]:
     return factory
 
 
-def build_from_factory(path: str, *, checkpoint: str | None = None, trust_pickle: bool = False, **kwargs) -> nn.Module:
-    """Call the factory ``path`` with ``kwargs``, check it returned an ``nn.Module`` and load ``checkpoint``
-    (any format :func:`training.checkpoints.read_checkpoint` reads) into it. Returned in eval mode."""
-    model = load_factory(path)(**kwargs)
+def build_from_factory(path: str, kwargs: Mapping | None = None, *, checkpoint: str | None = None, trust_pickle: bool = False) -> nn.Module:
+    """Call the factory ``path`` with ``kwargs`` (which may hold a ``checkpoint`` of the factory's own), check it returned
+    an ``nn.Module`` and load ``checkpoint`` (any format :func:`training.checkpoints.read_checkpoint` reads) into it.
+    Returned in eval mode."""
+    model = load_factory(path)(**dict(kwargs or {}))
     if not isinstance(model, nn.Module):
         raise TypeError(f"model factory {path!r} returned {type(model).__name__}, not a torch.nn.Module: return the model itself")
     if checkpoint:
