@@ -81,6 +81,15 @@ def _alignment_rows(alignment: Mapping) -> list[list[str]]:
     return rows
 
 
+def _convergence_note(alignment: Mapping) -> str:
+    converged = alignment.get("converged") or {}
+    missing = [label for label, ok in converged.items() if not ok]
+    if not missing:
+        return "Every model's inversions converged (perceptual.convergence)."
+    return (f"Inversions did not converge for {', '.join(missing)} (perceptual.convergence): their alignment scores are weak evidence; "
+            "raise invert.steps (the paper: 5000).")
+
+
 ALIGNMENT_HEADER = ["model", "2AFC (%)", "clustering (%)", "hard clustering (%)", "clean acc. (%)", "robust acc., worst case (%)"]
 
 
@@ -108,6 +117,7 @@ def audit_markdown(report: Mapping) -> str:
         lines += [f"Position between the standard (0) and the robust (1) reference: {'n.a.' if position is None else f'{position:.2f}'}", "",
                   "| " + " | ".join(ALIGNMENT_HEADER) + " |", "|---" * len(ALIGNMENT_HEADER) + "|"]
         lines += ["| " + " | ".join(row) + " |" for row in _alignment_rows(alignment)]
+        lines += ["", _convergence_note(alignment)]
         controversial = alignment.get("controversial")
         if controversial:
             lines += ["", f"Controversial stimuli ({controversial['model_a']} vs {controversial['model_b']}, Table 2 score per direction, "
@@ -146,6 +156,7 @@ td,th{border:1px solid #ccc;padding:3px 8px}.verdict{font-size:1.25em;padding:12
 {{ 'n.a.' if report.alignment.position is none else '%.2f' % report.alignment.position }}</p>
 <table><tr>{% for h in header %}<th>{{ h }}</th>{% endfor %}</tr>
 {% for row in alignment_rows %}<tr>{% for cell in row %}<td>{{ cell }}</td>{% endfor %}</tr>{% endfor %}</table>
+<p>{{ convergence }}</p>
 {% if report.alignment.controversial %}<p>Controversial stimuli: {{ report.alignment.controversial.summary }}.
 {{ report.alignment.controversial.verdict }}.</p>{% endif %}
 {% else %}<p>{{ report.alignment.note or 'not measured (alignment.enabled=false)' }}</p>{% endif %}
@@ -162,6 +173,7 @@ def audit_html(report: Mapping) -> str:
     colour = "#ffcdd2" if flagged else ("#fff3cd" if "not robust" in report["verdict"] or "low alignment" in report["verdict"] else "#c8e6c9")
     return _HTML.render(report={"warnings": [], "figures": [], "alignment": {}, "references": {}, "defence_name": "the defence", **report},
                         r=report["robustness"], alignment_rows=_alignment_rows(report.get("alignment") or {}), header=ALIGNMENT_HEADER,
+                        convergence=_convergence_note(report.get("alignment") or {}),
                         rule=DECISION_RULE, colour=colour)
 
 

@@ -46,6 +46,7 @@ from ..audit import (
     verdict,
 )
 from ..audit_report import accuracy_vs_eps_figure, alignment_figures, audit_html, audit_markdown, masking_checks_figure
+from ..cache import cache_key
 from ..measure import ModelSpec, make_panel, measure_models, validate_inputs
 from ..report import save_figure
 from ._references import pair_configs, pair_key, train_pair
@@ -176,7 +177,10 @@ def run(cfg: DictConfig) -> dict:
     position = controversial_text = None
     if alignment_on:
         specs = [defence_spec, references["standard"], references["robust"]]
-        data = measure_models(specs, OmegaConf.to_container(cfg.data, resolve=True), out / "alignment", engine=OmegaConf.to_container(cfg.invert, resolve=True),
+        engine = OmegaConf.to_container(cfg.invert, resolve=True)
+        # One folder per alignment setting: a rerun with other settings measures afresh instead of refusing the old sets.
+        alignment_dir = out / "alignment" / cache_key(OmegaConf.to_container(cfg.alignment, resolve=True), engine, int(cfg.seed))[:10]
+        data = measure_models(specs, OmegaConf.to_container(cfg.data, resolve=True), alignment_dir, engine=engine,
                               n_targets=int(cfg.alignment.n_targets), seed_types=list(cfg.alignment.seed_types), seed=int(cfg.seed),
                               panel=make_panel(cfg.alignment.observers, cfg.alignment.observer_net, device=device), threat=None, accuracy_limit=n,
                               controversial=controversial, device=device, config={"alignment": OmegaConf.to_container(cfg.alignment, resolve=True)})
@@ -185,7 +189,8 @@ def run(cfg: DictConfig) -> dict:
                           "converged": result["converged"]} for label, result in data["models"].items()}
         means = {label: {t: models[label][t]["mean"] for t in ALIGNMENT_TASKS if models[label].get(t)} for label in models}
         position = alignment_position(means[defence_spec.label], means["standard"], means["robust"])
-        alignment = {"models": models, "position": position, "report": str(out / "alignment" / "report.md")}
+        alignment = {"models": models, "position": position, "report": str(alignment_dir / "report.md"),
+                     "converged": {label: bool(m["converged"]) for label, m in models.items()}}
         if "controversial" in data:
             c = data["controversial"]
             controversial_text = controversial_summary(c)
