@@ -34,7 +34,7 @@ def accuracy_vs_eps_figure(robustness: Mapping, path: str | Path) -> Path:
     eps_values = [float(e) for e in sweep]
     attacks = [name for name in next(iter(sweep.values())) if name != "clean"]
     for name in attacks:
-        style = dict(color="black", lw=2.2) if name == "worst_case" else {}
+        style = dict(color="black", lw=1.6, ls="--", zorder=5) if name == "worst_case" else {}  # dashed: square often lies under it
         ax.plot(eps_values, [sweep[e][name] * 100 for e in sweep], marker="o", label=name, **style)
     masking = robustness["masking"]
     ax.plot([masking["unbounded_eps"]], [masking["unbounded_accuracy"] * 100], marker="X", ls="none", color="tab:red", markersize=10,
