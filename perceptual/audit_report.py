@@ -50,6 +50,20 @@ def accuracy_vs_eps_figure(robustness: Mapping, path: str | Path) -> Path:
     return save_figure(fig, Path(path))
 
 
+def accuracy_bars_figure(robustness: Mapping, path: str | Path) -> Path:
+    """Accuracy per attack at the audited eps: clean, each attack, and the per-sample worst case."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    accuracy = robustness["accuracy"]
+    names = list(accuracy)
+    ax.bar(names, [accuracy[k] * 100 for k in names], color=["tab:gray"] + ["tab:blue"] * (len(names) - 2) + ["tab:red"])
+    ax.set_ylabel("accuracy (%)")
+    ax.set_xlabel("attack")
+    ax.set_ylim(0, 100)
+    ax.set_title(f"Accuracy per attack ({robustness['norm']} eps={robustness['eps']:.4g}, {robustness['n']} images)")
+    return save_figure(fig, Path(path))
+
+
 def masking_checks_figure(checks: Sequence[Mapping], path: str | Path) -> Path:
     """The masking checks as a coloured pass / fail / n.a. table."""
     plt = _pyplot()
@@ -177,4 +191,4 @@ def audit_html(report: Mapping) -> str:
                         rule=DECISION_RULE, colour=colour)
 
 
-__all__ = ["accuracy_vs_eps_figure", "alignment_figures", "audit_html", "audit_markdown", "masking_checks_figure"]
+__all__ = ["accuracy_bars_figure", "accuracy_vs_eps_figure", "alignment_figures", "audit_html", "audit_markdown", "masking_checks_figure"]

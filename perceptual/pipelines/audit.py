@@ -45,10 +45,9 @@ from ..audit import (
     reference_accuracy,
     verdict,
 )
-from ..audit_report import accuracy_vs_eps_figure, alignment_figures, audit_html, audit_markdown, masking_checks_figure
+from ..audit_report import accuracy_bars_figure, accuracy_vs_eps_figure, alignment_figures, audit_html, audit_markdown, masking_checks_figure
 from ..cache import cache_key
 from ..measure import ModelSpec, make_panel, measure_models, validate_inputs
-from ..report import save_figure
 from ._references import pair_configs, pair_key, train_pair
 
 ALIGNMENT_TASKS = ("2afc", "clustering", "clustering_hard")
@@ -201,7 +200,7 @@ def run(cfg: DictConfig) -> dict:
     text = verdict(audit, position, controversial_text)
     evidence = audit.to_dict()
     figures = [accuracy_vs_eps_figure(evidence, out / "accuracy_vs_eps.png"), masking_checks_figure(evidence["checks"], out / "masking_checks.png"),
-               _accuracy_bars(audit.accuracy, audit, out / "accuracy_per_attack.png")]
+               accuracy_bars_figure(evidence, out / "accuracy_per_attack.png")]
     if alignment_on:
         figures += alignment_figures(alignment["models"], out)
     report = {
@@ -219,22 +218,6 @@ def run(cfg: DictConfig) -> dict:
     atomic_write_text(out / "audit.md", audit_markdown(report))
     atomic_write_text(out / "audit.html", audit_html(report))
     return {"verdict": text, "flagged": report["flagged"], "out": str(out)}
-
-
-def _accuracy_bars(accuracy: dict, audit, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    names = list(accuracy)
-    ax.bar(names, [accuracy[k] * 100 for k in names], color=["tab:gray"] + ["tab:blue"] * (len(names) - 2) + ["tab:red"])
-    ax.set_ylabel("accuracy (%)")
-    ax.set_xlabel("attack")
-    ax.set_ylim(0, 100)
-    ax.set_title(f"Accuracy per attack ({audit.norm} eps={audit.eps:.4g}, {audit.n} images)")
-    return save_figure(fig, path)
 
 
 @hydra.main(config_path="pkg://conf", config_name="audit", version_base=None)
