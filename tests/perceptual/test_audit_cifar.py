@@ -1,7 +1,8 @@
 """The audit's verdicts on the real CIFAR-10 subset (../shared/data/cifar-10-mini; skipped without it), at a CPU
 scale of minutes: a PGD-trained k-WTA CNN and a standard CNN behind input quantisation are flagged, a PGD-trained
-CNN is not (not yet run: written at the end of issue 16's session, see the report). The k-WTA network is ``kwta_small_cnn`` (width 16), not ``kwta_resnet18``: PGD-training a ResNet18 on
-CPU takes hours, not minutes (the audit command takes ``defence.name=kwta_resnet18`` unchanged on a GPU)."""
+CNN is not (not yet run: written at the end of issue 16's session, see its report). The k-WTA network is
+``kwta_small_cnn`` (width 16), not ``kwta_resnet18``: PGD-training a ResNet18 on CPU takes hours, not minutes
+(the audit command takes ``defence.name=kwta_resnet18`` unchanged on a GPU)."""
 from __future__ import annotations
 
 import pytest
