@@ -10,16 +10,24 @@ verdict by :data:`DECISION_RULE` (also in the README).
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Optional
+from pathlib import Path
+from typing import Callable, Mapping, Optional
 
 import torch
 from torch import Tensor, nn
+from tqdm.auto import tqdm
 
 from training.attacks import ThreatModel, fgsm, pgd
+from training.checkpoints import weights_hash
 from training.evaluate import gradient_masking_report
-from training.strong_attacks import apgd, square_linf, worst_case
+from training.io import atomic_write_json
+from training.strong_attacks import Attack, apgd, square, straight_through, worst_case
+
+from .cache import cache_key, cached_json
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +49,16 @@ Verdict rule (thresholds in accuracy points of the audited images):
    - randomness_handled: a stochastic forward pass (two passes differ) is attacked with EOT (eot_samples > 1).
 2. "suspected gradient masking" if any masking check fails; otherwise "not robust" if the worst-case
    accuracy is at most {UNBOUNDED_MAX:.0%}; otherwise "no sign of gradient masking".
-3. Alignment (when given with the standard and robust reference scores): position = (defence - standard) /
-   (robust - standard), averaged over the alignment measures; below {LOW_ALIGNMENT} the defence is "at the
-   standard model's level", and that is stated as supporting evidence next to a masking verdict, or as a
-   warning (alignment predicts later breaks, Nanda et al. Fig. 4) next to a clean one. It never flips the verdict alone.
+3. Alignment (the defence and both reference models measured as `measure` does: 2AFC, clustering, hard
+   clustering, panel means): position = (defence - standard) / (robust - standard), averaged over the
+   measures; below {LOW_ALIGNMENT} the defence is "at the standard model's level", otherwise "near the robust
+   model's level". That is stated as supporting evidence next to a masking verdict, or as a warning
+   (low alignment predicts later breaks, Nanda et al. Fig. 4) next to a clean one. It never flips the verdict alone.
+4. Controversial stimuli of the defence against the robust reference (Table 2 score): which model the
+   observers favour is reported next to the verdict as evidence; it never flips the verdict either.
+5. The audit FLAGS the defence (audit.json "flagged") when the verdict is "suspected gradient masking", or
+   when it is "no sign of gradient masking" but the alignment is at the standard model's level (the
+   defence's robustness is not backed by aligned invariances, the pattern of the defences later broken).
 """
 
 
@@ -61,7 +75,8 @@ class Check:
 
 @dataclass
 class RobustnessAudit:
-    """Every number of the attack part of an audit."""
+    """Every number of the attack part of an audit. ``sweep`` maps each swept eps (as text) to the accuracy per
+    attack at that eps; ``warnings`` are stated in the report (e.g. a randomised defence attacked without EOT)."""
 
     norm: str
     eps: float
@@ -71,6 +86,9 @@ class RobustnessAudit:
     eot_samples: int
     masking: dict
     checks: list[Check] = field(default_factory=list)
+    sweep: dict[str, dict[str, float]] = field(default_factory=dict)
+    bpda: Optional[str] = None
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -86,17 +104,31 @@ def check_classifier(model: nn.Module, x: Tensor, n_classes: int | None = None) 
     """Fail early with a clear message if ``model`` is not a classifier returning (N, classes) logits."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"the defence must be a torch.nn.Module, got {type(model).__name__}: return the model from your factory")
-    with torch.no_grad():
-        out = model(x[:2])
+    try:
+        with torch.no_grad():
+            out = model(x[:2])
+    except Exception as err:  # any failure of the user's forward pass, named before the long work
+        raise ValueError(f"the defence failed on a batch of {tuple(x[:2].shape)} [0, 1] images: {type(err).__name__}: {err}") from err
     if not isinstance(out, Tensor) or out.ndim != 2 or out.shape[0] != min(2, x.shape[0]):
         shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
         raise ValueError(f"the defence must map (N, C, H, W) images to (N, classes) logits, got {shape}")
     if n_classes is not None and out.shape[1] != n_classes:
-        raise ValueError(f"the defence outputs {out.shape[1]} scores but the data set has {n_classes} classes")
+        raise ValueError(f"the defence outputs {out.shape[1]} scores but the data set has {n_classes} classes: return one logit per class "
+                         "(is it a feature extractor rather than a classifier?)")
     if not torch.isfinite(out).all():
         raise ValueError("the defence returned non-finite outputs")
     if (out >= 0).all() and torch.allclose(out.float().sum(1), torch.ones(out.shape[0]), atol=1e-4):
         raise ValueError("the defence returns probabilities (rows sum to 1); return logits (before softmax) so the losses are right")
+    if (out <= 0).all() and torch.allclose(out.float().exp().sum(1), torch.ones(out.shape[0]), atol=1e-4):
+        raise ValueError("the defence returns log-probabilities (log_softmax); return logits (before softmax) so the DLR and margin losses are right")
+
+
+def randomness_warning(randomised: bool, eot_samples: int) -> Optional[str]:
+    """The warning the report states when a stochastic defence is attacked with single-sample gradients."""
+    if randomised and eot_samples <= 1:
+        return ("the defence is randomised (two forward passes on the same images differ) but eot=1: every gradient is a single "
+                "sample, so the white-box attacks are weak against it; rerun with eot=8 (or more)")
+    return None
 
 
 def _ensemble_predict(model: nn.Module, samples: int) -> Callable[[Tensor], Tensor]:
@@ -117,46 +149,143 @@ class _EOT(nn.Module):
         return torch.stack([self.model(x) for _ in range(self.samples)]).mean(0)
 
 
+class JsonAttackStore:
+    """Each attack's per-sample correctness in ``folder/<attack>.json`` under ``key`` (the model's weights, the
+    images and every attack setting): :func:`training.strong_attacks.worst_case` skips an attack found here, so an
+    interrupted audit resumes and a repeated one recomputes nothing."""
+
+    def __init__(self, folder: Path, key: str):
+        self.folder, self.key = Path(folder), key
+
+    def load(self, name: str) -> Optional[Tensor]:
+        cached = cached_json(self.folder / f"{name}.json", self.key)
+        return None if cached is None else torch.tensor(cached["correct"], dtype=torch.bool)
+
+    def save(self, name: str, correct: Tensor) -> None:
+        atomic_write_json(self.folder / f"{name}.json", {"key": self.key, "attack": name, "accuracy": float(correct.float().mean()),
+                                                         "correct": correct.cpu().tolist()})
+
+
+def tensor_digest(*tensors: Tensor) -> str:
+    digest = hashlib.sha256()
+    for t in tensors:
+        digest.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def attack_suite(model: nn.Module, norm: str, eps: float, *, steps: int = 50, square_queries: int = 1000, n_targets: int = 3,
+                 eot_samples: int = 1, reference: Optional[nn.Module] = None, bpda: Optional[str] = None, seed: int = 0,
+                 fgsm_included: bool = True) -> dict[str, Attack]:
+    """The audit's attacks at one eps: FGSM, PGD, APGD-CE, APGD-T (white-box; through ``bpda``'s straight-through
+    gradient when set, averaged over ``eot_samples`` passes), Square (gradient-free, Linf or L2) and, with a
+    ``reference`` model, the transfer attack (APGD-CE on the reference, evaluated on the defence)."""
+    target = _EOT(model, eot_samples) if eot_samples > 1 else model
+
+    def gen(device: torch.device) -> torch.Generator:
+        return torch.Generator(device=device).manual_seed(seed)
+
+    def white_box(attack: Attack) -> Attack:
+        if not bpda:
+            return attack
+
+        def through(m, a, b):
+            with straight_through(model, bpda):
+                return attack(m, a, b)
+        return through
+
+    threat = ThreatModel(norm, eps, steps=steps)
+    attacks: dict[str, Attack] = {}
+    if fgsm_included:
+        attacks["fgsm"] = white_box(lambda m, a, b: fgsm(target, a, b, eps, norm=norm, generator=gen(a.device)))
+    attacks["pgd"] = white_box(lambda m, a, b: pgd(target, a, b, threat, generator=gen(a.device)))
+    attacks["apgd-ce"] = white_box(lambda m, a, b: apgd(target, a, b, threat, loss="ce", generator=gen(a.device)))
+    attacks["apgd-t"] = white_box(lambda m, a, b: apgd(target, a, b, threat, loss="dlr-targeted", n_targets=n_targets, generator=gen(a.device)))
+    attacks["square"] = lambda m, a, b: square(target, a, b, norm, eps, queries=square_queries, generator=gen(a.device))
+    if reference is not None:
+        reference.eval()
+        attacks["transfer"] = lambda m, a, b: apgd(reference, a, b, threat, loss="ce", generator=gen(a.device))
+    return attacks
+
+
 def audit_robustness(model: nn.Module, x: Tensor, y: Tensor, norm: str, eps: float, *, steps: int = 50, square_queries: int = 1000,
                      n_targets: int = 3, eot_samples: int = 1, reference: Optional[nn.Module] = None, seed: int = 0,
-                     masking_eps: Optional[list[float]] = None, unbounded_steps: int = 50) -> RobustnessAudit:
-    """Attack ``model`` with FGSM, PGD, APGD-CE, APGD-T, Square (Linf only) and, if ``reference`` is given, a
-    transfer attack (APGD-CE on the reference, evaluated on the defence); then run the masking checks."""
+                     masking_eps: Optional[list[float]] = None, unbounded_steps: int = 50, bpda: Optional[str] = None,
+                     sweep_eps: Optional[list[float]] = None, cache_dir: Optional[Path] = None) -> RobustnessAudit:
+    """Attack ``model`` with :func:`attack_suite` at ``eps`` (and at every ``sweep_eps``, for the accuracy-vs-eps
+    figure), take the per-sample worst case, then run the masking checks. With ``cache_dir`` every attack's result
+    and the masking report are stored there and reused by a rerun with the same model, images and settings."""
     model.eval()
     check_classifier(model, x)
     randomised = is_randomised(model, x[:8])
-    if randomised and eot_samples == 1:
-        log.warning("the defence is randomised (two forward passes differ) but eot_samples=1: gradients are single samples")
-    target = _EOT(model, eot_samples) if eot_samples > 1 else model
-
-    def gen() -> torch.Generator:
-        return torch.Generator(device=x.device).manual_seed(seed)
-
-    threat = ThreatModel(norm, eps, steps=steps)
-    attacks = {
-        "fgsm": lambda m, a, b: fgsm(target, a, b, eps, norm=norm, generator=gen()),
-        "pgd": lambda m, a, b: pgd(target, a, b, threat, generator=gen()),
-        "apgd-ce": lambda m, a, b: apgd(target, a, b, threat, loss="ce", generator=gen()),
-        "apgd-t": lambda m, a, b: apgd(target, a, b, threat, loss="dlr-targeted", n_targets=n_targets, generator=gen()),
-    }
-    if norm == "linf":
-        attacks["square"] = lambda m, a, b: square_linf(target, a, b, eps, queries=square_queries, generator=gen())
-    if reference is not None:
-        reference.eval()
-        attacks["transfer"] = lambda m, a, b: apgd(reference, a, b, threat, loss="ce", generator=gen())
+    warnings = [w for w in [randomness_warning(randomised, eot_samples)] if w]
+    for warning in warnings:
+        log.warning("%s", warning)
+    settings = dict(steps=steps, square_queries=square_queries, n_targets=n_targets, eot_samples=eot_samples, reference=reference, bpda=bpda, seed=seed)
+    key = cache_key(weights_hash(model), reference is not None and weights_hash(reference), tensor_digest(x, y), norm, steps, square_queries,
+                    n_targets, eot_samples, seed, bpda, "audit-v1")
     predict = _ensemble_predict(model, eot_samples) if randomised else None
-    result = worst_case(model, x, y, attacks, predict=predict)
-    accuracy = result.accuracies()
-    masking = gradient_masking_report(target, (x, y), norm, masking_eps, steps=min(steps, 20), unbounded_steps=unbounded_steps, limit=None, seed=seed,
-                                      max_unbounded_accuracy=UNBOUNDED_MAX)
-    audit = RobustnessAudit(norm, eps, len(y), accuracy, randomised, eot_samples, masking.to_dict())
-    audit.checks = masking_checks(accuracy, masking.checks, masking.unbounded_accuracy, randomised, eot_samples)
+
+    def run_at(value: float) -> dict[str, float]:
+        store = JsonAttackStore(Path(cache_dir) / "attacks" / f"{norm}-eps{value:.6g}", cache_key(key, value)) if cache_dir else None
+        result = worst_case(model, x, y, attack_suite(model, norm, value, **settings), predict=predict, store=store)
+        return result.accuracies()
+
+    with tqdm(total=len({*(sweep_eps or []), eps}), desc="audit: attacks per eps", unit="eps") as progress:
+        accuracy = run_at(eps)
+        progress.update()
+        sweep = {}
+        for value in sorted({*(sweep_eps or []), eps}):
+            sweep[f"{value:.6g}"] = accuracy if value == eps else run_at(value)
+            progress.update(value != eps)
+    masking = _masking_report(model, x, y, norm, masking_eps, steps, unbounded_steps, seed, eot_samples, bpda, cache_dir, key)
+    audit = RobustnessAudit(norm, eps, len(y), accuracy, randomised, eot_samples, masking, sweep=sweep, bpda=bpda, warnings=warnings)
+    audit.checks = masking_checks(accuracy, masking["checks"], masking["unbounded_accuracy"], randomised, eot_samples, masking)
     return audit
 
 
+def reference_accuracy(model: nn.Module, x: Tensor, y: Tensor, norm: str, eps: float, *, cache_dir: Optional[Path] = None, steps: int = 50,
+                       square_queries: int = 1000, n_targets: int = 3, seed: int = 0) -> dict[str, float]:
+    """A reference model's accuracy per attack and worst case under the audit's attacks (no FGSM, no transfer),
+    cached like :func:`audit_robustness`: the robust accuracy of the alignment-vs-robustness figure."""
+    model.eval()
+    key = cache_key(weights_hash(model), tensor_digest(x, y), norm, eps, steps, square_queries, n_targets, seed, "reference-v1")
+    store = JsonAttackStore(Path(cache_dir) / "attacks" / f"{norm}-eps{eps:.6g}", key) if cache_dir else None
+    attacks = attack_suite(model, norm, eps, steps=steps, square_queries=square_queries, n_targets=n_targets, seed=seed, fgsm_included=False)
+    return worst_case(model, x, y, attacks, store=store).accuracies()
+
+
+def _masking_report(model, x, y, norm, masking_eps, steps, unbounded_steps, seed, eot_samples, bpda, cache_dir, key) -> dict:
+    """:func:`training.evaluate.gradient_masking_report` on the audited images (through EOT and BPDA), cached."""
+    path = Path(cache_dir) / "masking.json" if cache_dir else None
+    report_key = cache_key(key, masking_eps, unbounded_steps)
+    cached = cached_json(path, report_key) if path else None
+    if cached is not None:
+        return cached["report"]
+    target = _EOT(model, eot_samples) if eot_samples > 1 else model
+    with straight_through(model, bpda) if bpda else contextlib.nullcontext():
+        report = gradient_masking_report(target, (x, y), norm, masking_eps, steps=min(steps, 20), unbounded_steps=unbounded_steps, limit=None,
+                                         seed=seed, max_unbounded_accuracy=UNBOUNDED_MAX).to_dict()
+    if path:
+        atomic_write_json(path, {"key": report_key, "report": report})
+    return report
+
+
+def _sweep_detail(name: str, masking: Optional[Mapping]) -> str:
+    """The numbers behind one of gradient_masking_report's eps-sweep checks."""
+    if not masking:
+        return "eps sweep of training.evaluate.gradient_masking_report"
+    eps = ", ".join(f"{e:.3g}" for e in masking["eps"])
+    if name == "loss_rises_with_eps":
+        return f"PGD loss {masking['clean_loss']:.3f} (clean) -> " + " -> ".join(f"{v:.3f}" for v in masking["loss"]) + f" at eps {eps}"
+    if name == "accuracy_falls_with_eps":
+        return f"PGD accuracy {masking['clean_accuracy']:.0%} (clean) -> " + " -> ".join(f"{v:.0%}" for v in masking["accuracy"]) + f" at eps {eps}"
+    return f"clean {masking['clean_accuracy']:.1%}, highest PGD accuracy {max(masking['accuracy']):.1%} (at eps {eps})"
+
+
 def masking_checks(accuracy: dict[str, float], report_checks: dict[str, bool], unbounded_accuracy: float, randomised: bool,
-                   eot_samples: int) -> list[Check]:
-    """The checks of :data:`DECISION_RULE` from the attack accuracies and the masking report."""
+                   eot_samples: int, masking: Optional[Mapping] = None) -> list[Check]:
+    """The checks of :data:`DECISION_RULE` from the attack accuracies and the masking report (``masking``:
+    :meth:`training.evaluate.MaskingReport.to_dict`, for the numbers of its eps-sweep checks)."""
     white_box = min(accuracy[k] for k in ("pgd", "apgd-ce", "apgd-t") if k in accuracy)
     checks = []
     black = {k: accuracy[k] for k in ("square", "transfer") if k in accuracy}
@@ -166,7 +295,7 @@ def masking_checks(accuracy: dict[str, float], report_checks: dict[str, bool], u
         checks.append(Check("black_box_not_stronger", "fail" if gap > GAP else "pass",
                             f"best white-box {white_box:.1%}, {strongest} {black[strongest]:.1%} (gap {gap:+.1%}, limit {GAP:.0%})"))
     else:
-        checks.append(Check("black_box_not_stronger", "n.a.", "no Square (L2 threat) and no reference model for a transfer attack"))
+        checks.append(Check("black_box_not_stronger", "n.a.", "neither Square nor a transfer attack was run"))
     over = accuracy["pgd"] - accuracy["worst_case"]
     checks.append(Check("pgd_not_overestimating", "fail" if over > PGD_OVERESTIMATE else "pass",
                         f"PGD {accuracy['pgd']:.1%}, worst case {accuracy['worst_case']:.1%} (over by {over:.1%}, limit {PGD_OVERESTIMATE:.0%})"))
@@ -174,7 +303,8 @@ def masking_checks(accuracy: dict[str, float], report_checks: dict[str, bool], u
     checks.append(Check("multi_step_beats_single_step", "fail" if single > GAP else "pass",
                         f"FGSM {accuracy['fgsm']:.1%}, PGD {accuracy['pgd']:.1%}"))
     for name, ok in report_checks.items():
-        detail = f"unbounded accuracy {unbounded_accuracy:.1%} (limit {UNBOUNDED_MAX:.0%})" if name == "unbounded_attack_succeeds" else "eps sweep, see masking"
+        detail = (f"unbounded accuracy {unbounded_accuracy:.1%} (limit {UNBOUNDED_MAX:.0%})" if name == "unbounded_attack_succeeds"
+                  else _sweep_detail(name, masking))
         checks.append(Check(name, "pass" if ok else "fail", detail))
     if not randomised:
         checks.append(Check("randomness_handled", "n.a.", "deterministic: two forward passes agree"))
@@ -191,8 +321,18 @@ def alignment_position(defence: dict[str, float], standard: dict[str, float], ro
     return sum(positions) / len(positions) if positions else None
 
 
-def verdict(audit: RobustnessAudit, alignment: Optional[float] = None) -> str:
-    """The one-line verdict of :data:`DECISION_RULE`; ``alignment`` is :func:`alignment_position`."""
+def controversial_summary(result: Mapping) -> str:
+    """Which model the observers favour on the controversial stimuli (``perceptual.measure.measure_controversial``'s
+    result), in words: e.g. "of 5 observers, 3 favour robust, 0 defence, 2 undecided"."""
+    favoured = [f.get("favours") for f in result.get("favoured_by_observer", {}).values()]
+    a, b = result["model_a"], result["model_b"]
+    undecided = len(favoured) - favoured.count(a) - favoured.count(b)
+    return f"of {len(favoured)} observers, {favoured.count(b)} favour {b}, {favoured.count(a)} {a}, {undecided} undecided"
+
+
+def verdict(audit: RobustnessAudit, alignment: Optional[float] = None, controversial: Optional[str] = None) -> str:
+    """The one-line verdict of :data:`DECISION_RULE`; ``alignment`` is :func:`alignment_position`, ``controversial``
+    :func:`controversial_summary` (both evidence only)."""
     failed = [c for c in audit.checks if c.status == "fail"]
     acc = audit.accuracy
     white = {k: acc[k] for k in ("pgd", "apgd-ce", "apgd-t", "square", "transfer") if k in acc}
@@ -201,30 +341,25 @@ def verdict(audit: RobustnessAudit, alignment: Optional[float] = None) -> str:
     if alignment is not None:
         level = "at the standard model's level" if alignment < LOW_ALIGNMENT else "near the robust model's level"
         text += f"; alignment {level} (position {alignment:.2f})"
+    if controversial:
+        text += f"; controversial stimuli against the robust reference: {controversial}"
     if failed:
         return f"{text}: suspected gradient masking (failed: {', '.join(c.name for c in failed)})"
     if acc["worst_case"] <= UNBOUNDED_MAX:
         return f"{text}: not robust"
     if alignment is not None and alignment < LOW_ALIGNMENT:
-        return f"{text}: no sign of gradient masking, but low alignment predicts stronger attacks may break it"
+        return f"{text}: no sign of gradient masking, but {LOW_ALIGNMENT_WARNING}"
     return f"{text}: no sign of gradient masking"
 
 
+LOW_ALIGNMENT_WARNING = "low alignment predicts stronger attacks may break it"
+
+
 def is_flagged(text: str) -> bool:
-    return "suspected gradient masking" in text
+    """Rule 5 of :data:`DECISION_RULE`: suspected gradient masking, or robustness without alignment."""
+    return "suspected gradient masking" in text or LOW_ALIGNMENT_WARNING in text
 
 
-def audit_markdown(audit: RobustnessAudit, verdict_text: str) -> str:
-    """A one-screen verdict first, then the evidence."""
-    lines = ["# Defence audit", "", f"**Verdict:** {verdict_text}", "", f"Threat: {audit.norm} eps={audit.eps:.4g}, {audit.n} images;"
-             f" randomised: {audit.randomised} (eot_samples={audit.eot_samples})", "", "## Accuracy per attack", "",
-             "| attack | accuracy |", "|---|---|"]
-    lines += [f"| {k} | {v:.1%} |" for k, v in audit.accuracy.items()]
-    lines += ["", "## Masking checks", "", "| check | status | numbers |", "|---|---|---|"]
-    lines += [f"| {c.name} | {c.status} | {c.detail} |" for c in audit.checks]
-    lines += ["", "## Decision rule", "", "```", DECISION_RULE.rstrip(), "```", ""]
-    return "\n".join(lines)
-
-
-__all__ = ["Check", "DECISION_RULE", "RobustnessAudit", "alignment_position", "audit_markdown", "audit_robustness", "check_classifier",
-           "is_flagged", "is_randomised", "masking_checks", "verdict"]
+__all__ = ["Check", "DECISION_RULE", "JsonAttackStore", "RobustnessAudit", "alignment_position", "attack_suite", "audit_robustness",
+           "check_classifier", "controversial_summary", "is_flagged", "is_randomised", "masking_checks", "randomness_warning", "reference_accuracy",
+           "verdict"]

@@ -42,6 +42,7 @@ from training.config import dataset_from_config, resolve_device
 from training.data import ImageSet, folder_to_imageset
 from training.evaluate import clean_accuracy, robust_accuracy
 from training.io import atomic_write_json, atomic_write_text
+from training.models.defences import build_from_factory
 
 from . import report
 from .cache import cache_key, cached_json
@@ -58,9 +59,10 @@ FOLDER_ACCURACY_IMAGES = 1000  # accuracy subset of a folder data set when accur
 
 @dataclass
 class ModelSpec:
-    """A model to measure: zoo ``name`` (+ ``checkpoint``) and the label it gets in the report."""
+    """A model to measure: zoo ``name`` (+ ``checkpoint``) or a ``factory`` (``module:function`` from the
+    user's own code, called with ``kwargs``; + ``checkpoint``), and the label it gets in the report."""
 
-    name: str
+    name: str | None = None
     checkpoint: str | None = None
     label: str | None = None
     layer: str | None = None
@@ -68,12 +70,25 @@ class ModelSpec:
     trust_pickle: bool = False
     pretrained: bool = False
     kwargs: dict = field(default_factory=dict)
+    factory: str | None = None
+    module: torch.nn.Module | None = field(default=None, repr=False, compare=False)  # already built (e.g. the audited defence)
 
     def __post_init__(self) -> None:
+        if bool(self.name) == bool(self.factory):
+            raise ValueError(f"a model needs exactly one of name (a zoo model) or factory (module:function), got name={self.name!r}, "
+                             f"factory={self.factory!r}")
         if not self.label:
-            self.label = Path(self.checkpoint).stem if self.checkpoint else self.name
+            self.label = Path(self.checkpoint).stem if self.checkpoint else (self.name or str(self.factory).rpartition(":")[2])
         if "/" in self.label or self.label.startswith("."):
             raise ValueError(f"model label {self.label!r} must be a plain name (it becomes a folder)")
+
+    def build(self, dataset: str) -> torch.nn.Module:
+        """The classifier: ``module`` when given, else from the zoo for ``dataset`` or the factory (which knows its own data set)."""
+        if self.module is not None:
+            return self.module
+        if self.factory:
+            return build_from_factory(self.factory, self.kwargs, checkpoint=self.checkpoint, trust_pickle=self.trust_pickle)
+        return build_model(self.name, dataset, checkpoint=self.checkpoint, trust_pickle=self.trust_pickle, pretrained=self.pretrained, **self.kwargs)
 
     @staticmethod
     def check_unique(specs: Sequence["ModelSpec"]) -> None:
@@ -87,10 +102,11 @@ class ModelSpec:
         if isinstance(entry, str):
             return cls(name=entry)
         values = OmegaConf.to_container(entry, resolve=True) if isinstance(entry, DictConfig) else dict(entry)
-        unknown = set(values) - {"name", "checkpoint", "label", "layer", "fake_relu", "trust_pickle", "kwargs", "pretrained"}
-        if unknown or "name" not in values:
+        unknown = set(values) - {"name", "factory", "checkpoint", "label", "layer", "fake_relu", "trust_pickle", "kwargs", "pretrained"}
+        if unknown or not (values.get("name") or values.get("factory")):
             raise ValueError(
-                f"a model entry needs 'name' and may have checkpoint, label, layer, fake_relu, trust_pickle, pretrained, kwargs; got {sorted(values)}"
+                "a model entry needs 'name' (or 'factory') and may have checkpoint, label, layer, fake_relu, trust_pickle, pretrained, kwargs; "
+                f"got {sorted(values)}"
             )
         values["kwargs"] = dict(values.get("kwargs") or {})
         return cls(**values)
@@ -225,9 +241,7 @@ def measure_models(
     classifiers: dict[str, stimuli.ModelRef] = {}
     for spec in tqdm(specs, desc="models", unit="model"):
         model_dir = Path((model_dirs or {}).get(spec.label) or out / "models" / spec.label)
-        classifier = build_model(
-            spec.name, dataset, checkpoint=spec.checkpoint, trust_pickle=spec.trust_pickle, pretrained=spec.pretrained, **spec.kwargs
-        ).to(device)
+        classifier = spec.build(dataset).to(device)
         ref = stimuli.ModelRef.from_classifier(classifier, name=spec.label, checkpoint=spec.checkpoint, layer=spec.layer, fake_relu=spec.fake_relu)
         classifiers[spec.label] = ref
         stimulus_set = stimuli.make_inversion_set(
@@ -241,7 +255,8 @@ def measure_models(
                                only_results=convergence["converged_ids"] if converged_only else None)
         final_loss = stimulus_set.manifest.loc[stimulus_set.manifest["role"] == "result", "final_loss"]
         results[spec.label] = {
-            "model": {"name": spec.name, "checkpoint": spec.checkpoint, "layer": ref.layer, "fake_relu": getattr(ref.representation, "fake_relu", None)},
+            "model": {"name": spec.name, **({"factory": spec.factory} if spec.factory else {}), "checkpoint": spec.checkpoint, "layer": ref.layer,
+                      "fake_relu": getattr(ref.representation, "fake_relu", None)},
             "set": str(model_dir / "set"),
             "median_final_distance": float(final_loss.median()) if len(final_loss) else math.nan,
             "clean_accuracy": accuracy["clean_accuracy"],

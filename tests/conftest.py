@@ -49,24 +49,51 @@ def cifar_mini_root() -> Path:
     return CIFAR_MINI
 
 
+def train_digits_model(name: str, *, epochs: int, pgd_steps: int = 0, n_images: int | None = None, dataset: str = "digits", root=None, **kwargs):
+    """A zoo model trained with SGD on the embedded digits (seconds to a minute on one core; or ``dataset`` from ``root``),
+    frozen, in eval mode. ``pgd_steps`` > 0: PGD adversarial training (Madry et al.) at Linf 8/255, step 2.5 eps / steps,
+    random start."""
+    import torch.nn.functional as F
+
+    from training import build_model, load_dataset
+    from training.attacks import ThreatModel, pgd
+
+    torch.manual_seed(0)
+    train = load_dataset(dataset, "train", root=root)
+    n = min(n_images or len(train), len(train))
+    model = build_model(name, dataset, **kwargs)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x_all, y_all = train.float_images(slice(0, n)), train.labels[:n]
+    threat = ThreatModel("linf", 8 / 255, steps=pgd_steps, step_size=2.5 * 8 / 255 / max(pgd_steps, 1)) if pgd_steps else None
+    for _ in range(epochs):
+        for index in torch.randperm(n).split(64):
+            x, y = x_all[index], y_all[index]
+            if threat is not None:
+                model.eval()  # the attack sees batch-norm running statistics, as the toolkit's PGD recipe (attack_bn: eval)
+                x = pgd(model, x, y, threat)
+            model.train()
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+    return model.eval().requires_grad_(False)
+
+
 @pytest.fixture(scope="session")
 def attack_test_cnn():
     """small_cnn (width 8) trained for 3 epochs of SGD on the embedded digits (seconds on one core), frozen, with the
     digits test split: the model the attack and audit tests attack (``model, test``)."""
-    import torch.nn.functional as F
+    from training import load_dataset
 
-    from training import build_model, load_dataset
+    return train_digits_model("small_cnn", epochs=3, width=8), load_dataset("digits", "test")
 
-    torch.manual_seed(0)
-    train, test = load_dataset("digits", "train"), load_dataset("digits", "test")
-    model = build_model("small_cnn", "digits", width=8)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    x_all, y_all = train.float_images(slice(0, len(train))), train.labels
-    model.train()
-    for _ in range(3):
-        for index in torch.randperm(len(train)).split(64):
-            optimizer.zero_grad()
-            F.cross_entropy(model(x_all[index]), y_all[index]).backward()
-            optimizer.step()
-    model.eval().requires_grad_(False)
-    return model, test
+
+@pytest.fixture(scope="session")
+def pgd_test_cnn():
+    """small_cnn (width 8) PGD-trained (2 steps, Linf 8/255) for 4 epochs on 768 digits training images (~15 s)."""
+    return train_digits_model("small_cnn", epochs=4, pgd_steps=2, n_images=768, width=8)
+
+
+@pytest.fixture(scope="session")
+def train_digits():
+    """:func:`train_digits_model`, for tests that train a model of their own (e.g. the slow k-WTA audit)."""
+    return train_digits_model

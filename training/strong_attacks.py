@@ -10,10 +10,12 @@ per-sample worst case over several attacks.
   ``loss="ce"`` is APGD-CE; ``loss="dlr-targeted"`` is APGD-T (the targeted DLR loss, one run per
   target class, the ``n_targets`` runner-up classes of the clean logits); ``loss="dlr"`` is the
   untargeted DLR loss.
-* :func:`square_linf` is the Linf Square attack of Andriushchenko et al., "Square Attack: a
-  query-efficient black-box adversarial attack via random search" (ECCV 2020; reference code
-  ``fra31/auto-attack/autoattack/square.py``): it never looks at gradients, so it is what catches
-  gradient masking.
+* :func:`square_linf` and :func:`square_l2` are the Square attack of Andriushchenko et al., "Square
+  Attack: a query-efficient black-box adversarial attack via random search" (ECCV 2020; reference code
+  ``fra31/auto-attack/autoattack/square.py``) for Linf and L2 (:func:`square` picks by norm): they
+  never look at gradients, so they are what catches gradient masking.
+* :func:`straight_through` is BPDA (Athalye et al., ICML 2018) with the identity as the approximation:
+  a named non-differentiable submodule keeps its forward pass and passes gradients through unchanged.
 * :func:`worst_case` runs a set of attacks and counts a sample as robust only if it is classified
   correctly clean and under *every* attack (AutoAttack's reporting).
 
@@ -31,10 +33,11 @@ forward passes (the reference's ``eot_iter``) for randomised defences.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -253,7 +256,137 @@ def square_linf(model: nn.Module, x: Tensor, y: Tensor, eps: float, *, queries: 
     return x_best
 
 
+def _centred_rectangles(height: int, width: int, device, dtype) -> Tensor:
+    """Concentric rectangles around the centre of a (height, width) patch, ring k weighted 1 / (k + 1)^2."""
+    patch = torch.zeros(height, width, device=device, dtype=dtype)
+    top, left = height // 2, width // 2
+    for ring in range(max(top, left) + 1):
+        patch[max(top - ring, 0):min(top + ring + 1, height), max(left - ring, 0):min(left + ring + 1, width)] += 1.0 / (ring + 1) ** 2
+    return patch / patch.norm()
+
+
+def square_l2_patch(side: int, transpose: bool, device=None, dtype=torch.float32) -> Tensor:
+    """The L2 Square attack's unit-norm (side, side) update: rectangles of one sign in the top half and the other
+    sign in the bottom half (the paper's "meta pseudo-Gaussian" perturbation), optionally transposed."""
+    patch = torch.cat([_centred_rectangles(side // 2, side, device, dtype), -_centred_rectangles(side - side // 2, side, device, dtype)])
+    patch = patch / patch.norm()
+    return patch.T.contiguous() if transpose else patch
+
+
+def _per_sample_l2(delta: Tensor) -> Tensor:
+    return delta.flatten(1).norm(dim=1).view(-1, 1, 1, 1)
+
+
+def square_l2(model: nn.Module, x: Tensor, y: Tensor, eps: float, *, queries: int = 1000, p_init: float = 0.8,
+              generator: torch.Generator | None = None) -> Tensor:
+    """The L2 Square attack (Andriushchenko et al. 2020, Algorithm 3), untargeted with the margin loss.
+
+    Starts from a grid of ``H // 5`` tiles, each a :func:`square_l2_patch` with a random sign per sample and
+    channel, scaled to norm ``eps``. Each query picks two windows of side ``s`` (odd, at least 3, ``p`` from the
+    schedule): the first gets a new patch plus its old content, the second's mass moves into the first, and the
+    first is rescaled so the whole perturbation keeps norm ``eps``; the proposal is kept for the samples whose
+    margin fell. No gradients.
+
+    Differences from the reference: window positions and the patch's orientation are shared by the batch (the
+    reference's too) but drawn from ``generator``; the rescaling adds a tiny constant only to divisors, like the
+    reference; a sample stops being queried once misclassified.
+    """
+    check_images(x, "images to attack")
+    ThreatModel("l2", eps)  # validates eps
+    if queries < 1 or not 0 < p_init <= 1:
+        raise AttackConfigError(f"queries must be positive and p_init in (0, 1], got {queries}, {p_init}")
+    x, y = x.detach(), y.detach()
+    n, c, h, w = x.shape
+    device, dtype = x.device, x.dtype
+
+    def rand_sign(*shape: int) -> Tensor:
+        return torch.randint(0, 2, shape, generator=generator, device=device).to(dtype) * 2 - 1
+
+    def coin() -> bool:
+        return bool(torch.randint(0, 2, (1,), generator=generator, device=device))
+
+    def position(side: int) -> tuple[int, int]:
+        return (int(torch.randint(0, h - side + 1, (1,), generator=generator, device=device)),
+                int(torch.randint(0, w - side + 1, (1,), generator=generator, device=device)))
+
+    with torch.no_grad():
+        tile = max(h // 5, 1)
+        start = (h - tile * 5) // 2 if h >= 5 else 0
+        delta = torch.zeros_like(x)
+        for top in range(start, h - tile + 1, tile):
+            for left in range(start, w - tile + 1, tile):
+                delta[:, :, top:top + tile, left:left + tile] += square_l2_patch(tile, coin(), device, dtype) * rand_sign(n, c, 1, 1)
+        x_best = (x + eps * delta / (_per_sample_l2(delta) + 1e-12)).clamp(0, 1)
+        margin_best = margin(model(x_best), y)
+        for iteration in range(queries):
+            active = (margin_best > 0).nonzero()[:, 0]
+            if active.numel() == 0:
+                break
+            x_curr, x_best_curr = x[active], x_best[active]
+            delta = x_best_curr - x_curr
+            side = max(int(round(math.sqrt(_square_p(iteration, queries, p_init) * h * w))), 3)
+            side = min(side + 1 - side % 2, h - (1 - h % 2))  # odd, and not larger than the image
+            (vh, vw), (vh2, vw2) = position(side), position(side)
+            first = (slice(None), slice(None), slice(vh, vh + side), slice(vw, vw + side))
+            second = (slice(None), slice(None), slice(vh2, vh2 + side), slice(vw2, vw2 + side))
+            windows = torch.zeros_like(delta)
+            windows[first], windows[second] = 1.0, 1.0
+            norm_image = _per_sample_l2(delta)
+            norm_windows = _per_sample_l2(delta * windows)
+            old = delta[first]
+            proposal = square_l2_patch(side, coin(), device, dtype) * rand_sign(len(active), c, 1, 1)
+            proposal = proposal + old / (old.flatten(2).norm(dim=2)[..., None, None] + 1e-12)
+            budget = ((eps ** 2 - norm_image ** 2).clamp_min(0) / c + norm_windows ** 2).sqrt()  # per channel
+            proposal = proposal / (proposal.flatten(2).norm(dim=2)[..., None, None] + 1e-12) * budget
+            delta[second] = 0.0
+            delta[first] = proposal
+            x_new = (x_curr + eps * delta / (_per_sample_l2(delta) + 1e-12)).clamp(0, 1)
+            margin_new = margin(model(x_new), y[active])
+            better = margin_new < margin_best[active]
+            x_best[active] = torch.where(better.view(-1, 1, 1, 1), x_new, x_best_curr)
+            margin_best[active] = torch.where(better, margin_new, margin_best[active])
+    return x_best
+
+
+def square(model: nn.Module, x: Tensor, y: Tensor, norm: str, eps: float, **kwargs) -> Tensor:
+    """:func:`square_linf` or :func:`square_l2` by ``norm``."""
+    return {"linf": square_linf, "l2": square_l2}[check_norm(norm)](model, x, y, eps, **kwargs)
+
+
+@contextlib.contextmanager
+def straight_through(model: nn.Module, module_name: str) -> Iterator[nn.Module]:
+    """BPDA with the identity (Athalye et al. 2018, Sec. 4.1): inside the block, submodule ``module_name`` of
+    ``model`` (a ``named_modules`` name, e.g. ``"quantise"``) computes its usual output in the forward pass and
+    passes the gradient through unchanged (``x + (f(x) - x).detach()``). Its output must have its input's shape."""
+    modules = dict(model.named_modules())
+    if module_name not in modules or not module_name:
+        close = [name for name in modules if name and module_name.split(".")[-1] in name][:5]
+        raise AttackConfigError(f"bpda={module_name!r}: the model has no submodule of that name"
+                                + (f" (did you mean {close}?)" if close else "; list them with dict(model.named_modules())"))
+
+    def identity_backward(module: nn.Module, inputs: tuple, output: Tensor) -> Tensor:
+        (inp,) = inputs
+        if not isinstance(output, Tensor) or output.shape != inp.shape:
+            raise AttackConfigError(f"bpda={module_name!r}: its output {tuple(getattr(output, 'shape', ()))} differs from its input "
+                                    f"{tuple(inp.shape)} in shape, so the identity cannot stand in for its gradient")
+        return inp + (output - inp).detach()
+
+    handle = modules[module_name].register_forward_hook(identity_backward)
+    try:
+        yield model
+    finally:
+        handle.remove()
+
+
 Attack = Callable[[nn.Module, Tensor, Tensor], Tensor]
+
+
+class AttackStore(Protocol):
+    """Where :func:`worst_case` keeps each attack's per-sample correctness, so an interrupted audit resumes."""
+
+    def load(self, name: str) -> Tensor | None: ...
+
+    def save(self, name: str, correct: Tensor) -> None: ...
 
 
 @dataclass
@@ -279,10 +412,12 @@ class WorstCase:
         return out
 
 
-def worst_case(model: nn.Module, x: Tensor, y: Tensor, attacks: dict[str, Attack], *, predict: Callable[[Tensor], Tensor] | None = None) -> WorstCase:
+def worst_case(model: nn.Module, x: Tensor, y: Tensor, attacks: dict[str, Attack], *, predict: Callable[[Tensor], Tensor] | None = None,
+               store: AttackStore | None = None) -> WorstCase:
     """Run every attack on all of ``x`` and record each one's per-sample correctness; the robust accuracy
     of the audit is :attr:`WorstCase.robust` (correct under every attack). ``predict`` (default
-    ``model(x).argmax(1)``) classifies the adversarial images, e.g. averaged over a randomised model's passes."""
+    ``model(x).argmax(1)``) classifies the adversarial images, e.g. averaged over a randomised model's passes.
+    ``store`` (optional) returns a finished attack's correctness instead of running it again."""
     check_images(x, "images to attack")
     if not attacks:
         raise ValueError("worst_case needs at least one attack")
@@ -290,11 +425,18 @@ def worst_case(model: nn.Module, x: Tensor, y: Tensor, attacks: dict[str, Attack
     with torch.no_grad():
         result = WorstCase(clean=classify(x) == y)
     for name, attack in attacks.items():
+        cached = store.load(name) if store is not None else None
+        if cached is not None:
+            result.correct[name] = cached.to(x.device)
+            continue
         x_adv = attack(model, x, y)
         with torch.no_grad():
             result.correct[name] = classify(x_adv) == y
+        if store is not None:
+            store.save(name, result.correct[name])
         log.info("%s: accuracy %.3f", name, float(result.correct[name].float().mean()))
     return result
 
 
-__all__ = ["APGD_LOSSES", "WorstCase", "apgd", "apgd_schedule", "check_norm", "dlr_loss", "dlr_targeted_loss", "margin", "square_linf", "worst_case"]
+__all__ = ["APGD_LOSSES", "AttackStore", "WorstCase", "apgd", "apgd_schedule", "check_norm", "dlr_loss", "dlr_targeted_loss", "margin", "square", "square_l2",
+           "square_l2_patch", "square_linf", "straight_through", "worst_case"]

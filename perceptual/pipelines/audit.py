@@ -1,93 +1,232 @@
-"""``python -m perceptual audit``: attack a defence with FGSM, PGD, APGD-CE, APGD-T, Square and (with a
-reference model) a transfer attack, run the masking checks and write ``audit.json``, ``audit.md`` and a
-figure of the accuracy per attack into ``out`` (see :mod:`perceptual.audit` for the decision rule).
+"""``python -m perceptual audit``: an automated audit of an adversarial defence (issue 16; Nanda et al., AAAI 2023,
+Sec. 3.2 and Fig. 4: poorly aligned defences such as k-WTA were later broken by stronger attacks).
 
-Not yet here (issue 16): reference models trained on the spot, the alignment measurement (pass the
-position to :func:`perceptual.audit.verdict` from a ``measure`` run), audit.html, the eps sweep figure, resume.
+Stages, each cached in ``out`` so that an interrupted audit resumes and a repeated one recomputes nothing:
+
+1. Checks before any long work: the defence builds (zoo name or ``module:function`` factory), maps [0, 1]
+   images to logits of the data set's classes (not probabilities), its representation layer can be traced
+   (for the alignment), the ``bpda`` submodule exists; a randomised forward pass without ``eot`` is a warning
+   stated in the report.
+2. Reference models: ``reference.standard`` and ``reference.robust`` as given, or a standard and a PGD model
+   trained here with the toolkit's recipes (``references``), cached in ``reference_dir`` (default
+   ``<out>/../references/<data>-<model>-<hash>``) for the audits of other defences.
+3. Attacks (:func:`perceptual.audit.audit_robustness`): FGSM, PGD, APGD-CE, APGD-T, Square, the transfer attack from
+   the robust reference; the per-sample worst case; the eps sweep; the masking checks (``out/cache/defence``).
+   The references are attacked the same way for their robust accuracy (``out/cache/<label>``).
+4. Alignment (:func:`perceptual.measure.measure_models` in ``out/alignment``): 2AFC, clustering and hard clustering
+   for the defence and both references, controversial stimuli of the defence against the robust reference.
+5. The verdict (:data:`perceptual.audit.DECISION_RULE`) and the report: ``audit.json`` (every number), ``audit.md`` and
+   ``audit.html`` (verdict first), ``accuracy_vs_eps.png``, ``alignment_vs_robust_*.png``, ``masking_checks.png``,
+   ``accuracy_per_attack.png``.
 """
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from training import build_model, load_dataset
-from training.attacks import config_number
-from training.checkpoints import read_checkpoint
+from training import Representation
+from training.attacks import ThreatModel, config_number
+from training.config import dataset_from_config, resolve_device
+from training.data import NUM_CLASSES
 from training.io import atomic_write_json, atomic_write_text
+from training.models.defences import load_factory  # noqa: F401  (re-exported: the factory loader the audit documents)
 
-from ..audit import audit_markdown, audit_robustness, verdict
-from ..report import save_figure
+from ..audit import (
+    alignment_position,
+    audit_robustness,
+    check_classifier,
+    controversial_summary,
+    is_flagged,
+    is_randomised,
+    randomness_warning,
+    reference_accuracy,
+    verdict,
+)
+from ..audit_report import accuracy_bars_figure, accuracy_vs_eps_figure, alignment_figures, audit_html, audit_markdown, masking_checks_figure
+from ..cache import cache_key
+from ..measure import ModelSpec, make_panel, measure_models, validate_inputs
+from ._references import pair_configs, pair_key, train_pair
+
+ALIGNMENT_TASKS = ("2afc", "clustering", "clustering_hard")
 
 
-def load_factory(path: str, what: str = "defence"):
-    """``module:function`` -> the function, with a clear error when it does not import (``what``: the config node)."""
-    module_name, sep, attr = str(path).partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"{what}.factory must be 'module:function', got {path!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"{what}.factory {path!r}: module {module_name!r} does not import ({err}); is it on PYTHONPATH?") from err
-    if not hasattr(module, attr):
-        raise ValueError(f"{what}.factory {path!r}: {module_name} has no attribute {attr!r}")
-    return getattr(module, attr)
-
-
-def load_defence(spec: DictConfig, dataset: str, what: str = "defence") -> torch.nn.Module:
-    """A model from a config node: a zoo ``name`` (+ ``checkpoint``) or a ``factory`` (``module:function``), with ``kwargs``."""
-    if bool(spec.get("name")) == bool(spec.get("factory")):
+def model_spec(node: DictConfig, label: str, what: str) -> ModelSpec:
+    """A ModelSpec from a ``{name | factory, checkpoint, kwargs, layer}`` config node, with errors that name the node."""
+    values = OmegaConf.to_container(node, resolve=True)
+    if bool(values.get("name")) == bool(values.get("factory")):
         raise ValueError(f"give exactly one of {what}.name (a zoo model) or {what}.factory (module:function)")
-    kwargs = OmegaConf.to_container(spec.kwargs, resolve=True) if spec.get("kwargs") else {}
-    if spec.get("name"):
-        return build_model(spec.name, dataset, checkpoint=spec.get("checkpoint"), **kwargs)
-    model = load_factory(spec.factory, what)(**kwargs)
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"{what}.factory {spec.factory!r} returned {type(model).__name__}, not a torch.nn.Module")
-    if spec.get("checkpoint"):
-        state, _ = read_checkpoint(spec.checkpoint)
-        model.load_state_dict(state)
-    return model
+    checkpoint = values.get("checkpoint")
+    if checkpoint and not Path(checkpoint).expanduser().is_file():
+        raise FileNotFoundError(f"{what}.checkpoint not found: {checkpoint}")
+    return ModelSpec(name=values.get("name"), factory=values.get("factory"), checkpoint=checkpoint, label=label, layer=values.get("layer"),
+                     kwargs=dict(values.get("kwargs") or {}))
+
+
+def load_defence(spec: ModelSpec | DictConfig, dataset: str, what: str = "defence") -> torch.nn.Module:
+    """Build a model from its spec (or a ``{name | factory, checkpoint, kwargs}`` config node), naming the config
+    node in the error when the build fails. Also the model loader of ``visalign`` and ``unknown``."""
+    if not isinstance(spec, ModelSpec):
+        spec = model_spec(spec, what, what)
+    try:
+        return spec.build(dataset)
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"{what}: {err}") from err
+
+
+def given_references(cfg: DictConfig) -> dict[str, ModelSpec] | None:
+    """``reference.standard`` and ``reference.robust`` as specs, None when neither is given (then they are trained)."""
+    nodes = {label: cfg.reference[label] for label in ("standard", "robust")}
+    given = {label: bool(node.get("name") or node.get("factory")) for label, node in nodes.items()}
+    if not any(given.values()):
+        return None
+    if not all(given.values()):
+        missing = [label for label, ok in given.items() if not ok]
+        raise ValueError(f"reference.{missing[0]} is not given: give both reference.standard and reference.robust, or neither (then both "
+                         "are trained here from `references`)")
+    return {label: model_spec(node, label, f"reference.{label}") for label, node in nodes.items()}
+
+
+def reference_folder(cfg: DictConfig) -> Path:
+    """Where references trained here live: ``reference_dir`` or ``<out>/../references``, one folder per setup."""
+    base = Path(cfg.reference_dir) if cfg.get("reference_dir") else Path(cfg.out).parent / "references"
+    return base / pair_key(_pair_setup(cfg))
+
+
+def _pair_setup(cfg: DictConfig) -> DictConfig:
+    return OmegaConf.create({**OmegaConf.to_container(cfg.references, resolve=True), "data": OmegaConf.to_container(cfg.data, resolve=True),
+                             "device": str(cfg.device)})
+
+
+def train_references(cfg: DictConfig) -> dict[str, ModelSpec]:
+    """Train (or reuse) the standard and the PGD reference with the toolkit's recipes."""
+    setup = _pair_setup(cfg)
+    weights = train_pair(pair_configs(setup, reference_folder(cfg) / "runs"))
+    kwargs = dict(setup.model_kwargs)
+    return {label: ModelSpec(name=setup.model, checkpoint=str(path), label=label, kwargs=kwargs) for label, path in weights.items()}
+
+
+def _check_alignment_inputs(cfg: DictConfig, specs: list[ModelSpec], defence: torch.nn.Module) -> dict:
+    controversial = {"model_a": specs[0].label, "model_b": "robust", **OmegaConf.to_container(cfg.alignment.controversial, resolve=True)}
+    validate_inputs(specs, n_targets=int(cfg.alignment.n_targets), seed_types=list(cfg.alignment.seed_types), tasks=ALIGNMENT_TASKS,
+                    engine=OmegaConf.to_container(cfg.invert, resolve=True), controversial=controversial)
+    try:
+        Representation(defence, layer=specs[0].layer)
+    except Exception as err:
+        raise ValueError(f"the alignment needs the defence's representation: {err}. Set defence.layer to one of its layers "
+                         "(training.list_layers(model)), or alignment.enabled=false for an attack-only audit") from err
+    return controversial
 
 
 def run(cfg: DictConfig) -> dict:
-    dataset = cfg.data.name
-    defence = load_defence(cfg.defence, dataset).to(cfg.device).eval()
-    wanted = cfg.get("reference") and (cfg.reference.get("name") or cfg.reference.get("factory"))
-    reference = load_defence(cfg.reference, dataset).to(cfg.device).eval() if wanted else None
-    test = load_dataset(dataset, "test", root=cfg.data.get("root"))
-    n = min(int(cfg.n_images), len(test))
-    x, y = test.float_images(slice(0, n), device=cfg.device), test.labels[:n].to(cfg.device)
-    audit = audit_robustness(defence, x, y, cfg.threat.norm, config_number(cfg.threat.eps, "threat.eps"), steps=int(cfg.threat.steps),
-                             square_queries=int(cfg.square_queries), n_targets=int(cfg.n_targets), eot_samples=int(cfg.eot),
-                             reference=reference, seed=int(cfg.seed))
-    text = verdict(audit)
     out = Path(cfg.out)
-    atomic_write_json(out / "audit.json", {"verdict": text, **audit.to_dict(), "config": OmegaConf.to_container(cfg, resolve=True)})
-    atomic_write_text(out / "audit.md", audit_markdown(audit, text))
-    import matplotlib
+    device = resolve_device(cfg.device)
+    dataset = cfg.data.name
+    norm, eps = cfg.threat.norm, config_number(cfg.threat.eps, "threat.eps")
+    ThreatModel(norm, eps, steps=int(cfg.threat.steps))  # a bad norm or eps is named now
+    sweep = [config_number(e, "eps_sweep") for e in (cfg.eps_sweep or [])]
+    masking_eps = [config_number(e, "masking_eps") for e in cfg.masking_eps] if cfg.get("masking_eps") else None
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # 1. Everything that can be wrong is checked before the first model trains or the first attack runs.
+    defence_spec = model_spec(cfg.defence, cfg.defence.get("label") or "defence", "defence")
+    if defence_spec.label in ("standard", "robust"):
+        raise ValueError(f"defence.label={defence_spec.label!r} is a reference's label: choose another")
+    references = given_references(cfg)
+    test = dataset_from_config(cfg.data, "test")
+    n = min(int(cfg.n_images), len(test))
+    x, y = test.float_images(slice(0, n), device=device), test.labels[:n].to(device)
+    torch.manual_seed(int(cfg.seed))  # a factory that initialises weights randomly builds the same model on a rerun
+    defence = load_defence(defence_spec, dataset).to(device).eval()
+    defence_spec.module = defence  # the alignment measures this very object, not a second build of the factory
+    check_classifier(defence, x[:8], NUM_CLASSES.get(dataset))
+    warnings = [w for w in [randomness_warning(is_randomised(defence, x[:8]), int(cfg.eot))] if w]
+    for warning in warnings:
+        print(f"warning: {warning}")
+    if cfg.bpda and cfg.bpda not in dict(defence.named_modules()):
+        names = [name for name, _ in defence.named_modules() if name][:12]
+        raise ValueError(f"bpda={cfg.bpda!r} is not a submodule of the defence; its submodules include {names}")
+    alignment_on = bool(cfg.alignment.enabled)
+    if alignment_on:
+        placeholder = [ModelSpec(name="small_cnn", label=label) for label in ("standard", "robust")]
+        controversial = _check_alignment_inputs(cfg, [defence_spec, *(references.values() if references else placeholder)], defence)
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    names = list(audit.accuracy)
-    ax.bar(names, [audit.accuracy[k] for k in names], color=["tab:gray"] + ["tab:blue"] * (len(names) - 2) + ["tab:red"])
-    ax.set_ylabel("accuracy")
-    ax.set_xlabel("attack")
-    ax.set_ylim(0, 1)
-    ax.set_title(f"accuracy per attack ({audit.norm} eps={audit.eps:.4g}, {audit.n} images)")
-    save_figure(fig, out / "accuracy_per_attack.png")
-    return {"verdict": text, "out": str(out)}
+    # 2. Reference models (trained here and cached when not given).
+    if references is None:
+        references = train_references(cfg)
+        sources = {label: f"trained here with the {recipe} recipe ({spec.name}, {spec.checkpoint})"
+                   for (label, spec), recipe in zip(references.items(), ("standard", "pgd"))}
+    else:
+        sources = {label: f"given: {spec.name or spec.factory} ({spec.checkpoint or 'no checkpoint'})" for label, spec in references.items()}
+    reference_models = {label: load_defence(spec, dataset, f"reference.{label}").to(device).eval() for label, spec in references.items()}
+    for label, model in reference_models.items():
+        references[label].module = model
+    for model in reference_models.values():
+        check_classifier(model, x[:8], NUM_CLASSES.get(dataset))
+
+    # 3. Attacks.
+    settings = dict(steps=int(cfg.threat.steps), square_queries=int(cfg.square_queries), n_targets=int(cfg.n_targets), seed=int(cfg.seed))
+    audit = audit_robustness(defence, x, y, norm, eps, eot_samples=int(cfg.eot), reference=reference_models["robust"], bpda=cfg.bpda or None,
+                             sweep_eps=sweep, masking_eps=masking_eps, unbounded_steps=int(cfg.unbounded_steps), cache_dir=out / "cache" / "defence",
+                             **settings)
+    print(f"{defence_spec.label}: worst-case accuracy {audit.accuracy['worst_case']:.1%} ({norm} eps {eps:.4g}, {n} images)")
+    reference_robust = {label: reference_accuracy(model, x, y, norm, eps, cache_dir=out / "cache" / label, **settings)
+                        for label, model in reference_models.items()}
+
+    # 4. Alignment.
+    alignment: dict = {"note": "not measured (alignment.enabled=false)"}
+    position = controversial_text = None
+    if alignment_on:
+        specs = [defence_spec, references["standard"], references["robust"]]
+        engine = OmegaConf.to_container(cfg.invert, resolve=True)
+        # One folder per alignment setting: a rerun with other settings measures afresh instead of refusing the old sets.
+        alignment_dir = out / "alignment" / cache_key(OmegaConf.to_container(cfg.alignment, resolve=True), engine, int(cfg.seed))[:10]
+        data = measure_models(specs, OmegaConf.to_container(cfg.data, resolve=True), alignment_dir, engine=engine,
+                              n_targets=int(cfg.alignment.n_targets), seed_types=list(cfg.alignment.seed_types), seed=int(cfg.seed),
+                              panel=make_panel(cfg.alignment.observers, cfg.alignment.observer_net, device=device), threat=None, accuracy_limit=n,
+                              controversial=controversial, device=device, config={"alignment": OmegaConf.to_container(cfg.alignment, resolve=True)})
+        robust_of = {defence_spec.label: audit.accuracy["worst_case"], **{label: r["worst_case"] for label, r in reference_robust.items()}}
+        models = {label: {**{t: result.get(t) for t in ALIGNMENT_TASKS}, "clean_accuracy": result["clean_accuracy"], "robust_accuracy": robust_of[label],
+                          "converged": result["converged"]} for label, result in data["models"].items()}
+        means = {label: {t: models[label][t]["mean"] for t in ALIGNMENT_TASKS if models[label].get(t)} for label in models}
+        position = alignment_position(means[defence_spec.label], means["standard"], means["robust"])
+        alignment = {"models": models, "position": position, "report": str(alignment_dir / "report.md"),
+                     "converged": {label: bool(m["converged"]) for label, m in models.items()}}
+        if "controversial" in data:
+            c = data["controversial"]
+            controversial_text = controversial_summary(c)
+            alignment["controversial"] = {"model_a": c["model_a"], "model_b": c["model_b"], "directions": c["directions"], "spread": c["spread"],
+                                          "favoured_by_observer": c["favoured_by_observer"], "verdict": c["verdict"], "summary": controversial_text}
+
+    # 5. Verdict and report.
+    text = verdict(audit, position, controversial_text)
+    evidence = audit.to_dict()
+    figures = [accuracy_vs_eps_figure(evidence, out / "accuracy_vs_eps.png"), masking_checks_figure(evidence["checks"], out / "masking_checks.png"),
+               accuracy_bars_figure(evidence, out / "accuracy_per_attack.png")]
+    if alignment_on:
+        figures += alignment_figures(alignment["models"], out)
+    report = {
+        "verdict": text,
+        "flagged": is_flagged(text),
+        "defence_name": defence_spec.name or defence_spec.factory,
+        "warnings": warnings + [w for w in audit.warnings if w not in warnings],
+        "robustness": evidence,
+        "references": {label: {"source": sources[label], "robustness": reference_robust[label]} for label in references},
+        "alignment": alignment,
+        "figures": [f.name for f in figures],
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
+    atomic_write_json(out / "audit.json", report)
+    atomic_write_text(out / "audit.md", audit_markdown(report))
+    atomic_write_text(out / "audit.html", audit_html(report))
+    return {"verdict": text, "flagged": report["flagged"], "out": str(out)}
 
 
 @hydra.main(config_path="pkg://conf", config_name="audit", version_base=None)
 def main(cfg: DictConfig) -> None:
     result = run(cfg)
-    print(f"verdict: {result['verdict']}\nreport: {result['out']}/audit.md")
+    print(f"verdict: {result['verdict']}\nreport: {result['out']}/audit.md (and audit.html)")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Mapping
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -25,26 +24,8 @@ from training.sweeps import job_path
 from ..convergence import convergence_sentence
 from ..measure import TASKS, ModelSpec, headline, make_panel, measure_models, threat_from_config, validate_inputs
 from ..observers import lpips_weights_available
+from ._references import pair_configs, train_pair
 from .measure import check_convergence
-from .training_runs import train_models, training_config
-
-
-def pair_configs(cfg: DictConfig) -> dict[str, DictConfig]:
-    """The training configs of the standard and the PGD model (same architecture and schedule), checked."""
-    configs = {}
-    for label, recipe in (("standard", "standard"), ("robust", "pgd")):
-        overrides = dict(cfg.schedule)
-        if recipe == "pgd":
-            overrides.update({f"attack.{key}": value for key, value in cfg.attack.items()})
-        configs[label] = training_config(model=cfg.model, model_kwargs=cfg.model_kwargs, data=cfg.data, recipe=recipe,
-                                         run_dir=Path(cfg.out) / "runs" / label, seed=cfg.seed, device=cfg.device, progress=cfg.progress,
-                                         train_overrides=overrides)
-    return configs
-
-
-def train_pair(configs: Mapping[str, DictConfig]) -> dict[str, Path]:
-    """Train (or resume) each model; returns their weight files."""
-    return train_models(configs)
 
 
 def run(cfg: DictConfig) -> dict:
@@ -56,7 +37,7 @@ def run(cfg: DictConfig) -> dict:
     validate_inputs([ModelSpec(cfg.model, None, label) for label in ("standard", "robust")], n_targets=cfg.n_targets,
                     seed_types=list(cfg.seed_types), tasks=TASKS, engine=container["invert"], controversial=controversial)
     threat = threat_from_config(container["threat"])
-    configs = pair_configs(cfg)
+    configs = pair_configs(cfg, out / "runs")
     panel = make_panel("auto", cfg.observer_net)
     if not lpips_weights_available(cfg.observer_net):
         print(

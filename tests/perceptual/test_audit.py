@@ -1,20 +1,24 @@
-"""The audit's masking checks and verdict on constructed numbers, and on real digits models: a standard
-model is not flagged, the same model behind input quantisation (a zero gradient) is."""
+"""The audit's masking checks and verdict on constructed numbers, and on real digits models: a standard and a
+PGD-trained model are not flagged, the standard model behind input quantisation (a zero gradient) is, and (slow)
+a PGD-trained k-WTA CNN is; the per-attack cache; the report's layout."""
 from __future__ import annotations
 
 import pytest
 import torch
 
+import perceptual.audit as audit_module
 from perceptual.audit import (
     DECISION_RULE,
     alignment_position,
-    audit_markdown,
     audit_robustness,
     check_classifier,
+    controversial_summary,
     is_flagged,
     masking_checks,
     verdict,
 )
+from perceptual.audit_report import audit_html, audit_markdown
+from training.models.defences import InputQuantised
 
 
 @pytest.fixture(scope="module")
@@ -22,17 +26,6 @@ def digits(attack_test_cnn):
     """The shared digits CNN (tests/conftest.py) and the first 64 test images."""
     model, test = attack_test_cnn
     return model, test.float_images(slice(0, 64)), test.labels[:64]
-
-
-class Quantised(torch.nn.Module):
-    """Input quantisation to 8 levels in front of a model: its gradient is zero almost everywhere."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, z):
-        return self.inner(torch.round(z * 7) / 7)
 
 
 class Noisy(torch.nn.Module):
@@ -69,6 +62,13 @@ def test_check_classifier_rejects_non_classifiers():
     probs = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(192, 10), torch.nn.Softmax(dim=1))
     with pytest.raises(ValueError, match="probabilities"):
         check_classifier(probs, x)
+    log_probs = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(192, 10), torch.nn.LogSoftmax(dim=1))
+    with pytest.raises(ValueError, match="log-probabilities"):
+        check_classifier(log_probs, x)
+    with pytest.raises(ValueError, match="failed on a batch"):
+        check_classifier(torch.nn.Linear(5, 10), x)
+    with pytest.raises(ValueError, match="3 scores but the data set has 10"):
+        check_classifier(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(192, 3)), x, n_classes=10)
 
 
 def test_standard_model_is_not_flagged_and_quantised_one_is(digits, tmp_path):
@@ -81,14 +81,17 @@ def test_standard_model_is_not_flagged_and_quantised_one_is(digits, tmp_path):
     plain = audit_robustness(model, x, y, "linf", eps, **kwargs)
     plain_verdict = verdict(plain)
     assert not is_flagged(plain_verdict), plain_verdict
-    masked = audit_robustness(Quantised(model), x, y, "linf", eps, reference=model, **kwargs)
+    masked = audit_robustness(InputQuantised(model, levels=8), x, y, "linf", eps, reference=model, **kwargs)
     masked_verdict = verdict(masked, alignment=0.1)
     assert is_flagged(masked_verdict), masked_verdict
     assert "at the standard model's level" in masked_verdict
     failed = {c.name for c in masked.checks if c.status == "fail"}
     assert "black_box_not_stronger" in failed
-    text = audit_markdown(masked, masked_verdict)
+    report = {"verdict": masked_verdict, "flagged": True, "robustness": masked.to_dict()}
+    text = audit_markdown(report)
     assert text.index("Verdict") < text.index("Masking checks") and "| square |" in text
+    page = audit_html(report)
+    assert page.index("Verdict") < page.index("Masking checks") and "suspected gradient masking" in page
 
 
 def test_randomised_defence_is_detected(digits):
@@ -96,3 +99,70 @@ def test_randomised_defence_is_detected(digits):
     audit = audit_robustness(Noisy(model), x[:16], y[:16], "linf", 4 / 255, steps=3, square_queries=20, n_targets=1, masking_eps=[4 / 255], unbounded_steps=3)
     assert audit.randomised
     assert {c.name: c.status for c in audit.checks}["randomness_handled"] == "fail"
+
+
+def test_randomised_defence_without_eot_is_a_stated_warning(digits):
+    model, x, y = digits
+    audit = audit_robustness(Noisy(model), x[:8], y[:8], "linf", 4 / 255, steps=2, square_queries=5, n_targets=1, masking_eps=[4 / 255], unbounded_steps=2)
+    assert audit.warnings and "eot" in audit.warnings[0]
+    text = audit_markdown({"verdict": verdict(audit), "warnings": audit.warnings, "robustness": audit.to_dict()})
+    assert "**Warning:** the defence is randomised" in text
+
+
+def test_pgd_trained_model_is_not_flagged(pgd_test_cnn, digits):
+    """Measured (seed 0, 48 images, Linf 8/255): "19% worst case (25% under pgd, 25% under apgd-ce, 19% under apgd-t,
+    25% under square; clean 40%): no sign of gradient masking"; every check passes."""
+    _, x, y = digits
+    audit = audit_robustness(pgd_test_cnn, x[:48], y[:48], "linf", 8 / 255, steps=10, square_queries=200, n_targets=1, masking_eps=[2 / 255, 8 / 255],
+                             unbounded_steps=10)
+    text = verdict(audit)
+    assert not is_flagged(text), text
+    assert all(c.status != "fail" for c in audit.checks), audit.checks
+
+
+KWTA_NOT_RELIABLY_MASKED = (
+    "at this CPU scale the masking checks alone do not reliably flag the small k-WTA CNN: with one torch thread it failed "
+    "unbounded_attack_succeeds, with two (the suite's) it trained to another model (clean 35%) whose checks all pass "
+    "(17% worst case, 19% PGD, 19% Square); the real digits audit (README) flags it by its alignment (decision rule 4)")
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=False, reason=KWTA_NOT_RELIABLY_MASKED)
+def test_pgd_trained_kwta_is_flagged(pgd_test_cnn, digits, train_digits):
+    """k-WTA (kwta_small_cnn: small_cnn with k-WTA activations, ratio 0.1; the CPU stand-in for kwta_resnet18) PGD-trained
+    like Xiao et al. (3 steps, Linf 8/255, 5 epochs, ~40 s), attack-only audit with the robust PGD model as the transfer
+    source. Expected to be flagged; see KWTA_NOT_RELIABLY_MASKED for why it is not asserted strictly."""
+    kwta = train_digits("kwta_small_cnn", epochs=5, pgd_steps=3, width=8, ratio=0.1)
+    _, x, y = digits
+    audit = audit_robustness(kwta, x[:48], y[:48], "linf", 8 / 255, steps=10, square_queries=200, n_targets=1, masking_eps=[2 / 255, 8 / 255],
+                             unbounded_steps=10, reference=pgd_test_cnn)
+    text = verdict(audit)
+    assert is_flagged(text), text
+
+
+def test_attack_results_are_cached_and_not_recomputed(digits, tmp_path, monkeypatch):
+    model, x, y = digits
+    kwargs = dict(steps=2, square_queries=5, n_targets=1, masking_eps=[4 / 255], unbounded_steps=2, sweep_eps=[2 / 255], cache_dir=tmp_path)
+    first = audit_robustness(model, x[:8], y[:8], "linf", 4 / 255, **kwargs)
+    assert (tmp_path / "attacks" / "linf-eps0.0156863" / "apgd-ce.json").is_file() and (tmp_path / "masking.json").is_file()
+
+    def refuse(*args, **kw):
+        raise AssertionError("a cached attack ran again")
+
+    for name in ("apgd", "pgd", "fgsm", "square", "gradient_masking_report"):
+        monkeypatch.setattr(audit_module, name, refuse)
+    second = audit_robustness(model, x[:8], y[:8], "linf", 4 / 255, **kwargs)
+    assert second.accuracy == first.accuracy and second.sweep == first.sweep
+    assert set(second.sweep) == {"0.00784314", "0.0156863"}
+
+
+def test_controversial_summary_counts_observers():
+    result = {"model_a": "defence", "model_b": "robust",
+              "favoured_by_observer": {"a": {"favours": "robust"}, "b": {"favours": "robust"}, "c": {"favours": None}, "d": {"favours": "defence"}}}
+    assert controversial_summary(result) == "of 4 observers, 2 favour robust, 1 defence, 1 undecided"
+    audit = audit_module.RobustnessAudit("linf", 0.03, 10, {"clean": 0.9, "fgsm": 0.6, "pgd": 0.6, "apgd-ce": 0.6, "apgd-t": 0.6, "square": 0.6,
+                                                            "worst_case": 0.6}, False, 1, {})
+    text = verdict(audit, alignment=0.2, controversial=controversial_summary(result))
+    assert "controversial stimuli against the robust reference: of 4 observers" in text
+    assert text.endswith("no sign of gradient masking, but low alignment predicts stronger attacks may break it") and is_flagged(text)
+    assert not is_flagged(verdict(audit, alignment=0.8))

@@ -167,3 +167,17 @@ def test_threat_eps_may_be_a_fraction_on_the_measure_command_line():
     threat = threat_from_config(OmegaConf.to_container(cfg.threat, resolve=True))
     assert threat.norm == "linf" and threat.eps == pytest.approx(8 / 255) and threat.steps == 5
     assert threat_from_config(None) is None
+
+
+def test_model_spec_takes_a_factory_or_a_built_module():
+    """A defence that is in nobody's zoo: ``factory`` (module:function + kwargs) or an already built ``module``."""
+    spec = ModelSpec.parse({"factory": "training.models.defences:input_quantised", "kwargs": {"name": "small_cnn", "dataset": "digits", "width": 4}})
+    assert spec.label == "input_quantised" and spec.name is None
+    model = spec.build("digits")
+    assert type(model).__name__ == "InputQuantised" and model(torch.rand(2, 3, 32, 32)).shape == (2, 10)
+    built = build_model("small_cnn", "digits", width=4)
+    assert ModelSpec(name="small_cnn", label="mine", module=built).build("digits") is built
+    with pytest.raises(ValueError, match="exactly one of name"):
+        ModelSpec(name="small_cnn", factory="training.models.defences:input_quantised")
+    with pytest.raises(ValueError, match="needs 'name'"):
+        ModelSpec.parse({"checkpoint": "x.safetensors"})

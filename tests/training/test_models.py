@@ -17,6 +17,7 @@ EXPECTED_FEATURES = {
     "inception_v3": 2048,
     "kwta_resnet18": 512,
     "small_cnn": 128,
+    "kwta_small_cnn": 128,
 }
 
 

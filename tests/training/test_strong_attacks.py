@@ -8,7 +8,20 @@ import pytest
 import torch
 
 from training.attacks import AttackConfigError, ThreatModel, pgd
-from training.strong_attacks import apgd, apgd_schedule, dlr_loss, dlr_targeted_loss, margin, square_linf, worst_case
+from training.models.defences import InputQuantised
+from training.strong_attacks import (
+    apgd,
+    apgd_schedule,
+    dlr_loss,
+    dlr_targeted_loss,
+    margin,
+    square,
+    square_l2,
+    square_l2_patch,
+    square_linf,
+    straight_through,
+    worst_case,
+)
 
 
 @pytest.fixture(scope="module")
@@ -122,3 +135,57 @@ def test_worst_case_is_the_per_sample_intersection(digits_model):
     expected = clean & ((torch.arange(len(y)) >= 10) | (blank == y))
     assert torch.equal(result.robust, expected)
     assert result.accuracies()["worst_case"] == pytest.approx(float(expected.float().mean()))
+
+
+def test_square_l2_patch_is_unit_norm_with_opposite_halves():
+    patch = square_l2_patch(5, transpose=False)
+    assert patch.shape == (5, 5) and float(patch.norm()) == pytest.approx(1.0)
+    assert (patch[:2] > 0).all() and (patch[2:] < 0).all()
+    assert torch.equal(square_l2_patch(5, transpose=True), patch.T)
+
+
+def test_square_l2_stays_in_the_ball_and_fools(digits_model):
+    model, x, y = digits_model
+    eps = 1.0
+    x_adv = square(model, x, y, "l2", eps, queries=200, generator=torch.Generator().manual_seed(0))
+    assert (torch.linalg.vector_norm((x_adv - x).flatten(1), dim=1) <= eps * (1 + 1e-4)).all()
+    assert x_adv.min() >= 0 and x_adv.max() <= 1
+    assert accuracy(model, x_adv, y) < accuracy(model, x, y) - 0.1
+    with pytest.raises(AttackConfigError, match="queries"):
+        square_l2(model, x, y, eps, queries=0)
+
+
+def test_bpda_straight_through_beats_pgd_on_quantised_input(digits_model):
+    """Rounding to 8 levels has a zero gradient: PGD stalls; the same PGD with the identity as the rounding's
+    gradient (BPDA) breaks the defence, and the hook is gone after the block."""
+    model, x, y = digits_model
+    quantised = InputQuantised(model, levels=8).eval()
+    threat = ThreatModel("linf", 16 / 255, steps=10)
+    plain = accuracy(quantised, pgd(quantised, x, y, threat, generator=torch.Generator().manual_seed(0)), y)
+    with straight_through(quantised, "quantise"):
+        x_bpda = pgd(quantised, x, y, threat, generator=torch.Generator().manual_seed(0))
+    assert accuracy(quantised, x_bpda, y) < plain - 0.2, (accuracy(quantised, x_bpda, y), plain)
+    assert not quantised.quantise._forward_hooks
+    with pytest.raises(AttackConfigError, match="no submodule"):
+        with straight_through(quantised, "quantize"):
+            pass
+
+
+def test_worst_case_store_skips_finished_attacks(digits_model):
+    model, x, y = digits_model
+    saved = {}
+
+    class Store:
+        def load(self, name):
+            return saved.get(name)
+
+        def save(self, name, correct):
+            saved[name] = correct.clone()
+
+    first = worst_case(model, x, y, {"none": lambda m, a, b: a}, store=Store())
+
+    def boom(m, a, b):
+        raise AssertionError("a stored attack ran again")
+
+    second = worst_case(model, x, y, {"none": boom}, store=Store())
+    assert torch.equal(first.robust, second.robust)

@@ -406,16 +406,16 @@ def inception_v3(num_classes: int = 10) -> InceptionV3:
 
 
 class SmallCNN(nn.Module):
-    """A small fast CNN for digits and tests: 4 conv-BN-ReLU layers (two stride-2), pooled 128-d features."""
+    """A small fast CNN for digits and tests: 4 conv-BN-activation layers (two stride-2), pooled 4*width-d features."""
 
     penultimate = "features"
 
-    def __init__(self, num_classes: int = 10, width: int = 32):
+    def __init__(self, num_classes: int = 10, width: int = 32, activation: Activation = nn.ReLU):
         super().__init__()
         w = width
         layers: list[nn.Module] = []
         for cin, cout, stride in ((3, w, 1), (w, 2 * w, 2), (2 * w, 4 * w, 2), (4 * w, 4 * w, 1)):
-            layers += [nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
+            layers += [nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), activation()]
         self.features = nn.Sequential(*layers)
         self.linear = nn.Linear(4 * w, num_classes)
 
@@ -431,3 +431,10 @@ def _small_cnn_kwargs(state) -> dict:
 @register_model("small_cnn", penultimate="features", fake_relu=True, infer_kwargs=_small_cnn_kwargs)
 def small_cnn(num_classes: int = 10, width: int = 32) -> SmallCNN:
     return SmallCNN(num_classes, width)
+
+
+@register_model("kwta_small_cnn", penultimate="features", fake_relu=False, infer_kwargs=_small_cnn_kwargs)
+def kwta_small_cnn(num_classes: int = 10, width: int = 32, ratio: float = 0.1) -> SmallCNN:
+    """small_cnn with every ReLU replaced by k-WTA (Xiao et al. 2020): the CPU-sized stand-in for
+    ``kwta_resnet18`` in the audit's fast tests (same activation, 4 layers instead of 18)."""
+    return SmallCNN(num_classes, width, activation=lambda: KWinnersTakeAll(ratio))

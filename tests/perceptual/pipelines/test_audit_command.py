@@ -1,43 +1,156 @@
-"""``python -m perceptual audit``: composed from conf/audit.yaml, a factory import path, the files it writes, bad input."""
+"""``python -m perceptual audit``: the whole command on digits (references trained on the spot and reused by the
+audit of another defence, alignment and controversial stimuli, every file it writes, a rerun that recomputes
+nothing) and the bad input it refuses before the long work."""
 from __future__ import annotations
 
 import json
+import textwrap
 
 import pytest
+import torch
 from hydra import compose, initialize_config_module
 
+import perceptual.audit as audit_module
+import perceptual.measure as measure_module
+import perceptual.pipelines._references as references_module
+from invert import Engine
 from perceptual.pipelines import COMMANDS
 from perceptual.pipelines.audit import load_factory, run
 
+QUICK = ["n_images=8", "threat.steps=2", "square_queries=5", "n_targets=1", "unbounded_steps=2", "eps_sweep=[4/255]", "masking_eps=[8/255]"]
+RANDOM_REFERENCES = [f"reference.{label}.factory=training.models:build_model" for label in ("standard", "robust")] + [
+    f"+reference.{label}.kwargs={{name: small_cnn, dataset: digits, width: 4}}" for label in ("standard", "robust")]
 
-def _cfg(tmp_path, *overrides):
+
+def _cfg(out, *overrides):
     with initialize_config_module(config_module="conf", version_base=None):
-        return compose(config_name="audit", overrides=[f"out={tmp_path}", "n_images=8", "threat.steps=2", "square_queries=5", "n_targets=1",
-                                                       *overrides])
+        return compose(config_name="audit", overrides=[f"out={out}", *QUICK, *overrides])
 
 
-def test_audit_command_writes_json_markdown_and_figure(tmp_path):
-    cfg = _cfg(tmp_path, "defence.factory=training.models:build_model", "+defence.kwargs.name=small_cnn", "+defence.kwargs.dataset=digits",
-               "+defence.kwargs.width=4")
-    result = run(cfg)
+def _refuse(*args, **kwargs):
+    raise AssertionError("a cached stage ran again")
+
+
+def test_audit_command_end_to_end_and_a_rerun_recomputes_nothing(tmp_path, monkeypatch):
+    """Quantised-input small CNN (untrained, seeded) against given (random) references, with the alignment and the
+    controversial stimuli; the bootstrap statistics of the measure report are skipped (measure's, tested there, slow)."""
+    monkeypatch.setattr(measure_module, "measurement_statistics", lambda *args, **kwargs: {})
+    overrides = ["defence.factory=training.models.defences:input_quantised", "+defence.kwargs={name: small_cnn, dataset: digits, width: 4}",
+                 "alignment.n_targets=3", "alignment.observers=[pixel-l2,ssim]", "alignment.controversial.n_origins=2", "alignment.controversial.steps=5",
+                 "invert.steps=10", *RANDOM_REFERENCES]
+    result = run(_cfg(tmp_path, *overrides))
     report = json.loads((tmp_path / "audit.json").read_text())
-    assert report["verdict"] == result["verdict"]
-    assert set(report["accuracy"]) >= {"clean", "fgsm", "pgd", "apgd-ce", "apgd-t", "square", "worst_case"}
-    assert report["accuracy"]["worst_case"] <= min(v for k, v in report["accuracy"].items() if k != "worst_case")
+    assert report["verdict"] == result["verdict"] and report["flagged"] == audit_module.is_flagged(report["verdict"])
+    accuracy = report["robustness"]["accuracy"]
+    assert set(accuracy) >= {"clean", "fgsm", "pgd", "apgd-ce", "apgd-t", "square", "transfer", "worst_case"}
+    assert accuracy["worst_case"] <= min(v for k, v in accuracy.items() if k != "worst_case")
+    assert set(report["robustness"]["sweep"]) == {"0.0156863", "0.0313725"}
+    assert set(report["alignment"]["models"]) == {"defence", "standard", "robust"} and "position" in report["alignment"]
+    assert "favoured_by_observer" in report["alignment"]["controversial"]
+    assert report["references"]["robust"]["source"].startswith("given")
     assert (tmp_path / "audit.md").read_text().startswith("# Defence audit")
-    assert (tmp_path / "accuracy_per_attack.png").stat().st_size > 1000
+    page = (tmp_path / "audit.html").read_text()
+    assert page.index("Verdict") < page.index("Masking checks") < page.index("Decision rule")
+    for figure in ("accuracy_vs_eps.png", "masking_checks.png", "accuracy_per_attack.png", "alignment_vs_robust_clustering.png"):
+        assert (tmp_path / figure).stat().st_size > 1000, figure
+        assert figure in report["figures"]
     assert COMMANDS["audit"] == "perceptual.pipelines.audit"
+    # Rerunning recomputes no attack, no masking report and no inversion.
+    for name in ("apgd", "pgd", "fgsm", "square", "gradient_masking_report"):
+        monkeypatch.setattr(audit_module, name, _refuse)
+    monkeypatch.setattr(Engine, "run", _refuse)
+    assert run(_cfg(tmp_path, *overrides))["verdict"] == result["verdict"]
 
 
-def test_bad_factory_paths_are_explained():
+def test_references_are_trained_once_and_reused_by_the_next_audit(tmp_path, monkeypatch):
+    """No reference given: a standard and a PGD small CNN are trained (one tiny epoch) into <out>/../references; the
+    audit of another defence beside it finds them and trains nothing."""
+    tiny = ["references.schedule.epochs=1", "references.schedule.batch_size=256", "references.model_kwargs.width=4", "references.attack.steps=1",
+            "alignment.enabled=false"]
+    first = run(_cfg(tmp_path / "first", "defence.name=small_cnn", "+defence.kwargs={width: 4}", *tiny))
+    report = json.loads((tmp_path / "first" / "audit.json").read_text())
+    assert "trained here with the pgd recipe" in report["references"]["robust"]["source"] and "transfer" in report["robustness"]["accuracy"]
+    weights = sorted((tmp_path / "references").glob("*/runs/*/model.safetensors"))
+    assert [w.parent.name for w in weights] == ["robust", "standard"]
+    stamps = [w.stat().st_mtime_ns for w in weights]
+    monkeypatch.setattr(references_module, "train", _refuse)
+    second = run(_cfg(tmp_path / "second", "defence.factory=training.models.defences:input_quantised",
+                      "+defence.kwargs={name: small_cnn, dataset: digits, width: 4}", *tiny))
+    assert first["verdict"] and second["verdict"]
+    assert [w.stat().st_mtime_ns for w in weights] == stamps
+
+
+@pytest.fixture()
+def user_models(tmp_path, monkeypatch):
+    """A module of the user's own models on sys.path: a probability output, a randomised one, a non-classifier."""
+    (tmp_path / "my_defences.py").write_text(textwrap.dedent("""
+        import torch
+        from training import build_model
+
+        class Noisy(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.inner = build_model("small_cnn", "digits", width=4)
+                self.penultimate = None
+            def forward(self, x):
+                return self.inner((x + 0.05 * torch.randn_like(x)).clamp(0, 1))
+
+        def probabilities():
+            return torch.nn.Sequential(build_model("small_cnn", "digits", width=4), torch.nn.Softmax(dim=1))
+
+        def noisy():
+            return Noisy()
+
+        def features():
+            return torch.nn.Flatten()
+
+        def not_a_module():
+            return "model"
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.parametrize("factory,error,match", [
+    ("surely_missing_pkg.models:build", ValueError, "does not import"),
+    ("my_defences:no_such_function", ValueError, "no attribute"),
+    ("my_defences:not_a_module", TypeError, "not a torch.nn.Module"),
+    ("my_defences:features", ValueError, "one logit per class"),
+    ("my_defences:probabilities", ValueError, "probabilities"),
+])
+def test_bad_defences_are_refused_before_any_work(user_models, factory, error, match, monkeypatch):
+    monkeypatch.setattr(references_module, "train", _refuse)
+    monkeypatch.setattr(audit_module, "worst_case", _refuse)
+    with pytest.raises(error, match=match):
+        run(_cfg(user_models / "out", f"defence.factory={factory}"))
+
+
+def test_randomised_defence_without_eot_is_warned_in_the_report(user_models):
+    run(_cfg(user_models / "out", "defence.factory=my_defences:noisy", "alignment.enabled=false", *RANDOM_REFERENCES))
+    report = json.loads((user_models / "out" / "audit.json").read_text())
+    assert report["robustness"]["randomised"] and "eot=1" in report["warnings"][0]
+    assert "**Warning:** the defence is randomised" in (user_models / "out" / "audit.md").read_text()
+    assert {c["name"]: c["status"] for c in report["robustness"]["checks"]}["randomness_handled"] == "fail"
+
+
+def test_bad_configs_are_explained(tmp_path):
     with pytest.raises(ValueError, match="module:function"):
         load_factory("no_colon_here")
-    with pytest.raises(ValueError, match="does not import"):
-        load_factory("surely_missing_pkg.models:build")
-    with pytest.raises(ValueError, match="no attribute"):
-        load_factory("training.models:no_such_function")
-
-
-def test_defence_must_be_named_exactly_once(tmp_path):
     with pytest.raises(ValueError, match="exactly one"):
         run(_cfg(tmp_path))
+    with pytest.raises(ValueError, match="reference.robust is not given"):
+        run(_cfg(tmp_path, "defence.name=small_cnn", "reference.standard.name=small_cnn"))
+    with pytest.raises(ValueError, match="bpda='quantize' is not a submodule"):
+        run(_cfg(tmp_path, "defence.factory=training.models.defences:input_quantised", "+defence.kwargs={name: small_cnn, dataset: digits, width: 4}",
+                 "bpda=quantize", *RANDOM_REFERENCES))
+    with pytest.raises(FileNotFoundError, match="defence.checkpoint not found"):
+        run(_cfg(tmp_path, "defence.name=small_cnn", "defence.checkpoint=missing.safetensors"))
+
+
+def test_bpda_option_reaches_the_attacks(tmp_path):
+    """bpda=quantise: the white-box attacks go through the rounding's identity gradient (recorded in the report)."""
+    torch.manual_seed(0)
+    run(_cfg(tmp_path, "defence.factory=training.models.defences:input_quantised", "+defence.kwargs={name: small_cnn, dataset: digits, width: 4}",
+             "bpda=quantise", "alignment.enabled=false", *RANDOM_REFERENCES))
+    report = json.loads((tmp_path / "audit.json").read_text())
+    assert report["robustness"]["bpda"] == "quantise" and "BPDA: quantise" in (tmp_path / "audit.md").read_text()

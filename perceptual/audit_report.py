@@ -1,0 +1,194 @@
+"""The audit's report: ``audit.md`` and ``audit.html`` (a one-screen verdict first, then the evidence) and its
+figures (accuracy against eps for every attack, alignment against robust accuracy with the reference models as
+in Nanda et al. Fig. 4, the masking checks). Every number comes from the report dict that ``audit.json`` holds.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import jinja2
+
+from .audit import DECISION_RULE
+from .report import alignment_scatter, format_score, save_figure
+
+ALIGNMENT_TASKS = ("2afc", "clustering", "clustering_hard")
+STATUS_COLOURS = {"pass": "#c8e6c9", "fail": "#ffcdd2", "n.a.": "#eeeeee"}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def accuracy_vs_eps_figure(robustness: Mapping, path: str | Path) -> Path:
+    """Accuracy against eps for every attack of the sweep and the worst case, with the masking report's PGD sweep
+    and its unbounded attack (which should reach about 0)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    sweep = robustness["sweep"]
+    eps_values = [float(e) for e in sweep]
+    attacks = [name for name in next(iter(sweep.values())) if name != "clean"]
+    for name in attacks:
+        style = dict(color="black", lw=1.6, ls="--", zorder=5) if name == "worst_case" else {}  # dashed: square often lies under it
+        ax.plot(eps_values, [sweep[e][name] * 100 for e in sweep], marker="o", label=name, **style)
+    masking = robustness["masking"]
+    ax.plot([masking["unbounded_eps"]], [masking["unbounded_accuracy"] * 100], marker="X", ls="none", color="tab:red", markersize=10,
+            label=f"unbounded PGD (eps {masking['unbounded_eps']:.3g})")
+    ax.axhline(robustness["accuracy"]["clean"] * 100, color="grey", ls="--", lw=0.8, label="clean")
+    ax.set_xscale("log")
+    ax.set_ylim(-2, 102)
+    ax.set_xlabel(f"eps ({robustness['norm']}, log scale)")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title(f"Accuracy against eps per attack ({robustness['n']} images)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper right")
+    return save_figure(fig, Path(path))
+
+
+def accuracy_bars_figure(robustness: Mapping, path: str | Path) -> Path:
+    """Accuracy per attack at the audited eps: clean, each attack, and the per-sample worst case."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    accuracy = robustness["accuracy"]
+    names = list(accuracy)
+    ax.bar(names, [accuracy[k] * 100 for k in names], color=["tab:gray"] + ["tab:blue"] * (len(names) - 2) + ["tab:red"])
+    ax.set_ylabel("accuracy (%)")
+    ax.set_xlabel("attack")
+    ax.set_ylim(0, 100)
+    ax.set_title(f"Accuracy per attack ({robustness['norm']} eps={robustness['eps']:.4g}, {robustness['n']} images)")
+    return save_figure(fig, Path(path))
+
+
+def masking_checks_figure(checks: Sequence[Mapping], path: str | Path) -> Path:
+    """The masking checks as a coloured pass / fail / n.a. table."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(11, 0.32 * len(checks) + 0.8))
+    ax.axis("off")
+    rows = [[c["name"], c["status"], c["detail"] if len(c["detail"]) <= 80 else c["detail"][:77] + "..."] for c in checks]
+    table = ax.table(cellText=rows, colLabels=["check", "status", "numbers"], loc="center", cellLoc="left", colWidths=[0.27, 0.08, 0.65])
+    table.auto_set_font_size(False)
+    table.set_fontsize(7.5)
+    for row, check in enumerate(checks, start=1):
+        for column in range(3):
+            table[row, column].set_facecolor(STATUS_COLOURS[check["status"]])
+    ax.set_title("Gradient-masking checks (green pass, red fail, grey not applicable)", fontsize=10)
+    return save_figure(fig, Path(path))
+
+
+def alignment_figures(models: Mapping[str, Mapping], folder: str | Path) -> list[Path]:
+    """One alignment-vs-robust-accuracy scatter per task (:func:`perceptual.report.alignment_scatter`): the defence
+    and the reference models, robust accuracy being each one's worst case under the audit's attacks."""
+    return [alignment_scatter(models, Path(folder) / f"alignment_vs_robust_{task}.png", task=task) for task in ALIGNMENT_TASKS
+            if any((m.get(task) or {}).get("mean") is not None for m in models.values())]
+
+
+def _alignment_rows(alignment: Mapping) -> list[list[str]]:
+    rows = []
+    for label, scores in (alignment.get("models") or {}).items():
+        rows.append([label] + [format_score((scores.get(t) or {}).get("mean"), (scores.get(t) or {}).get("std")) for t in ALIGNMENT_TASKS]
+                    + [format_score(scores.get("clean_accuracy")), format_score(scores.get("robust_accuracy"))])
+    return rows
+
+
+def _convergence_note(alignment: Mapping) -> str:
+    converged = alignment.get("converged") or {}
+    missing = [label for label, ok in converged.items() if not ok]
+    if not missing:
+        return "Every model's inversions converged (perceptual.convergence)."
+    return (f"Inversions did not converge for {', '.join(missing)} (perceptual.convergence): their alignment scores are weak evidence; "
+            "raise invert.steps (the paper: 5000).")
+
+
+ALIGNMENT_HEADER = ["model", "2AFC (%)", "clustering (%)", "hard clustering (%)", "clean acc. (%)", "robust acc., worst case (%)"]
+
+
+def audit_markdown(report: Mapping) -> str:
+    """``audit.md``: the verdict and warnings first, then accuracy per attack, the masking checks, the eps sweep,
+    alignment, controversial stimuli, the references, the figures and the decision rule."""
+    robustness = report["robustness"]
+    lines = ["# Defence audit", "", f"**Verdict:** {report['verdict']}", ""]
+    lines += [f"> **Warning:** {w}" for w in report.get("warnings", [])]
+    lines += ["", f"Defence: {report.get('defence_name', 'the defence')}. Threat: {robustness['norm']} eps={robustness['eps']:.4g}, "
+              f"{robustness['n']} images; randomised: {robustness['randomised']} (eot_samples={robustness['eot_samples']}); "
+              f"BPDA: {robustness.get('bpda') or 'off'}.", "", "## Accuracy per attack", "", "| attack | accuracy |", "|---|---|"]
+    lines += [f"| {k} | {v:.1%} |" for k, v in robustness["accuracy"].items()]
+    lines += ["", "## Masking checks", "", "| check | status | numbers |", "|---|---|---|"]
+    lines += [f"| {c['name']} | {c['status']} | {c['detail']} |" for c in robustness["checks"]]
+    sweep = robustness.get("sweep") or {}
+    if sweep:
+        attacks = list(next(iter(sweep.values())))
+        lines += ["", "## Accuracy against eps", "", "| eps | " + " | ".join(attacks) + " |", "|---" * (len(attacks) + 1) + "|"]
+        lines += [f"| {e} | " + " | ".join(f"{acc[a]:.1%}" for a in attacks) + " |" for e, acc in sweep.items()]
+    alignment = report.get("alignment") or {}
+    lines += ["", "## Alignment", ""]
+    if alignment.get("models"):
+        position = alignment.get("position")
+        lines += [f"Position between the standard (0) and the robust (1) reference: {'n.a.' if position is None else f'{position:.2f}'}", "",
+                  "| " + " | ".join(ALIGNMENT_HEADER) + " |", "|---" * len(ALIGNMENT_HEADER) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in _alignment_rows(alignment)]
+        lines += ["", _convergence_note(alignment)]
+        controversial = alignment.get("controversial")
+        if controversial:
+            lines += ["", f"Controversial stimuli ({controversial['model_a']} vs {controversial['model_b']}, Table 2 score per direction, "
+                      f"panel mean): " + "; ".join(f"{controversial['directions'][d]} {s['mean']:.4f}" for d, s in controversial["spread"].items()),
+                      "", f"Controversial: {controversial['summary']}. {controversial['verdict']}."]
+    else:
+        lines.append(alignment.get("note", "not measured (alignment.enabled=false)"))
+    references = report.get("references") or {}
+    if references:
+        lines += ["", "## Reference models", ""]
+        lines += [f"- {label}: {ref.get('source')}" for label, ref in references.items()]
+    figures = report.get("figures") or []
+    if figures:
+        lines += ["", "## Figures", ""] + [f"![{Path(f).stem}]({f})" for f in figures]
+    lines += ["", "## Decision rule", "", "```", DECISION_RULE.rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+_HTML = jinja2.Template("""<!doctype html><html><head><meta charset="utf-8"><title>Defence audit</title>
+<style>body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;margin:8px 0}
+td,th{border:1px solid #ccc;padding:3px 8px}.verdict{font-size:1.25em;padding:12px;border-radius:6px;background:{{ colour }}}
+.pass{background:#c8e6c9}.fail{background:#ffcdd2}.na{background:#eee}.warn{background:#fff3cd;padding:8px}</style></head><body>
+<h1>Defence audit</h1>
+<div class="verdict"><b>Verdict:</b> {{ report.verdict }}</div>
+{% for w in report.warnings %}<p class="warn"><b>Warning:</b> {{ w }}</p>{% endfor %}
+<p>Defence: {{ report.defence_name }}. Threat: {{ r.norm }} eps={{ '%.4g' % r.eps }}, {{ r.n }} images; randomised: {{ r.randomised }}
+(eot_samples={{ r.eot_samples }}); BPDA: {{ r.bpda or 'off' }}.</p>
+<h2>Accuracy per attack</h2><table><tr><th>attack</th><th>accuracy</th></tr>
+{% for k, v in r.accuracy.items() %}<tr><td>{{ k }}</td><td>{{ '%.1f%%' % (100 * v) }}</td></tr>{% endfor %}</table>
+<h2>Masking checks</h2><table><tr><th>check</th><th>status</th><th>numbers</th></tr>
+{% for c in r.checks %}<tr class="{{ 'na' if c.status == 'n.a.' else c.status }}">
+<td>{{ c.name }}</td><td>{{ c.status }}</td><td>{{ c.detail }}</td></tr>{% endfor %}
+</table>
+<h2>Alignment</h2>
+{% if alignment_rows %}<p>Position between the standard (0) and the robust (1) reference:
+{{ 'n.a.' if report.alignment.position is none else '%.2f' % report.alignment.position }}</p>
+<table><tr>{% for h in header %}<th>{{ h }}</th>{% endfor %}</tr>
+{% for row in alignment_rows %}<tr>{% for cell in row %}<td>{{ cell }}</td>{% endfor %}</tr>{% endfor %}</table>
+<p>{{ convergence }}</p>
+{% if report.alignment.controversial %}<p>Controversial stimuli: {{ report.alignment.controversial.summary }}.
+{{ report.alignment.controversial.verdict }}.</p>{% endif %}
+{% else %}<p>{{ report.alignment.note or 'not measured (alignment.enabled=false)' }}</p>{% endif %}
+{% if report.references %}<h2>Reference models</h2><ul>{% for label, ref in report.references.items() %}<li>{{ label }}: {{ ref.source }}</li>{% endfor %}
+</ul>{% endif %}
+{% for f in report.figures %}<figure><img src="{{ f }}" style="max-width:100%"><figcaption>{{ f }}</figcaption></figure>{% endfor %}
+<h2>Decision rule</h2><pre>{{ rule }}</pre></body></html>
+""", autoescape=True)
+
+
+def audit_html(report: Mapping) -> str:
+    """``audit.html``: the same content as :func:`audit_markdown`, with the verdict in a coloured box."""
+    flagged = report.get("flagged")
+    colour = "#ffcdd2" if flagged else ("#fff3cd" if "not robust" in report["verdict"] or "low alignment" in report["verdict"] else "#c8e6c9")
+    return _HTML.render(report={"warnings": [], "figures": [], "alignment": {}, "references": {}, "defence_name": "the defence", **report},
+                        r=report["robustness"], alignment_rows=_alignment_rows(report.get("alignment") or {}), header=ALIGNMENT_HEADER,
+                        convergence=_convergence_note(report.get("alignment") or {}),
+                        rule=DECISION_RULE, colour=colour)
+
+
+__all__ = ["accuracy_bars_figure", "accuracy_vs_eps_figure", "alignment_figures", "audit_html", "audit_markdown", "masking_checks_figure"]
