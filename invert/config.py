@@ -14,7 +14,7 @@ from typing import Any, Mapping, Optional, Union
 from omegaconf import OmegaConf
 
 from .params import PARAMETRIZATIONS
-from .steps import STEPPERS
+from .steps import STEP_SCHEDULES, STEPPERS
 
 PRECISIONS = ("fp32", "bf16", "auto")
 CUDA_GRAPH_MODES = (False, True, "auto")
@@ -28,6 +28,8 @@ class InvertConfig:
         steps: iterations (gradient steps) per sample.
         stepper: ``l2`` (x - eta g/||g||, the reference), ``linf`` (sign steps) or ``adam``.
         step_size: eta for ``l2``/``linf``, the learning rate for ``adam``.
+        step_schedule: ``constant`` (the reference), ``cosine`` or ``linear``: the step size decays from
+            ``step_size`` towards 0 over ``steps`` (see :class:`invert.steps.ScheduledStep`).
         adam_betas, adam_eps: Adam's constants.
         parametrization: ``pixel`` (clamped, the reference), ``sigmoid`` or ``fourier``.
         stop_at_bounds: ``pixel`` only: pixels exactly at 0 or 1 get no gradient, as the ``robustness``
@@ -75,6 +77,7 @@ class InvertConfig:
     steps: int = 5000
     stepper: str = "l2"
     step_size: float = 1.0
+    step_schedule: str = "constant"
     adam_betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
     parametrization: str = "pixel"
@@ -106,6 +109,8 @@ class InvertConfig:
         self.adam_betas = tuple(self.adam_betas)  # YAML gives a list
         if self.stepper not in STEPPERS:
             raise ValueError(f"unknown stepper {self.stepper!r}; choose one of {sorted(STEPPERS)}")
+        if self.step_schedule not in STEP_SCHEDULES:
+            raise ValueError(f"unknown step_schedule {self.step_schedule!r}; choose one of {sorted(STEP_SCHEDULES)}")
         if self.parametrization not in PARAMETRIZATIONS:
             raise ValueError(
                 f"unknown parametrization {self.parametrization!r}; choose one of {sorted(PARAMETRIZATIONS)}"

@@ -202,7 +202,7 @@ class Engine:
         objective = self._with_extras(objective, item_offset, device)
         n = init.shape[0]
         parametrization = make_parametrization(cfg.parametrization, cfg.stop_at_bounds)
-        stepper = make_stepper(cfg.stepper, cfg.step_size, cfg.adam_betas, cfg.adam_eps)
+        stepper = make_stepper(cfg.stepper, cfg.step_size, cfg.adam_betas, cfg.adam_eps, cfg.step_schedule, cfg.steps)
         use_bf16 = cfg.precision == "bf16" or (
             cfg.precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
         )

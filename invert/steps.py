@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol, Union
+from typing import Callable, Protocol, Union
 
 import torch
 from torch import Tensor
@@ -129,14 +129,56 @@ class Adam:
 
 STEPPERS = {"l2": L2Step, "linf": LinfStep, "adam": Adam}
 
+# Step-size schedules: the factor applied to the step size at progress p = t / steps, p in [0, 1).
+STEP_SCHEDULES: dict[str, Callable[[Tensor], Tensor]] = {
+    "constant": lambda p: torch.ones_like(p),
+    "linear": lambda p: 1 - p,
+    "cosine": lambda p: 0.5 * (1 + torch.cos(math.pi * p)),
+}
 
-def make_stepper(name: str, step_size: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> Stepper:
-    """Build a stepper by name: ``l2``, ``linf`` or ``adam`` (``step_size`` is Adam's lr)."""
+
+@dataclass(frozen=True)
+class ScheduledStep:
+    """Any stepper whose step size follows a schedule over ``total_steps``: at a sample's step t it steps with
+    ``step_size * schedule(t / total_steps)`` (cosine: Loshchilov & Hutter's SGDR annealing without restarts, from
+    ``step_size`` towards 0; linear: straight down to 0).
+
+    The step count is per sample (state ``schedule_count``), like Adam's, so samples may leave a batch. Not part of
+    the ``robustness`` reference, whose inversions keep eta fixed: a decaying L2 step lets an item that circles its
+    minimum at a fixed distance eta settle into it.
+    """
+
+    make: Callable[[Radius], Stepper]
+    step_size: float
+    total_steps: int
+    schedule: str = "cosine"
+
+    def init_state(self, x: Tensor) -> dict[str, Tensor]:
+        return {**self.make(self.step_size).init_state(x), "schedule_count": torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)}
+
+    def step(self, x: Tensor, grad: Tensor, state: dict[str, Tensor]) -> Tensor:
+        progress = (state["schedule_count"] / max(self.total_steps, 1)).clamp(max=1.0)
+        state["schedule_count"].add_(1)
+        return self.make(self.step_size * STEP_SCHEDULES[self.schedule](progress)).step(x, grad, state)
+
+
+def make_stepper(name: str, step_size: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 schedule: str = "constant", total_steps: int | None = None) -> Stepper:
+    """Build a stepper by name: ``l2``, ``linf`` or ``adam`` (``step_size`` is Adam's lr), with its step size
+    following ``schedule`` (a key of :data:`STEP_SCHEDULES`) over ``total_steps``."""
     if name not in STEPPERS:
         raise ValueError(f"unknown stepper {name!r}; choose one of {sorted(STEPPERS)}")
-    if name == "adam":
-        return Adam(lr=step_size, betas=tuple(betas), eps=eps)
-    return STEPPERS[name](step_size)
+    if schedule not in STEP_SCHEDULES:
+        raise ValueError(f"unknown step schedule {schedule!r}; choose one of {sorted(STEP_SCHEDULES)}")
+
+    def make(size: Radius) -> Stepper:
+        return Adam(lr=size, betas=tuple(betas), eps=eps) if name == "adam" else STEPPERS[name](size)
+
+    if schedule == "constant":
+        return make(step_size)
+    if total_steps is None or total_steps < 1:
+        raise ValueError(f"the {schedule!r} step schedule needs total_steps >= 1, got {total_steps}")
+    return ScheduledStep(make, step_size, total_steps, schedule)
 
 
 def select_state(state: dict[str, Tensor], index: Tensor) -> dict[str, Tensor]:

@@ -93,14 +93,38 @@ def test_a_tiny_model_is_inverted_from_noise(inversion):
         dict(stepper="linf", step_size=0.005),
         dict(stepper="l2", step_size=0.1, precision="bf16", channels_last=True),
         dict(stepper="l2", step_size=0.1, tv_weight=0.1, lp_weight=0.1, lp_p=2.0),
+        dict(stepper="l2", step_size=1.0, step_schedule="cosine"),
     ],
-    ids=["adam", "sigmoid", "fourier", "linf", "bf16-channels-last", "priors"],
+    ids=["adam", "sigmoid", "fourier", "linf", "bf16-channels-last", "priors", "cosine-l2"],
 )
 def test_every_stepper_and_parametrization_makes_progress(inversion, settings):
     objective, seeds = inversion
     result = invert_batch(objective, seeds, steps=40, **settings, **QUICK)
     assert (result.best_loss < 0.8 * result.initial_loss).all(), (settings, result.best_loss, result.initial_loss)
     assert result.images.min() >= 0 and result.images.max() <= 1
+
+
+class _Linear(Objective):
+    """<a, x> per item: a constant gradient, so L2 steps are collinear and their lengths add up."""
+
+    def __init__(self, direction):
+        super().__init__()
+        self.register_buffer("direction", direction)
+
+    def forward(self, x, items=None, step=0):
+        return (x * self.direction).flatten(1).sum(1)
+
+
+@pytest.mark.parametrize("schedule", ["constant", "cosine", "linear"])
+def test_the_step_schedule_runs_over_the_configured_steps(schedule):
+    # eta * sum_t f(t / steps): steps for constant, (steps + 1) / 2 for cosine and linear decay over all steps.
+    steps, eta = 30, 0.002
+    seeds = torch.full((2, 3, 4, 4), 0.5)
+    direction = torch.randn(3, 4, 4)
+    result = invert_batch(_Linear(direction), seeds, steps=steps, step_size=eta, step_schedule=schedule, keep_best=False, **QUICK)
+    expected = eta * (steps if schedule == "constant" else (steps + 1) / 2)
+    moved = torch.linalg.vector_norm((result.images - seeds).flatten(1), dim=1)
+    torch.testing.assert_close(moved, torch.full((2,), expected), rtol=1e-4, atol=1e-6)
 
 
 def test_controversial_objective_moves_model_2_and_keeps_model_1(tiny_representation, wave_images):
@@ -316,6 +340,7 @@ def test_bad_inputs_have_clear_messages(inversion):
     [
         (dict(stepper="sgd"), "unknown stepper 'sgd'; choose one of \\['adam', 'l2', 'linf'\\]"),
         (dict(parametrization="wavelet"), "unknown parametrization 'wavelet'"),
+        (dict(step_schedule="exp"), "unknown step_schedule 'exp'; choose one of \\['constant', 'cosine', 'linear'\\]"),
         (dict(precision="fp16"), "unknown precision 'fp16'; choose one of \\['fp32', 'bf16', 'auto'\\]"),
         (dict(steps=-1), "steps must be >= 0"),
         (dict(step_size=0.0), "step_size must be positive"),

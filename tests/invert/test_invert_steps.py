@@ -8,6 +8,7 @@ from invert.steps import (
     Adam,
     L2Step,
     LinfStep,
+    ScheduledStep,
     clamp01,
     make_stepper,
     per_sample_norm,
@@ -137,3 +138,44 @@ def test_error_messages():
     with pytest.raises(ValueError, match=r"per-sample value must have shape \(4,\)"):
         L2Step(torch.ones(3)).step(torch.rand(4, 3, 2, 2), torch.rand(4, 3, 2, 2), {})
     assert isinstance(make_stepper("adam", 0.01), Adam) and make_stepper("adam", 0.01).lr == 0.01
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear"])
+def test_scheduled_l2_steps_decay_from_step_size_and_sum_to_its_closed_form(schedule):
+    # Under a constant gradient the L2 steps are collinear: after T steps x moved by eta * sum_t f(t / T), which is
+    # eta * (T + 1) / 2 for both cosine (sum_t cos(pi t / T) = 1) and linear decay.
+    steps, eta = 20, 0.01
+    stepper = make_stepper("l2", eta, schedule=schedule, total_steps=steps)
+    x0 = torch.rand(3, 3, 4, 4)
+    grad = torch.randn_like(x0)
+    x, state, sizes = x0, stepper.init_state(x0), []
+    for _ in range(steps):
+        new = stepper.step(x, grad, state)
+        sizes.append(per_sample_norm(new - x))
+        x = new
+    torch.testing.assert_close(sizes[0], torch.full((3,), eta))
+    assert all((later < earlier).all() for earlier, later in zip(sizes, sizes[1:]))
+    torch.testing.assert_close(per_sample_norm(x - x0), torch.full((3,), eta * (steps + 1) / 2))
+    torch.testing.assert_close(state["schedule_count"], torch.full((3,), float(steps)))
+
+
+def test_a_scheduled_state_subset_continues_like_the_full_batch():
+    stepper = make_stepper("adam", 0.05, schedule="cosine", total_steps=10)
+    assert isinstance(stepper, ScheduledStep)
+    x = torch.rand(4, 2, 3, 3)
+    grad = torch.randn_like(x)
+    state = stepper.init_state(x)
+    for _ in range(3):
+        x = stepper.step(x, grad, state)
+    keep = torch.tensor([1, 3])
+    subset = select_state({key: value.clone() for key, value in state.items()}, keep)
+    full = stepper.step(x, grad, state)
+    torch.testing.assert_close(stepper.step(x[keep], grad[keep], subset), full[keep])
+
+
+def test_constant_schedule_is_the_plain_stepper_and_bad_schedules_are_named():
+    assert make_stepper("l2", 1.0, schedule="constant") == L2Step(1.0)
+    with pytest.raises(ValueError, match="unknown step schedule 'step'; choose one of \\['constant', 'cosine', 'linear'\\]"):
+        make_stepper("l2", 1.0, schedule="step", total_steps=5)
+    with pytest.raises(ValueError, match="the 'cosine' step schedule needs total_steps >= 1"):
+        make_stepper("l2", 1.0, schedule="cosine")
