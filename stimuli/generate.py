@@ -146,9 +146,14 @@ class ModelRef:
         }
 
 
+# Options added after sets were first written, at the value that reproduces the old behaviour: left out of the
+# fingerprint then, so a set made before the option existed is still recognised as the same set.
+NEUTRAL_DEFAULTS = {"step_schedule": "constant"}
+
+
 def _engine_parameters(engine: Engine) -> dict:
     values = engine.config.to_dict()
-    return {k: v for k, v in values.items() if k not in EXECUTION_KEYS}
+    return {k: v for k, v in values.items() if k not in EXECUTION_KEYS and not (k in NEUTRAL_DEFAULTS and v == NEUTRAL_DEFAULTS[k])}
 
 
 # ------------------------------------------------------------------------------------------- plans

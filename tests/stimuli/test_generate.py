@@ -142,6 +142,13 @@ def test_execution_settings_leave_the_set_as_it_is(digits, one_go):
     engine = CountingEngine(cuda_graph="auto", micro_batch=2)
     again = invert(s.path, digits, engine, preview=True)
     assert engine.calls == 0 and again.fingerprint == s.fingerprint
+    assert "step_schedule" not in s.parameters["engine"]  # the constant schedule is the behaviour from before the option
+
+
+def test_a_step_schedule_is_a_different_set(tmp_path, digits):
+    constant = invert(tmp_path / "constant", digits, CountingEngine())
+    cosine = invert(tmp_path / "cosine", digits, CountingEngine(step_schedule="cosine"))
+    assert cosine.parameters["engine"]["step_schedule"] == "cosine" and cosine.fingerprint != constant.fingerprint
 
 
 def test_shards_merge_to_the_unsharded_set(tmp_path, digits, one_go):
