@@ -2,12 +2,14 @@
 trained (or resumed: a finished run returns at once) in its own run directory. Shared by ``demo`` and ``reproduce``."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Mapping
 
 from omegaconf import DictConfig
 
 from training.config import check_overrides, check_train_config
+from training.run import RunDirectory
 from training.trainer import train
 
 
@@ -32,14 +34,27 @@ def training_config(*, model: str, model_kwargs: Mapping, data: Mapping, recipe:
     return config
 
 
+def finished_weights(run_dir: str | Path) -> Path | None:
+    """The final weights of a completed run, or None when the run is missing or unfinished."""
+    run = RunDirectory(run_dir)
+    if not (run.model_path.is_file() and run.summary_path.is_file()):
+        return None
+    return run.model_path if json.loads(run.summary_path.read_text()).get("status") == "completed" else None
+
+
 def train_models(configs: Mapping[str, DictConfig], log=print) -> dict[str, Path]:
-    """Train (or resume) each model; returns label -> its weight file."""
+    """Train (or resume) each model, reusing a completed run untouched; returns label -> its weight file."""
     weights = {}
     for label, config in configs.items():
+        done = finished_weights(config.run_dir)
+        if done is not None:
+            weights[label] = done
+            log(f"{label:>8}: reusing {config.run_dir}")
+            continue
         result = train(config)
         weights[label] = result.run_dir / "model.safetensors"
         log(f"{label:>8}: {result.summary.get('clean_accuracy', float('nan')):.3f} clean accuracy ({result.run_dir})")
     return weights
 
 
-__all__ = ["train_models", "training_config"]
+__all__ = ["finished_weights", "train_models", "training_config"]

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_module
 
 import perceptual.audit as audit_module
 import perceptual.measure as measure_module
-import perceptual.pipelines._references as references_module
+import perceptual.pipelines.training_runs as references_module
 from invert import Engine
 from perceptual.pipelines import COMMANDS
 from perceptual.pipelines.audit import load_factory, run
