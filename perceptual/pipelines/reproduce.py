@@ -112,10 +112,12 @@ def run_dir(cfg: DictConfig, variant: Variant, overrides: dict) -> Path:
     return Path(cfg.runs_dir) / f"{cfg.data.name}-{variant.model}-{variant.recipe}-{digest}"
 
 
-def measurement_dir(cfg: DictConfig, weights_dir: Path, measure_cfg: dict) -> Path:
-    """One folder per (model, measurement settings): a model's inversions and judgements are reused across presets."""
+def measurement_dir(cfg: DictConfig, weights_dir: Path, measure_cfg: dict, label: str) -> Path:
+    """One folder per (model, label, measurement settings): a model's inversions and judgements are reused across
+    presets. The label is part of the key because a stimulus set records the name it was made under (one model may
+    be ``cnn-standard`` in one preset and ``cnn-standard_noaug`` in another)."""
     settings = {k: v for k, v in measure_cfg.items() if k != "tasks"}
-    return Path(cfg.runs_dir) / "measurements" / f"{weights_dir.name}-{_digest(settings, cfg.observers, cfg.observer_net, cfg.seed)}"
+    return Path(cfg.runs_dir) / "measurements" / f"{label}-{weights_dir.name}-{_digest(settings, cfg.observers, cfg.observer_net, cfg.seed)}"
 
 
 def engine_config(scale: DictConfig):
@@ -148,7 +150,7 @@ def run(cfg: DictConfig) -> dict:
         folder = run_dir(cfg, v, overrides)
         configs[v.label] = training_config(model=v.model, model_kwargs=v.kwargs, data=data_cfg, recipe=v.recipe, run_dir=folder,
                                            seed=cfg.seed, device=cfg.device, progress=cfg.progress, train_overrides=overrides)
-        model_dirs[v.label] = measurement_dir(cfg, folder, measure_cfg)
+        model_dirs[v.label] = measurement_dir(cfg, folder, measure_cfg, v.label)
     panel = make_panel(cfg.observers if isinstance(cfg.observers, str) else list(cfg.observers), cfg.observer_net)
     print(f"{experiment.title}: {len(variants)} models at scale={scale.name} on {cfg.data.name}")
     weights = train_models(configs)
