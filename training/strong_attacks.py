@@ -215,6 +215,19 @@ def margin(logits: Tensor, y: Tensor) -> Tensor:
     return true - others.max(dim=1).values
 
 
+def _check_square(x: Tensor, norm: str, eps: float, queries: int, p_init: float) -> None:
+    """The Square attacks' inputs, checked before the first query."""
+    check_images(x, "images to attack")
+    ThreatModel(norm, eps)  # validates eps
+    if queries < 1 or not 0 < p_init <= 1:
+        raise AttackConfigError(f"queries must be positive and p_init in (0, 1], got {queries}, {p_init}")
+
+
+def _random_sign(shape: tuple[int, ...], generator: torch.Generator | None, like: Tensor) -> Tensor:
+    """Uniform +-1 of ``shape`` on ``like``'s device and dtype, drawn from ``generator``."""
+    return torch.randint(0, 2, shape, generator=generator, device=like.device).to(like.dtype) * 2 - 1
+
+
 def square_linf(model: nn.Module, x: Tensor, y: Tensor, eps: float, *, queries: int = 1000, p_init: float = 0.8,
                 generator: torch.Generator | None = None) -> Tensor:
     """The Linf Square attack (Andriushchenko et al. 2020), untargeted with the margin loss.
@@ -224,16 +237,13 @@ def square_linf(model: nn.Module, x: Tensor, y: Tensor, eps: float, *, queries: 
     position (shared by the batch, as the reference), clipped to the ball and the box, and keeps it for
     the samples whose margin fell. Stops querying a sample once it is misclassified. No gradients.
     """
-    check_images(x, "images to attack")
-    ThreatModel("linf", eps)  # validates eps
-    if queries < 1 or not 0 < p_init <= 1:
-        raise AttackConfigError(f"queries must be positive and p_init in (0, 1], got {queries}, {p_init}")
+    _check_square(x, "linf", eps, queries, p_init)
     x, y = x.detach(), y.detach()
     n, c, h, w = x.shape
     device = x.device
 
     def rand_sign(*shape: int) -> Tensor:
-        return torch.randint(0, 2, shape, generator=generator, device=device).to(x.dtype) * 2 - 1
+        return _random_sign(shape, generator, x)
 
     with torch.no_grad():
         x_best = (x + eps * rand_sign(n, c, 1, w)).clamp(0, 1)
@@ -291,16 +301,13 @@ def square_l2(model: nn.Module, x: Tensor, y: Tensor, eps: float, *, queries: in
     reference's too) but drawn from ``generator``; the rescaling adds a tiny constant only to divisors, like the
     reference; a sample stops being queried once misclassified.
     """
-    check_images(x, "images to attack")
-    ThreatModel("l2", eps)  # validates eps
-    if queries < 1 or not 0 < p_init <= 1:
-        raise AttackConfigError(f"queries must be positive and p_init in (0, 1], got {queries}, {p_init}")
+    _check_square(x, "l2", eps, queries, p_init)
     x, y = x.detach(), y.detach()
     n, c, h, w = x.shape
     device, dtype = x.device, x.dtype
 
     def rand_sign(*shape: int) -> Tensor:
-        return torch.randint(0, 2, shape, generator=generator, device=device).to(dtype) * 2 - 1
+        return _random_sign(shape, generator, x)
 
     def coin() -> bool:
         return bool(torch.randint(0, 2, (1,), generator=generator, device=device))
