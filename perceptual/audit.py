@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Optional
@@ -42,6 +43,10 @@ Verdict rule (thresholds in accuracy points of the audited images):
 1. Masking checks (each pass / fail / n.a.):
    - black_box_not_stronger: Square (gradient-free) and transfer accuracy are not below the best white-box
      gradient attack (min of PGD, APGD-CE, APGD-T) by more than {GAP:.0%}.
+   - smoothed_gradient_not_stronger: APGD-CE on the Gaussian-smoothed loss, its gradient estimated from queries
+     alone (finite differences over random directions, Tramer et al. 2020's attack on k-WTA), is not below the
+     best white-box gradient attack by more than {GAP:.0%} (else the gradients are shattered: the gradient at a
+     point misses the jumps of the loss around it).
    - pgd_not_overestimating: PGD accuracy exceeds the per-sample worst case over all attacks by at most {PGD_OVERESTIMATE:.0%}.
    - multi_step_beats_single_step: FGSM accuracy is not below PGD accuracy by more than {GAP:.0%}.
    - unbounded_attack_succeeds / accuracy_falls_with_eps / loss_rises_with_eps / robust_below_clean:
@@ -173,11 +178,21 @@ def tensor_digest(*tensors: Tensor) -> str:
     return digest.hexdigest()[:16]
 
 
+def default_smoothing_sigma(norm: str, eps: float, image_shape: tuple[int, ...]) -> float:
+    """The default noise of the smoothed-gradient attack: as large per pixel as the threat's perturbation,
+    ``eps`` for Linf and ``eps / sqrt(C*H*W)`` for L2 (noise of that standard deviation has an L2 norm of
+    about ``eps``)."""
+    return eps if norm == "linf" else eps / math.sqrt(math.prod(image_shape))
+
+
 def attack_suite(model: nn.Module, norm: str, eps: float, *, steps: int = 50, square_queries: int = 1000, n_targets: int = 3,
                  eot_samples: int = 1, reference: Optional[nn.Module] = None, bpda: Optional[str] = None, seed: int = 0,
-                 fgsm_included: bool = True) -> dict[str, Attack]:
+                 fgsm_included: bool = True, smoothing_samples: int = 0, smoothing_sigma: Optional[float] = None) -> dict[str, Attack]:
     """The audit's attacks at one eps: FGSM, PGD, APGD-CE, APGD-T (white-box; through ``bpda``'s straight-through
-    gradient when set, averaged over ``eot_samples`` passes), Square (gradient-free, Linf or L2) and, with a
+    gradient when set, averaged over ``eot_samples`` passes), with ``smoothing_samples`` > 0 APGD-CE on the
+    Gaussian-smoothed loss (``apgd-smooth``: each gradient estimated from that many queries at noise of standard
+    deviation ``smoothing_sigma``, default :func:`default_smoothing_sigma`;
+    :func:`training.strong_attacks.smoothed_loss_grad`), Square (gradient-free, Linf or L2) and, with a
     ``reference`` model, the transfer attack (APGD-CE on the reference, evaluated on the defence)."""
     target = _EOT(model, eot_samples) if eot_samples > 1 else model
 
@@ -200,6 +215,11 @@ def attack_suite(model: nn.Module, norm: str, eps: float, *, steps: int = 50, sq
     attacks["pgd"] = white_box(lambda m, a, b: pgd(target, a, b, threat, generator=gen(a.device)))
     attacks["apgd-ce"] = white_box(lambda m, a, b: apgd(target, a, b, threat, loss="ce", generator=gen(a.device)))
     attacks["apgd-t"] = white_box(lambda m, a, b: apgd(target, a, b, threat, loss="dlr-targeted", n_targets=n_targets, generator=gen(a.device)))
+    if smoothing_samples > 0:
+        def smoothed(m, a, b):
+            sigma = default_smoothing_sigma(norm, eps, tuple(a.shape[1:])) if smoothing_sigma is None else smoothing_sigma
+            return apgd(target, a, b, threat, loss="ce", smoothing_sigma=sigma, smoothing_samples=smoothing_samples, generator=gen(a.device))
+        attacks["apgd-smooth"] = smoothed  # queries only: BPDA does not apply
     attacks["square"] = lambda m, a, b: square(target, a, b, norm, eps, queries=square_queries, generator=gen(a.device))
     if reference is not None:
         reference.eval()
@@ -210,19 +230,22 @@ def attack_suite(model: nn.Module, norm: str, eps: float, *, steps: int = 50, sq
 def audit_robustness(model: nn.Module, x: Tensor, y: Tensor, norm: str, eps: float, *, steps: int = 50, square_queries: int = 1000,
                      n_targets: int = 3, eot_samples: int = 1, reference: Optional[nn.Module] = None, seed: int = 0,
                      masking_eps: Optional[list[float]] = None, unbounded_steps: int = 50, bpda: Optional[str] = None,
-                     sweep_eps: Optional[list[float]] = None, cache_dir: Optional[Path] = None) -> RobustnessAudit:
+                     sweep_eps: Optional[list[float]] = None, cache_dir: Optional[Path] = None, smoothing_samples: int = 64,
+                     smoothing_sigma: Optional[float] = None) -> RobustnessAudit:
     """Attack ``model`` with :func:`attack_suite` at ``eps`` (and at every ``sweep_eps``, for the accuracy-vs-eps
     figure), take the per-sample worst case, then run the masking checks. With ``cache_dir`` every attack's result
-    and the masking report are stored there and reused by a rerun with the same model, images and settings."""
+    and the masking report are stored there and reused by a rerun with the same model, images and settings.
+    ``smoothing_samples`` = 0 leaves out the smoothed-gradient attack (and its check)."""
     model.eval()
     check_classifier(model, x)
     randomised = is_randomised(model, x[:8])
     warnings = [w for w in [randomness_warning(randomised, eot_samples)] if w]
     for warning in warnings:
         log.warning("%s", warning)
-    settings = dict(steps=steps, square_queries=square_queries, n_targets=n_targets, eot_samples=eot_samples, reference=reference, bpda=bpda, seed=seed)
+    settings = dict(steps=steps, square_queries=square_queries, n_targets=n_targets, eot_samples=eot_samples, reference=reference, bpda=bpda, seed=seed,
+                    smoothing_samples=smoothing_samples, smoothing_sigma=smoothing_sigma)
     key = cache_key(weights_hash(model), reference is not None and weights_hash(reference), tensor_digest(x, y), norm, steps, square_queries,
-                    n_targets, eot_samples, seed, bpda, "audit-v1")
+                    n_targets, eot_samples, seed, bpda, "audit-v1", *([smoothing_samples, smoothing_sigma] if smoothing_samples else []))
     predict = _ensemble_predict(model, eot_samples) if randomised else None
 
     def run_at(value: float) -> dict[str, float]:
@@ -244,13 +267,16 @@ def audit_robustness(model: nn.Module, x: Tensor, y: Tensor, norm: str, eps: flo
 
 
 def reference_accuracy(model: nn.Module, x: Tensor, y: Tensor, norm: str, eps: float, *, cache_dir: Optional[Path] = None, steps: int = 50,
-                       square_queries: int = 1000, n_targets: int = 3, seed: int = 0) -> dict[str, float]:
+                       square_queries: int = 1000, n_targets: int = 3, seed: int = 0, smoothing_samples: int = 64,
+                       smoothing_sigma: Optional[float] = None) -> dict[str, float]:
     """A reference model's accuracy per attack and worst case under the audit's attacks (no FGSM, no transfer),
     cached like :func:`audit_robustness`: the robust accuracy of the alignment-vs-robustness figure."""
     model.eval()
-    key = cache_key(weights_hash(model), tensor_digest(x, y), norm, eps, steps, square_queries, n_targets, seed, "reference-v1")
+    key = cache_key(weights_hash(model), tensor_digest(x, y), norm, eps, steps, square_queries, n_targets, seed, "reference-v1",
+                    *([smoothing_samples, smoothing_sigma] if smoothing_samples else []))
     store = JsonAttackStore(Path(cache_dir) / "attacks" / f"{norm}-eps{eps:.6g}", key) if cache_dir else None
-    attacks = attack_suite(model, norm, eps, steps=steps, square_queries=square_queries, n_targets=n_targets, seed=seed, fgsm_included=False)
+    attacks = attack_suite(model, norm, eps, steps=steps, square_queries=square_queries, n_targets=n_targets, seed=seed, fgsm_included=False,
+                           smoothing_samples=smoothing_samples, smoothing_sigma=smoothing_sigma)
     return worst_case(model, x, y, attacks, store=store).accuracies()
 
 
@@ -296,6 +322,12 @@ def masking_checks(accuracy: dict[str, float], report_checks: dict[str, bool], u
                             f"best white-box {white_box:.1%}, {strongest} {black[strongest]:.1%} (gap {gap:+.1%}, limit {GAP:.0%})"))
     else:
         checks.append(Check("black_box_not_stronger", "n.a.", "neither Square nor a transfer attack was run"))
+    if "apgd-smooth" in accuracy:
+        gap = white_box - accuracy["apgd-smooth"]
+        checks.append(Check("smoothed_gradient_not_stronger", "fail" if gap > GAP else "pass",
+                            f"best white-box {white_box:.1%}, smoothed-gradient APGD {accuracy['apgd-smooth']:.1%} (gap {gap:+.1%}, limit {GAP:.0%})"))
+    else:
+        checks.append(Check("smoothed_gradient_not_stronger", "n.a.", "the smoothed-gradient attack was not run (smoothing_samples=0)"))
     over = accuracy["pgd"] - accuracy["worst_case"]
     checks.append(Check("pgd_not_overestimating", "fail" if over > PGD_OVERESTIMATE else "pass",
                         f"PGD {accuracy['pgd']:.1%}, worst case {accuracy['worst_case']:.1%} (over by {over:.1%}, limit {PGD_OVERESTIMATE:.0%})"))
@@ -335,7 +367,7 @@ def verdict(audit: RobustnessAudit, alignment: Optional[float] = None, controver
     :func:`controversial_summary` (both evidence only)."""
     failed = [c for c in audit.checks if c.status == "fail"]
     acc = audit.accuracy
-    white = {k: acc[k] for k in ("pgd", "apgd-ce", "apgd-t", "square", "transfer") if k in acc}
+    white = {k: acc[k] for k in ("pgd", "apgd-ce", "apgd-t", "apgd-smooth", "square", "transfer") if k in acc}
     numbers = ", ".join(f"{v:.0%} under {k}" for k, v in white.items())
     text = f"robust accuracy {acc['worst_case']:.0%} worst case ({numbers}; clean {acc['clean']:.0%})"
     if alignment is not None:

@@ -106,8 +106,46 @@ def _loss_grad(model: nn.Module, x: Tensor, loss_of: Callable[[Tensor], Tensor],
     return loss_sum / eot_samples, grad / eot_samples, logits.detach()
 
 
+def smoothed_loss_grad(model: nn.Module, x: Tensor, loss_of: Callable[[Tensor], Tensor], sigma: float, samples: int,
+                       generator: torch.Generator | None = None, max_batch: int = 2048) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-sample loss and gradient of the Gaussian-smoothed loss ``E_u[L(x + sigma u)]``, u ~ N(0, I),
+    estimated from queries alone, and the logits of ``x`` itself (which decide whether a sample is fooled).
+
+    The gradient is the antithetic finite-difference estimate over ``samples // 2`` random directions,
+    ``mean_u[(L(x + sigma u) - L(x - sigma u)) u] / (2 sigma)`` (Stein's identity), as in the adaptive attack
+    of Tramer et al., "On Adaptive Attacks to Adversarial Example Defenses" (NeurIPS 2020), on k-WTA, whose
+    loss is discontinuous: autograd sees only the linear piece around ``x`` and misses the jumps, which the
+    finite differences see. The returned loss is the mean of the ``samples`` noisy losses. Noisy points are
+    clamped to [0, 1]; ``max_batch`` bounds the images per forward pass."""
+    pairs = max(samples // 2, 1)
+    n, shape = x.shape[0], x.shape[1:]
+    per_pass = max(max_batch // (2 * n), 1)
+    grad = torch.zeros_like(x)
+    loss_sum = torch.zeros(n, device=x.device)
+    with torch.no_grad():
+        for start in range(0, pairs, per_pass):
+            count = min(per_pass, pairs - start)
+            u = torch.randn((count, n, *shape), generator=generator, device=x.device, dtype=x.dtype)
+            both = torch.cat([(x + sigma * u).clamp(0, 1), (x - sigma * u).clamp(0, 1)]).reshape(2 * count * n, *shape)
+            losses = loss_of_repeated(model, both, loss_of, 2 * count).view(2, count, n)
+            grad += ((losses[0] - losses[1]).view(count, n, *([1] * len(shape))) * u).sum(0)
+            loss_sum += losses.sum((0, 1))
+        logits = model(x)
+    return loss_sum / (2 * pairs), grad / (2 * sigma * pairs), logits
+
+
+def loss_of_repeated(model: nn.Module, images: Tensor, loss_of: Callable[[Tensor], Tensor], repeats: int) -> Tensor:
+    """``loss_of`` (a per-sample loss of n samples) on ``repeats`` stacked copies of n samples' images."""
+    n = images.shape[0] // repeats
+    logits = model(images).float()
+    return torch.stack([loss_of(logits[i * n:(i + 1) * n]) for i in range(repeats)])
+
+
+LossGrad = Callable[[nn.Module, Tensor, Callable[[Tensor], Tensor]], tuple[Tensor, Tensor, Tensor]]
+
+
 def _apgd_single_run(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel, loss_of: Callable[[Tensor], Tensor],
-                     eot_samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+                     loss_grad: LossGrad, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
     """One APGD run from a random start; returns (adversarial images, fooled mask)."""
     steps = threat.steps
     k, k_min, k_decrement = apgd_schedule(steps)
@@ -116,7 +154,7 @@ def _apgd_single_run(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel
     step_size = torch.full((n,), 2.0 * threat.eps, device=x.device, dtype=x.dtype)
     stepper = L2Step(step_size) if threat.norm == "l2" else LinfStep(step_size)
 
-    loss, grad, logits = _loss_grad(model, x_adv, loss_of, eot_samples)
+    loss, grad, logits = loss_grad(model, x_adv, loss_of)
     fooled = logits.argmax(dim=1) != y
     x_best_adv = torch.where(fooled.view(-1, 1, 1, 1), x_adv, x)
     loss_best, x_best, grad_best = loss.clone(), x_adv.clone(), grad.clone()
@@ -132,7 +170,7 @@ def _apgd_single_run(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel
             a = MOMENTUM if i > 0 else 1.0
             z = threat.project(stepper.step(x_adv, grad.neg(), {}), x)
             x_adv = threat.project(x_adv + (z - x_adv) * a + momentum_term * (1 - a), x)
-        loss, grad, logits = _loss_grad(model, x_adv, loss_of, eot_samples)
+        loss, grad, logits = loss_grad(model, x_adv, loss_of)
         with torch.no_grad():
             now_fooled = logits.argmax(dim=1) != y
             x_best_adv = torch.where(now_fooled.view(-1, 1, 1, 1), x_adv, x_best_adv)
@@ -160,7 +198,8 @@ def _apgd_single_run(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel
 
 
 def apgd(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel, *, loss: str = "ce", restarts: int = 1,
-         n_targets: int = 9, eot_samples: int = 1, generator: torch.Generator | None = None) -> Tensor:
+         n_targets: int = 9, eot_samples: int = 1, smoothing_sigma: float = 0.0, smoothing_samples: int = 64,
+         generator: torch.Generator | None = None) -> Tensor:
     """APGD (Croce and Hein 2020) on ``model`` (which takes [0, 1] images); ``threat.steps`` is the
     iteration budget per run, ``threat.step_size`` and ``random_start`` are not used (APGD sets its own
     step size and always starts at a random point of the ball).
@@ -169,12 +208,25 @@ def apgd(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel, *, loss: s
     target, the ``n_targets`` best-scoring wrong classes of the clean logits, each repeated ``restarts``
     times). Later runs attack only the samples not yet fooled. Returns images in the ball and in [0, 1]:
     a misclassified point where one was found, otherwise the highest-loss point.
+
+    ``smoothing_sigma`` > 0 attacks the Gaussian-smoothed loss instead, with gradients estimated from
+    ``smoothing_samples`` queries per step (:func:`smoothed_loss_grad`, Tramer et al. 2020's attack on
+    k-WTA; ``eot_samples`` is then unused: the estimate already averages many passes).
     """
     check_images(x, "images to attack")
     if loss not in APGD_LOSSES:
         raise AttackConfigError(f"unknown APGD loss {loss!r}: use one of {APGD_LOSSES}")
     if restarts < 1 or eot_samples < 1 or n_targets < 1:
         raise AttackConfigError(f"restarts, eot_samples and n_targets must be at least 1, got {restarts}, {eot_samples}, {n_targets}")
+    if not smoothing_sigma >= 0 or (smoothing_sigma > 0 and smoothing_samples < 2):
+        raise AttackConfigError(f"smoothing_sigma must be >= 0 (a standard deviation in image units) and smoothing_samples >= 2 when it is set, "
+                                f"got {smoothing_sigma} and {smoothing_samples}")
+    if smoothing_sigma > 0:
+        def loss_grad(m: nn.Module, images: Tensor, loss_of: Callable[[Tensor], Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+            return smoothed_loss_grad(m, images, loss_of, smoothing_sigma, smoothing_samples, generator)
+    else:
+        def loss_grad(m: nn.Module, images: Tensor, loss_of: Callable[[Tensor], Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+            return _loss_grad(m, images, loss_of, eot_samples)
     x, y = x.detach(), y.detach()
     with torch.no_grad():
         clean_logits = model(x)
@@ -192,7 +244,7 @@ def apgd(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel, *, loss: s
             if index.numel() == 0:
                 return x_out
             loss_of = _loss_fn(loss, y[index], None if target is None else target[index])
-            x_adv, fooled = _apgd_single_run(model, x[index], y[index], threat, loss_of, eot_samples, generator)
+            x_adv, fooled = _apgd_single_run(model, x[index], y[index], threat, loss_of, loss_grad, generator)
             x_out[index] = x_adv
             remaining[index[fooled]] = False
     return x_out

@@ -128,6 +128,10 @@ def run(cfg: DictConfig) -> dict:
     ThreatModel(norm, eps, steps=int(cfg.threat.steps))  # a bad norm or eps is named now
     sweep = [config_number(e, "eps_sweep") for e in (cfg.eps_sweep or [])]
     masking_eps = [config_number(e, "masking_eps") for e in cfg.masking_eps] if cfg.get("masking_eps") else None
+    smoothing_sigma = config_number(cfg.smoothing.sigma, "smoothing.sigma")
+    if int(cfg.smoothing.samples) == 1 or int(cfg.smoothing.samples) < 0 or (smoothing_sigma is not None and not smoothing_sigma > 0):
+        raise ValueError(f"smoothing.samples must be 0 (off) or at least 2 and smoothing.sigma null or > 0, got {cfg.smoothing.samples} and "
+                         f"{cfg.smoothing.sigma}")
 
     # 1. Everything that can be wrong is checked before the first model trains or the first attack runs.
     defence_spec = model_spec(cfg.defence, cfg.defence.get("label") or "defence", "defence")
@@ -166,7 +170,9 @@ def run(cfg: DictConfig) -> dict:
         check_classifier(model, x[:8], NUM_CLASSES.get(dataset))
 
     # 3. Attacks.
-    settings = dict(steps=int(cfg.threat.steps), square_queries=int(cfg.square_queries), n_targets=int(cfg.n_targets), seed=int(cfg.seed))
+    settings = dict(steps=int(cfg.threat.steps), square_queries=int(cfg.square_queries), n_targets=int(cfg.n_targets), seed=int(cfg.seed),
+                    smoothing_samples=int(cfg.smoothing.samples),
+                    smoothing_sigma=smoothing_sigma)
     audit = audit_robustness(defence, x, y, norm, eps, eot_samples=int(cfg.eot), reference=reference_models["robust"], bpda=cfg.bpda or None,
                              sweep_eps=sweep, masking_eps=masking_eps, unbounded_steps=int(cfg.unbounded_steps), cache_dir=out / "cache" / "defence",
                              **settings)

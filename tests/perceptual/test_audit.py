@@ -44,6 +44,10 @@ def test_checks_and_verdict_on_constructed_numbers():
     assert checks["pgd_not_overestimating"].status == "fail"
     assert checks["multi_step_beats_single_step"].status == "pass"
     assert checks["randomness_handled"].status == "n.a."
+    assert checks["smoothed_gradient_not_stronger"].status == "n.a."
+    shattered = {c.name: c for c in masking_checks(dict(masked, **{"apgd-smooth": 0.2}), {}, 0.0, False, 1)}["smoothed_gradient_not_stronger"]
+    assert shattered.status == "fail" and "smoothed-gradient APGD 20.0%" in shattered.detail and "gap +40.0%" in shattered.detail
+    assert {c.name: c.status for c in masking_checks(dict(masked, **{"apgd-smooth": 0.57}), {}, 0.0, False, 1)}["smoothed_gradient_not_stronger"] == "pass"
     honest = dict(masked, square=0.58, transfer=0.7, worst_case=0.57)
     assert {c.name: c.status for c in masking_checks(honest, {}, 0.0, False, 1)}["black_box_not_stronger"] == "pass"
     assert masking_checks(honest, {}, 0.0, True, 1)[-1].status == "fail"
@@ -76,7 +80,7 @@ def test_standard_model_is_not_flagged_and_quantised_one_is(digits, tmp_path):
     "8% worst case (38% under pgd, 25% under square, 8% under transfer)": suspected gradient masking."""
     model, x, y = digits
     eps = 8 / 255
-    kwargs = dict(steps=8, square_queries=150, n_targets=1, masking_eps=[2 / 255, 8 / 255], unbounded_steps=10)
+    kwargs = dict(steps=8, square_queries=150, n_targets=1, masking_eps=[2 / 255, 8 / 255], unbounded_steps=10, smoothing_samples=16)
     x, y = x[:24], y[:24]
     plain = audit_robustness(model, x, y, "linf", eps, **kwargs)
     plain_verdict = verdict(plain)
@@ -96,14 +100,16 @@ def test_standard_model_is_not_flagged_and_quantised_one_is(digits, tmp_path):
 
 def test_randomised_defence_is_detected(digits):
     model, x, y = digits
-    audit = audit_robustness(Noisy(model), x[:16], y[:16], "linf", 4 / 255, steps=3, square_queries=20, n_targets=1, masking_eps=[4 / 255], unbounded_steps=3)
+    audit = audit_robustness(Noisy(model), x[:16], y[:16], "linf", 4 / 255, steps=3, square_queries=20, n_targets=1, masking_eps=[4 / 255], unbounded_steps=3,
+                             smoothing_samples=4)
     assert audit.randomised
     assert {c.name: c.status for c in audit.checks}["randomness_handled"] == "fail"
 
 
 def test_randomised_defence_without_eot_is_a_stated_warning(digits):
     model, x, y = digits
-    audit = audit_robustness(Noisy(model), x[:8], y[:8], "linf", 4 / 255, steps=2, square_queries=5, n_targets=1, masking_eps=[4 / 255], unbounded_steps=2)
+    audit = audit_robustness(Noisy(model), x[:8], y[:8], "linf", 4 / 255, steps=2, square_queries=5, n_targets=1, masking_eps=[4 / 255], unbounded_steps=2,
+                             smoothing_samples=4)
     assert audit.warnings and "eot" in audit.warnings[0]
     text = audit_markdown({"verdict": verdict(audit), "warnings": audit.warnings, "robustness": audit.to_dict()})
     assert "**Warning:** the defence is randomised" in text
@@ -114,7 +120,7 @@ def test_pgd_trained_model_is_not_flagged(pgd_test_cnn, digits):
     25% under square; clean 40%): no sign of gradient masking"; every check passes."""
     _, x, y = digits
     audit = audit_robustness(pgd_test_cnn, x[:48], y[:48], "linf", 8 / 255, steps=10, square_queries=200, n_targets=1, masking_eps=[2 / 255, 8 / 255],
-                             unbounded_steps=10)
+                             unbounded_steps=10, smoothing_samples=16)
     text = verdict(audit)
     assert not is_flagged(text), text
     assert all(c.status != "fail" for c in audit.checks), audit.checks
@@ -142,7 +148,8 @@ def test_pgd_trained_kwta_is_flagged(pgd_test_cnn, digits, train_digits):
 
 def test_attack_results_are_cached_and_not_recomputed(digits, tmp_path, monkeypatch):
     model, x, y = digits
-    kwargs = dict(steps=2, square_queries=5, n_targets=1, masking_eps=[4 / 255], unbounded_steps=2, sweep_eps=[2 / 255], cache_dir=tmp_path)
+    kwargs = dict(steps=2, square_queries=5, n_targets=1, masking_eps=[4 / 255], unbounded_steps=2, sweep_eps=[2 / 255], cache_dir=tmp_path,
+                  smoothing_samples=4)
     first = audit_robustness(model, x[:8], y[:8], "linf", 4 / 255, **kwargs)
     assert (tmp_path / "attacks" / "linf-eps0.0156863" / "apgd-ce.json").is_file() and (tmp_path / "masking.json").is_file()
 

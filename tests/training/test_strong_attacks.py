@@ -189,3 +189,53 @@ def test_worst_case_store_skips_finished_attacks(digits_model):
 
     second = worst_case(model, x, y, {"none": boom}, store=Store())
     assert torch.equal(first.robust, second.robust)
+
+
+class Staircase(torch.nn.Module):
+    """Two classes decided by the mean of the input rounded to ``levels`` steps: autograd's gradient is zero
+    everywhere (round's), while the loss jumps between steps, the shape of k-WTA's discontinuities at its extreme."""
+
+    def __init__(self, levels: int = 4, threshold: float = 0.45, scale: float = 40.0):
+        super().__init__()
+        self.levels, self.threshold, self.scale = levels, threshold, scale
+
+    def forward(self, x):
+        score = self.scale * ((x * self.levels).round().flatten(1).mean(1) / self.levels - self.threshold)
+        return torch.stack([score, -score], dim=1)
+
+
+def test_smoothed_gradient_estimate_matches_a_linear_loss():
+    """On a linear loss the antithetic estimate is unbiased: many directions recover the true gradient."""
+    from training.strong_attacks import smoothed_loss_grad
+    weight = torch.randn(1, 3, 4, 4, generator=torch.Generator().manual_seed(0))
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(48, 1, bias=False))
+    model[1].weight.data = weight.flatten(1)
+    x = torch.full((2, 3, 4, 4), 0.5)
+    loss, grad, logits = smoothed_loss_grad(model, x, lambda z: z[:, 0], sigma=0.01, samples=8000, generator=torch.Generator().manual_seed(1),
+                                            max_batch=4096)
+    cosine = torch.nn.functional.cosine_similarity(grad.flatten(1), weight.flatten(1).expand(2, -1))
+    assert (cosine > 0.97).all(), cosine
+    assert torch.allclose(loss, logits[:, 0], atol=1e-3)  # the mean noisy loss of a linear loss is its value at x
+
+
+def test_smoothed_gradient_apgd_breaks_a_loss_without_useful_gradients():
+    """Autograd sees a zero gradient on every step of the staircase, so APGD-CE cannot move; the query-based
+    smoothed gradient sees the steps and fools every sample."""
+    model = Staircase()
+    x = torch.full((8, 1, 6, 6), 0.5) + 0.02 * torch.rand(8, 1, 6, 6, generator=torch.Generator().manual_seed(0))
+    y = torch.zeros(8, dtype=torch.long)
+    assert accuracy(model, x, y) == 1.0
+    threat = ThreatModel("linf", 0.15, steps=20)
+    plain = apgd(model, x, y, threat, generator=torch.Generator().manual_seed(0))
+    smooth = apgd(model, x, y, threat, smoothing_sigma=0.15, smoothing_samples=64, generator=torch.Generator().manual_seed(0))
+    assert accuracy(model, plain, y) == 1.0
+    assert accuracy(model, smooth, y) == 0.0
+    assert (smooth - x).abs().max() <= 0.15 + 1e-6 and smooth.min() >= 0 and smooth.max() <= 1
+
+
+def test_smoothed_gradient_settings_are_checked(digits_model):
+    model, x, y = digits_model
+    with pytest.raises(AttackConfigError, match="smoothing_sigma must be >= 0"):
+        apgd(model, x[:2], y[:2], ThreatModel("linf", 0.03, steps=2), smoothing_sigma=-0.1)
+    with pytest.raises(AttackConfigError, match="smoothing_samples >= 2"):
+        apgd(model, x[:2], y[:2], ThreatModel("linf", 0.03, steps=2), smoothing_sigma=0.03, smoothing_samples=1)

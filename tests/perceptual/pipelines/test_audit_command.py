@@ -17,7 +17,8 @@ from invert import Engine
 from perceptual.pipelines import COMMANDS
 from perceptual.pipelines.audit import load_factory, run
 
-QUICK = ["n_images=8", "threat.steps=2", "square_queries=5", "n_targets=1", "unbounded_steps=2", "eps_sweep=[4/255]", "masking_eps=[8/255]"]
+QUICK = ["n_images=8", "threat.steps=2", "square_queries=5", "n_targets=1", "unbounded_steps=2", "eps_sweep=[4/255]", "masking_eps=[8/255]",
+         "smoothing.samples=4"]
 RANDOM_REFERENCES = [f"reference.{label}.factory=training.models:build_model" for label in ("standard", "robust")] + [
     f"+reference.{label}.kwargs={{name: small_cnn, dataset: digits, width: 4}}" for label in ("standard", "robust")]
 
@@ -42,7 +43,8 @@ def test_audit_command_end_to_end_and_a_rerun_recomputes_nothing(tmp_path, monke
     report = json.loads((tmp_path / "audit.json").read_text())
     assert report["verdict"] == result["verdict"] and report["flagged"] == audit_module.is_flagged(report["verdict"])
     accuracy = report["robustness"]["accuracy"]
-    assert set(accuracy) >= {"clean", "fgsm", "pgd", "apgd-ce", "apgd-t", "square", "transfer", "worst_case"}
+    assert set(accuracy) >= {"clean", "fgsm", "pgd", "apgd-ce", "apgd-t", "apgd-smooth", "square", "transfer", "worst_case"}
+    assert "smoothed_gradient_not_stronger" in {c["name"] for c in report["robustness"]["checks"]}
     assert accuracy["worst_case"] <= min(v for k, v in accuracy.items() if k != "worst_case")
     assert set(report["robustness"]["sweep"]) == {"0.0156863", "0.0313725"}
     assert set(report["alignment"]["models"]) == {"defence", "standard", "robust"} and "position" in report["alignment"]
@@ -143,6 +145,8 @@ def test_bad_configs_are_explained(tmp_path):
     with pytest.raises(ValueError, match="bpda='quantize' is not a submodule"):
         run(_cfg(tmp_path, "defence.factory=training.models.defences:input_quantised", "+defence.kwargs={name: small_cnn, dataset: digits, width: 4}",
                  "bpda=quantize", *RANDOM_REFERENCES))
+    with pytest.raises(ValueError, match="smoothing.samples must be 0"):
+        run(_cfg(tmp_path, "defence.name=small_cnn", "smoothing.samples=1", *RANDOM_REFERENCES))
     with pytest.raises(FileNotFoundError, match="defence.checkpoint not found"):
         run(_cfg(tmp_path, "defence.name=small_cnn", "defence.checkpoint=missing.safetensors"))
 
