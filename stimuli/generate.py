@@ -243,7 +243,8 @@ def _inversion_plan(model: ModelRef, targets: Targets, seeds: Seeds, chunk_size:
                 source_index=int(seeds.train_index[j]),
             )
         else:
-            row["source"] = "uniform_noise" if seed_type == "noise" else "constant"
+            gray_noise = seeds.params.get("noise_channels") == "gray"
+            row["source"] = ("uniform_gray_noise" if gray_noise else "uniform_noise") if seed_type == "noise" else "constant"
         seed_rows.append(row)
     provenance = model.provenance()
     result_rows, init_index, target_of = [], [], []
@@ -676,6 +677,7 @@ def make_inversion_set(
     seed_types: Sequence[str] = ("noise", "train"),
     train_set: Any = None,
     shared_noise: bool = False,
+    noise_channels: str = "auto",
     seed: int = 0,
     engine: Engine | InvertConfig | Mapping | str | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
@@ -692,13 +694,14 @@ def make_inversion_set(
     Nanda et al. (AAAI 2023) Eq. 1: each result minimises ``||g(x) - g(x_t)|| / ||g(x_t)||`` from
     its seed with the engine (``engine``: an :class:`invert.Engine`, config, preset name or None for
     the paper's 5000 L2 steps). Seeds come from :func:`stimuli.make_seeds` (``train_set`` is the
-    model's training split, needed for ``train`` seeds). ``model.representation`` must live on
+    model's training split, needed for ``train`` seeds; ``noise_channels``: ``auto`` draws grey noise seeds for
+    greyscale targets and colour noise otherwise, or ``color`` / ``gray``). ``model.representation`` must live on
     ``device`` (default: the model's device). ``config`` is recorded as the config that made the
     set. With ``n_shards > 1`` this writes shard ``shard`` to ``out`` (merge with
     :func:`stimuli.merge_sets`). Resumes an unfinished run in ``out``; returns the loaded set.
     """
     engine = resolve_engine(engine)
-    seeds = make_seeds(targets, seed_types, seed=seed, train_set=train_set, shared_noise=shared_noise)
+    seeds = make_seeds(targets, seed_types, seed=seed, train_set=train_set, shared_noise=shared_noise, noise_channels=noise_channels)
     plan = _inversion_plan(model, targets, seeds, _check_chunk_size(chunk_size), engine)
     return _run_plan(
         plan, out, engine, device=_device(device, model), shard=shard, n_shards=n_shards, config=config,

@@ -14,6 +14,13 @@ Every random draw comes from a generator keyed by (base seed, purpose, item)
 (:func:`keyed_generator`), never by batch: target k's noise seed is the same whether 5 or 500
 targets are drawn, and the first ``m`` targets of a draw of ``n > m`` are the draw of ``m``.
 
+Noise seeds follow the targets' colour space (``noise_channels="auto"``): grey noise (one uniform value per
+pixel, copied to every channel) when every target has identical channels, a greyscale data set stored as
+RGB such as the embedded digits, colour noise otherwise. Colour noise in front of a model trained on grey
+images asks it to remove a colour that training never taught it to see: the robust digits model's
+inversions from colour noise converged for 23 % of 30 items against 40 % from grey noise (README, "Why the
+demo's settings"), and kept colour blocks that every observer sees as far from the grey target.
+
 Deliberate differences from the authors' code: noise seeds are uniform in [0, 1] (theirs are
 standard normal in an unbounded parametrisation); Gaussian targets are clamped to [0, 1] (the
 models take [0, 1] images); the default Gaussians are the authors' ``random_0_1`` and
@@ -34,6 +41,7 @@ from invert import stream_seed as _stream_seed
 SEED_TYPES = ("noise", "train", "gray", "black", "white")
 CONSTANT_SEEDS = {"gray": 0.5, "black": 0.0, "white": 1.0}
 DEFAULT_SEED_TYPES = ("noise", "train")
+NOISE_CHANNELS = ("auto", "color", "gray")
 # The authors' OOD data sets random_0_1 and random_0.5_2 (mean, std), clamped to [0, 1] here.
 DEFAULT_GAUSSIANS = ({"name": "dark", "mean": 0.0, "std": 1.0}, {"name": "light", "mean": 0.5, "std": 2.0})
 
@@ -52,12 +60,29 @@ def keyed_generator(seed: int, purpose: str, item: int) -> torch.Generator:
     return item_generator(stream_seed(seed, purpose), int(item))
 
 
-def uniform_noise(shape: Sequence[int], seed: int, purpose: str, item: int, kind: str = "uniform") -> Tensor:
+def uniform_noise(shape: Sequence[int], seed: int, purpose: str, item: int, kind: str = "uniform", gray: bool = False) -> Tensor:
     """One noise image in [0, 1] keyed by (seed, purpose, item) (:func:`invert.noise_images`):
-    ``uniform`` U[0, 1] pixels, or ``gaussian`` N(0.5, 0.25²) clamped to [0, 1]."""
+    ``uniform`` U[0, 1] pixels, or ``gaussian`` N(0.5, 0.25²) clamped to [0, 1]; ``gray``: one value
+    per pixel, the same in every channel."""
     if kind not in ("uniform", "gaussian"):
         raise ValueError(f"unknown noise kind {kind!r}: use uniform or gaussian")
-    return noise_images(1, shape, seed=stream_seed(seed, purpose), kind=kind, first_item=int(item))[0]
+    drawn_shape = (1, *shape[1:]) if gray else shape
+    image = noise_images(1, drawn_shape, seed=stream_seed(seed, purpose), kind=kind, first_item=int(item))[0]
+    return image.expand(*shape).contiguous() if gray else image
+
+
+def is_grayscale(images: Tensor) -> bool:
+    """Every image has identical channels (a greyscale data set stored as RGB, like the embedded digits)."""
+    return images.ndim == 4 and images.shape[1] > 1 and bool((images == images[:, :1]).all())
+
+
+def resolve_noise_channels(noise_channels: str, targets: Tensor) -> str:
+    """``color`` or ``gray`` for the noise seeds of ``targets``; ``auto`` is ``gray`` for greyscale targets."""
+    if noise_channels not in NOISE_CHANNELS:
+        raise ValueError(f"unknown noise_channels {noise_channels!r}: use one of {NOISE_CHANNELS}")
+    if noise_channels == "auto":
+        return "gray" if is_grayscale(targets) else "color"
+    return noise_channels
 
 
 @dataclass
@@ -217,14 +242,17 @@ def make_seeds(
     seed: int = 0,
     train_set: Any = None,
     shared_noise: bool = False,
+    noise_channels: str = "auto",
 ) -> Seeds:
     """One seed per target and seed type (the shared noise seed once, when ``shared_noise``).
+    ``noise_channels``: ``auto`` (grey noise for greyscale targets, colour otherwise), ``color`` or ``gray``.
 
     ``train_set`` (an ImageSet or indexable data set, the model's training split) is needed for the
     ``train`` seed type: target ``k``'s training image is drawn from a generator keyed by
     (``seed``, k). Noise seeds are uniform in [0, 1], keyed by (``seed``, k).
     """
     seed_types = check_seed_types(seed_types)
+    gray = resolve_noise_channels(noise_channels, targets.images) == "gray"
     if "train" in seed_types and train_set is None:
         raise ValueError("the 'train' seed type needs train_set (the training split the model was trained on)")
     shape = tuple(targets.images.shape[1:])
@@ -245,7 +273,7 @@ def make_seeds(
         return len(images) - 1
 
     if "noise" in seed_types and shared_noise:
-        shared_row = add(uniform_noise(shape, seed, "shared_noise_seed", 0), "noise", None)
+        shared_row = add(uniform_noise(shape, seed, "shared_noise_seed", 0, gray=gray), "noise", None)
     train_draws = None
     if "train" in seed_types:
         size = len(train_set)
@@ -263,7 +291,7 @@ def make_seeds(
                 if shared_noise:
                     lookup[(k, seed_type)] = shared_row
                     continue
-                image = uniform_noise(shape, seed, "noise_seeds", k)
+                image = uniform_noise(shape, seed, "noise_seeds", k, gray=gray)
                 lookup[(k, seed_type)] = add(image, seed_type, k)
             elif seed_type == "train":
                 picks, train_images, train_labels = train_draws
@@ -285,6 +313,7 @@ def make_seeds(
             "shared_noise": bool(shared_noise),
             "seed": seed,
             "noise": "uniform",
+            **({"noise_channels": "gray"} if gray else {}),  # colour noise, the first default, stays out of older sets' fingerprints
             "train_source": train_source,
             "train_size": len(train_set) if train_set is not None else None,
         },
@@ -300,13 +329,16 @@ __all__ = [
     "CONSTANT_SEEDS",
     "DEFAULT_GAUSSIANS",
     "DEFAULT_SEED_TYPES",
+    "NOISE_CHANNELS",
     "SEED_TYPES",
     "Seeds",
     "Targets",
     "check_seed_types",
     "gaussian_targets",
+    "is_grayscale",
     "keyed_generator",
     "make_seeds",
+    "resolve_noise_channels",
     "select_targets",
     "stream_seed",
     "uniform_noise",

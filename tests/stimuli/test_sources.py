@@ -1,6 +1,8 @@
 """Targets and seeds: seeded, keyed per item (never by batch), and what the paper describes."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -95,6 +97,23 @@ def test_shared_noise_is_one_seed_for_every_target(digits):
     assert len(seeds) == 1 + 5
     shared = {seeds.lookup[(k, "noise")] for k in range(5)}
     assert len(shared) == 1 and seeds.targets[shared.pop()] is None
+
+
+def test_noise_seeds_follow_the_targets_colour_space(digits):
+    """auto: grey noise (identical channels) for the greyscale digits, colour noise for colour targets; the
+    choice is recorded only when it is grey, so colour sets keep the fingerprint they had before the option."""
+    test, _ = digits
+    targets = select_targets(test, 3, seed=0)
+    gray = make_seeds(targets, ["noise"], seed=0)
+    assert all(torch.equal(image[0], image[c]) for image in gray.images for c in (1, 2))
+    assert gray.images.std() > 0.25 and gray.params["noise_channels"] == "gray"
+    colour_targets = replace(targets, images=torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(0)))
+    colour = make_seeds(colour_targets, ["noise"], seed=0)
+    assert not torch.equal(colour.images[0, 0], colour.images[0, 1]) and "noise_channels" not in colour.params
+    assert torch.equal(make_seeds(targets, ["noise"], seed=0, noise_channels="color").images, colour.images)
+    assert torch.equal(make_seeds(colour_targets, ["noise"], seed=0, noise_channels="gray").images, gray.images)
+    with pytest.raises(ValueError, match="unknown noise_channels 'grey'"):
+        make_seeds(targets, ["noise"], noise_channels="grey")
 
 
 def test_seed_errors_say_what_to_do(digits):
