@@ -63,6 +63,11 @@ class FoldedConvBatchNorm(nn.Module):
             self._folded, self._key = self._fold(), key
         return self._folded
 
+    def forget(self) -> None:
+        """Drop the cached folded weights: the next call refolds. Needed after a CUDA graph replay has updated the
+        sources in place, which bumps no version counter (``training.step``)."""
+        self._key = self._folded = None
+
     def _fold(self) -> tuple[Tensor, Tensor]:
         conv, bn = self.conv, self.bn
         dtype = torch.promote_types(conv.weight.dtype, torch.float32)  # fold bf16/fp16 weights in fp32
@@ -166,4 +171,13 @@ def eval_view(model: nn.Module) -> nn.Module:
     return model if view is _UNFOLDED else view
 
 
-__all__ = ["FoldedClassifier", "FoldedConvBatchNorm", "eval_view", "fold_batch_norms"]
+def forget_folded_weights(model: nn.Module) -> None:
+    """Make ``model``'s eval view (if it has one) refold its weights on its next call (see :meth:`FoldedConvBatchNorm.forget`)."""
+    view = _VIEWS.get(model)
+    if isinstance(view, nn.Module):
+        for module in view.modules():
+            if isinstance(module, FoldedConvBatchNorm):
+                module.forget()
+
+
+__all__ = ["FoldedClassifier", "FoldedConvBatchNorm", "eval_view", "fold_batch_norms", "forget_folded_weights"]

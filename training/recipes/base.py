@@ -34,6 +34,9 @@ class Recipe(nn.Module):
     name: ClassVar[str] = "recipe"
     # Whether ``model`` classifies during training (SimCLR's head only exists after the probe).
     supervised: ClassVar[bool] = True
+    # Why ``train.cuda_graph`` cannot capture this recipe's step (``training.step``), or None when it can: its
+    # forward must not synchronise with the host nor change shape with the data, and no hook may act between steps.
+    graph_blocker: ClassVar[str | None] = "its step has not been checked for CUDA graph capture"
 
     def __init__(self, model: Classifier, *, augment=None, label_smoothing: float = 0.0):
         super().__init__()
