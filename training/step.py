@@ -56,13 +56,13 @@ WARMUP_STEPS = 3
 
 def check_graph_setting(value: Any) -> bool | str:
     """``train.cuda_graph`` as False, True or ``"auto"`` (YAML 0/1 read as booleans); anything else is refused."""
-    if isinstance(value, int) and not isinstance(value, bool) and value in (0, 1):
-        value = bool(value)
     if value is None:
-        value = False
-    if value not in GRAPH_SETTINGS or (not isinstance(value, (bool, str))):
-        raise ConfigError(f"train.cuda_graph must be false, true or auto, got {value!r}")
-    return value
+        return False
+    if isinstance(value, bool) or value == "auto":
+        return value
+    if type(value) is int and value in (0, 1):
+        return bool(value)
+    raise ConfigError(f"train.cuda_graph must be false, true or auto, got {value!r}")
 
 
 def graph_blocker(recipe: nn.Module, optimizer: torch.optim.Optimizer, *, compiled: bool, world_size: int) -> Optional[str]:
