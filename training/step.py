@@ -102,6 +102,17 @@ def resolve_step_mode(setting: Any, device: torch.device, blocker: Optional[str]
     return "eager"
 
 
+def _match_momentum_layouts(optimizer: torch.optim.Optimizer) -> None:
+    """Give each SGD momentum buffer its parameter's memory layout. The fused kernel walks parameter, gradient and
+    buffer in memory order, so a buffer in another layout (a checkpoint saved with ``channels_last=false`` and resumed
+    with ``true``) would be updated with the wrong entries; SGD's default kernels index logically and never cared."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            buffer = optimizer.state.get(param, {}).get("momentum_buffer")
+            if buffer is not None and buffer.stride() != param.stride():
+                optimizer.state[param]["momentum_buffer"] = torch.empty_like(param).copy_(buffer)
+
+
 @contextlib.contextmanager
 def _device_learning_rate(optimizer: torch.optim.Optimizer, rates: list[Tensor]) -> Iterator[None]:
     """SGD stepping with its fused kernel and each group's ``lr`` read from ``rates`` (0-d device tensors); the groups
@@ -139,6 +150,8 @@ class TrainStep:
         dtype = torch.float64 if device.type == "cpu" else torch.float32
         sgd = type(optimizer) is torch.optim.SGD
         self._rates = [torch.tensor(float(g["lr"]), dtype=dtype, device=device) for g in optimizer.param_groups] if sgd else []
+        if sgd:
+            _match_momentum_layouts(optimizer)  # the optimizer's state is final here (a resumed run has loaded it)
         self._calls = 0
         self._replay: Optional[Callable[[], None]] = None
 

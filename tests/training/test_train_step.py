@@ -90,6 +90,28 @@ def test_a_batch_of_another_shape_runs_the_same_function_eagerly():
     assert static_step.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.7 ** len(sizes))
 
 
+def test_momentum_buffers_are_given_their_parameters_layout_before_the_fused_kernel_runs(make_config):
+    """A run saved in the default memory format and resumed channels-last: SGD's fused kernel walks memory in order,
+    so a buffer in the other layout would be updated with the wrong entries."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
+    optimizer = torch.optim.SGD(conv.parameters(), lr=0.1, momentum=0.9)
+    buffer = torch.randn(conv.weight.shape)  # contiguous, as a checkpoint of a contiguous model holds it
+    optimizer.state[conv.weight]["momentum_buffer"] = buffer.clone()
+    conv.weight.grad = torch.randn_like(conv.weight)  # the bias has no gradient and no buffer: SGD skips it
+    expected = conv.weight.detach() - 0.1 * (0.9 * buffer + conv.weight.grad)
+    TrainStep(lambda x, y: (conv(x).sum(), {}), optimizer, device=torch.device("cpu"), bf16=None)
+    moved = optimizer.state[conv.weight]["momentum_buffer"]
+    assert moved.stride() == conv.weight.stride() and torch.equal(moved, buffer)
+    optimizer.param_groups[0]["fused"] = True  # the kernel the step uses
+    optimizer.step()
+    torch.testing.assert_close(conv.weight.detach(), expected, rtol=1e-6, atol=1e-6)
+    # end to end: an epoch without channels-last, resumed with it
+    train(make_config(*PGD, *SHORT, "train.channels_last=false", "stop_after_epochs=1", run="layout"))
+    resumed = train(make_config(*PGD, *SHORT, "train.channels_last=true", "resume=true", run="layout"))
+    assert resumed.completed and all(torch.isfinite(p).all() for p in resumed.model.parameters())
+
+
 def test_cuda_graph_settings_are_checked_and_what_blocks_capture_is_named(make_config, tmp_path, caplog):
     cpu = torch.device("cpu")
     with pytest.raises(ConfigError, match="false, true or auto"):
