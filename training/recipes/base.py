@@ -10,6 +10,9 @@ A recipe is an ``nn.Module`` that owns the :class:`~training.models.Classifier` 
   attacks run inside it on the bare modules;
 * ``after_step(step)`` / ``after_epoch(epoch)``: may return a reason to stop (fast AT's guard);
 * ``finalize(train_data)``: the classifier to evaluate and save (SimCLR fits its linear probe here).
+
+A recipe whose forward never synchronises with the host sets ``graph_blocker = None``; ``train.cuda_graph``
+may then capture its step as one CUDA graph (``training.step``).
 """
 from __future__ import annotations
 
