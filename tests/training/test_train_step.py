@@ -32,8 +32,9 @@ def assert_same_training(a, b) -> None:
     assert sa.keys() == sb.keys()
     for key in sa:
         assert torch.equal(sa[key], sb[key]), key
-    logged = ("train_loss", "train_acc", "lr", "step")
-    assert [{k: h.get(k) for k in logged} for h in a.summary["history"]] == [{k: h.get(k) for k in logged} for h in b.summary["history"]]
+    timing = ("epoch_seconds", "epoch_cpu_seconds", "images_per_second")
+    logged_a, logged_b = ([{k: v for k, v in h.items() if k not in timing} for h in r.summary["history"]] for r in (a, b))
+    assert logged_a == logged_b and {"train_loss", "train_acc", "lr"} <= logged_a[0].keys()
 
 
 @pytest.mark.parametrize("recipe", [
