@@ -7,6 +7,7 @@ against the eager step on CUDA.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import pytest
@@ -67,6 +68,60 @@ def _tiny_pgd(mode: str):
     optimizer = torch.optim.SGD(recipe.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4, nesterov=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.7 ** step)
     return recipe, scheduler, TrainStep(recipe, optimizer, device=torch.device("cpu"), bf16=None, mode=mode)
+
+
+# What a CUDA graph cannot hold: a Python read of a tensor's value (a host sync on CUDA). Data-dependent shapes are
+# not caught this way; the gpu tests' capture is the full check.
+HOST_READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__", "__index__")
+
+
+@contextlib.contextmanager
+def refusing_host_reads():
+    def refuse(name):
+        def read(self, *args, **kwargs):
+            raise AssertionError(f"the training step read a tensor on the host (Tensor.{name})")
+        return read
+
+    saved = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+    try:
+        for name in HOST_READS:
+            setattr(torch.Tensor, name, refuse(name))
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
+
+
+@pytest.mark.parametrize("recipe", [PGD, [*PGD, "train.attack.norm=linf", "train.attack.eps=8/255", "train.attack_bn=train"],
+                                    ["train=trades", "train.attack.steps=2"], ["train=mart", "train.attack.steps=2"]],
+                         ids=["pgd-l2", "pgd-linf-train-bn", "trades", "mart"])
+def test_the_capturable_recipes_step_never_reads_a_tensor_on_the_host(make_config, monkeypatch, recipe):
+    """The CPU's proxy for "capturable": after the first step (which creates the running sums and the folded view),
+    the step function reads no tensor value into Python."""
+    original, calls = TrainStep.step, []
+
+    def guarded(self, inputs, labels):
+        calls.append(1)
+        with refusing_host_reads() if len(calls) > 1 else contextlib.nullcontext():
+            original(self, inputs, labels)
+
+    monkeypatch.setattr(TrainStep, "step", guarded)
+    train(make_config(*recipe, *SHORT, "train.epochs=1", "train.cuda_graph=true"))
+    assert len(calls) == 3
+
+
+def test_the_host_read_check_catches_a_recipe_that_reads_its_loss():
+    class Syncing(StandardRecipe):
+        def forward(self, inputs, labels):
+            loss, stats = super().forward(inputs, labels)
+            return loss, {**stats, "loss_copy": torch.tensor(float(loss.detach()))}
+
+    model = build_model("small_cnn", "digits", width=8)
+    step = TrainStep(Syncing(model).train(), torch.optim.SGD(model.parameters(), lr=0.1), device=torch.device("cpu"), bf16=None, mode="static")
+    x, y = torch.rand(4, 3, 8, 8), torch.randint(0, 10, (4,))
+    step(x, y)
+    with pytest.raises(AssertionError, match="Tensor.__float__"), refusing_host_reads():
+        step(x, y)
 
 
 def test_a_batch_of_another_shape_runs_the_same_function_eagerly():
