@@ -6,7 +6,7 @@ update. :class:`TrainStep` runs the whole step (the recipe's forward, attack inc
 the optimizer step; the epoch's running loss and accuracy sums) as ONE function, :meth:`TrainStep.step`, which the
 trainer calls in one of three modes:
 
-* ``eager``: the step on the batch as given (the trainer's loop as it always was);
+* ``eager``: the step on the batch as given (the trainer's loop as before, SGD now through its fused kernel);
 * ``capture`` (CUDA): the step over static input, label and learning-rate buffers, warmed up for a few real steps on a
   side stream and then captured once with ``torch.cuda.graph`` and replayed for every batch (PyTorch's whole-network
   capture recipe, "CUDA Graphs" in the CUDA semantics notes);
@@ -19,7 +19,8 @@ What capture needs, and how it is met here:
   losses are sync-free inside ``invert.validation.hot_loop()``; the epoch's loss and accuracy accumulate into
   device tensors in place (:attr:`TrainStep.sums`), read once per epoch;
 * random draws (PGD's random start, TRADES' and MART's start noise) come from the default CUDA generator, which
-  ``torch.cuda.graph`` registers: each replay draws the numbers an eager step would have drawn;
+  ``torch.cuda.graph`` registers: each replay advances its offset as an eager step does (the gpu tests compare
+  captured with eager training);
 * a learning rate the graph reads: ``torch.optim.SGD`` takes its ``lr`` as a Python number, baked into a captured
   kernel, or as a tensor, which its default kernels turn into a number (a host sync). So SGD steps, in every mode,
   through its fused kernel (``fused=True``, one kernel for all parameters) with a 0-d device tensor as ``lr``,
