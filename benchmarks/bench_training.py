@@ -17,9 +17,13 @@ steps of 2.5 eps / steps from a random start, last iterate, batch norm in eval m
 3. ``dataloader``: a plain PyTorch loop: ``torch.utils.data.DataLoader`` over PIL images with the
    same torchvision transforms, our zoo ResNet18 in the default memory format, our ``pgd``.
 4. ``kernels``: no data pipeline at all (the images already on the device as float channels-last
-   batches, no augmentation) and ``ours``' arithmetic (training step, folded attack): the ceiling
-   of any pipeline built on the same convolution kernels. ``ours / kernels`` near 1 means the
-   remaining time is the kernels'.
+   batches, no augmentation) and ``ours``' arithmetic (training step, folded attack, SGD's fused
+   kernel), launched eagerly: the ceiling of any eager pipeline built on the same kernels.
+   ``ours / kernels`` near 1 means the remaining time is the kernels' and their launches'.
+5. ``ours-graph`` (with ``--cuda-graph``): ``ours`` with ``train.cuda_graph=true``, the whole step
+   (attack, forward, backward, SGD) replayed as one CUDA graph (``training.step``), which removes
+   the launches and can pass the eager ceiling. Off CUDA it runs the captured step's structure
+   eagerly (no graphs there), so on a CPU it only shows that the path works.
 
 Each runs ``--epochs`` epochs (default 2) and reports the throughput of the last one, in training
 images per second (data loading and augmentation included, evaluation and checkpointing excluded),
@@ -38,6 +42,7 @@ Writes ``benchmarks/results/training_<device>.json`` with device, versions, conf
     python benchmarks/bench_training.py                      # CPU: 256 images, batch 64, 7 PGD steps, all cores
     python benchmarks/bench_training.py --images 10000 --batch-size 128 --workers 8   # GPU
     python benchmarks/bench_training.py ... --compile        # ours with torch.compile
+    python benchmarks/bench_training.py --images 10000 --batch-size 128 --modes pgd --cuda-graph   # + the captured step
 """
 from __future__ import annotations
 
@@ -80,9 +85,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     parser.add_argument("--modes", nargs="+", default=["standard", "pgd"], choices=["standard", "pgd"])
     parser.add_argument("--runs", nargs="+", default=["ours", "robustness", "dataloader", "kernels"],
-                        choices=["ours", "robustness", "dataloader", "kernels"])
+                        choices=["ours", "ours-graph", "robustness", "dataloader", "kernels"])
     parser.add_argument("--compile", action="store_true",
                         help="ours: train.compile=true (torch.compile; compiling falls in the first, untimed epoch)")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="add ours-graph: ours with train.cuda_graph=true (the step replayed as one CUDA graph; "
+                             "capture falls in the first, untimed epoch; off CUDA the same structure runs eagerly)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/training_<device>.json)")
     args = parser.parse_args(argv)
@@ -93,6 +101,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--images {args.images} is less than one batch (--batch-size {args.batch_size}): nothing would be timed")
     if not args.eps > 0:
         parser.error(f"--eps must be positive, got {args.eps}")
+    if args.cuda_graph and args.compile:
+        parser.error("--cuda-graph and --compile both want to own the step's graphs: run them separately")
+    if args.cuda_graph and "ours-graph" not in args.runs:
+        args.runs = ["ours-graph", *args.runs]
     return args
 
 
@@ -141,18 +153,19 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_ours(args, mode: str, root: Path, workdir: Path) -> dict:
+def run_ours(args, mode: str, root: Path, workdir: Path, cuda_graph: bool = False) -> dict:
     from hydra import compose, initialize_config_dir
 
     from conf import CONFIG_DIR
     from training.trainer import train
 
     overrides = [
-        "model=resnet18", "data=cifar10", f"data.root={root}", f"train={mode}", f"run_dir={workdir / ('ours-' + mode)}",
+        "model=resnet18", "data=cifar10", f"data.root={root}", f"train={mode}",
+        f"run_dir={workdir / ('ours-graph-' + mode if cuda_graph else 'ours-' + mode)}",
         f"train.epochs={args.epochs}", f"train.batch_size={args.batch_size}", f"data_limit.train={args.images}", "data_limit.test=64",
         f"train.optimizer.lr={LR}", f"train.optimizer.momentum={MOMENTUM}", f"train.optimizer.weight_decay={WEIGHT_DECAY}",
         "train.schedule.name=constant", "train.eval.every=0", "train.eval.final_subset=0", "progress=false", f"device={args.device}",
-        "keep_checkpoints=1", f"train.compile={str(args.compile).lower()}",
+        "keep_checkpoints=1", f"train.compile={str(args.compile).lower()}", f"train.cuda_graph={str(cuda_graph).lower()}",
     ]
     if mode == "pgd":
         overrides += ["train.attack.norm=l2", f"train.attack.eps={args.eps}", f"train.attack.steps={args.pgd_steps}",
@@ -164,7 +177,8 @@ def run_ours(args, mode: str, root: Path, workdir: Path) -> dict:
     last = result.summary["history"][-1]
     return {"images_per_second": last["images_per_second"], "epoch_seconds": last["epoch_seconds"],
             "images_per_cpu_second": last["images_per_second"] * last["epoch_seconds"] / last["epoch_cpu_seconds"],
-            "precision": result.summary["precision"], "channels_last": result.summary["channels_last"], "compile": result.summary["compile"]}
+            "precision": result.summary["precision"], "channels_last": result.summary["channels_last"], "compile": result.summary["compile"],
+            "cuda_graph": result.summary["cuda_graph"]}
 
 
 def run_robustness(args, mode: str, root: Path, workdir: Path, device: torch.device) -> dict:
@@ -260,7 +274,7 @@ def run_kernels_only(args, mode: str, root: Path, device: torch.device) -> dict:
     x_all = x_all[: batches * args.batch_size].contiguous(memory_format=torch.channels_last).split(args.batch_size)
     y_all = torch.from_numpy(labels).long().to(device)[: batches * args.batch_size].split(args.batch_size)
     model = build_model("resnet18", "cifar10").to(device).to(memory_format=torch.channels_last).train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY, fused=True)  # as ours
     threat = ThreatModel("l2", args.eps, steps=args.pgd_steps, random_start=True)
     with hot_loop():
         for _ in range(args.epochs):
@@ -308,8 +322,8 @@ def main(argv=None) -> dict:
             for mode in args.modes:
                 for run in args.runs:
                     torch.manual_seed(0)
-                    if run == "ours":
-                        result = run_ours(args, mode, root, workdir)
+                    if run in ("ours", "ours-graph"):
+                        result = run_ours(args, mode, root, workdir, cuda_graph=run == "ours-graph")
                     elif run == "robustness":
                         result = run_robustness(args, mode, root, workdir, device)
                     elif run == "dataloader":
@@ -322,17 +336,18 @@ def main(argv=None) -> dict:
     results = {key: median_result(runs) for key, runs in measured.items()}
     ratios = {}
     for mode in args.modes:
-        ours = results.get(f"{mode}/ours")
-        for other in ("robustness", "dataloader", "kernels"):
-            if ours and f"{mode}/{other}" in results:
-                theirs = results[f"{mode}/{other}"]
-                ratios[f"{mode}: ours / {other}"] = ours["images_per_second"] / theirs["images_per_second"]
-                ratios[f"{mode}: ours / {other} (CPU time)"] = ours["images_per_cpu_second"] / theirs["images_per_cpu_second"]
-                # Ratios within each repeat (neighbours in time), then their median: robust to slow drifts of the machine.
-                paired = [a / b for a, b in zip(ours["repeats_images_per_second"], theirs["repeats_images_per_second"])]
-                ratios[f"{mode}: ours / {other} (median of paired repeats)"] = float(np.median(paired))
+        for mine, others in (("ours", ("robustness", "dataloader", "kernels")), ("ours-graph", ("robustness", "dataloader", "kernels", "ours"))):
+            ours = results.get(f"{mode}/{mine}")
+            for other in others:
+                if ours and f"{mode}/{other}" in results:
+                    theirs = results[f"{mode}/{other}"]
+                    ratios[f"{mode}: {mine} / {other}"] = ours["images_per_second"] / theirs["images_per_second"]
+                    ratios[f"{mode}: {mine} / {other} (CPU time)"] = ours["images_per_cpu_second"] / theirs["images_per_cpu_second"]
+                    # Ratios within each repeat (neighbours in time), then their median: robust to slow drifts of the machine.
+                    paired = [a / b for a, b in zip(ours["repeats_images_per_second"], theirs["repeats_images_per_second"])]
+                    ratios[f"{mode}: {mine} / {other} (median of paired repeats)"] = float(np.median(paired))
     for name, ratio in ratios.items():
-        print(f"{name:40s} {ratio:.2f}x")
+        print(f"{name:56s} {ratio:.2f}x")
     report = {
         "benchmark": "training throughput (images/s of the last epoch, median of the repeats)",
         **environment(device),
@@ -344,7 +359,7 @@ def main(argv=None) -> dict:
                    "step_size": 2.5 * args.eps / args.pgd_steps, "random_start": True, "bn": "eval"},
                    "optimizer": {"lr": LR, "momentum": MOMENTUM, "weight_decay": WEIGHT_DECAY},
                    "augmentation": "crop pad 4 + flip + colour jitter 0.25 + rotation 2", "workers": args.workers,
-                   "compile_ours": args.compile},
+                   "compile_ours": args.compile, "cuda_graph_ours_graph": args.cuda_graph},
         "results": results,
         "ratios": ratios,
     }

@@ -30,10 +30,13 @@ def test_observer_benchmark_compares_equal_distances(tmp_path):
 @pytest.mark.slow
 def test_training_benchmark_runs_every_contender(tmp_path):
     report = run_benchmark("bench_training.py", tmp_path / "training.json", "--images", "64", "--batch-size", "32", "--epochs", "1",
-                           "--repeats", "1", "--pgd-steps", "1", "--threads", "1")
-    assert set(report["results"]) == {f"{m}/{r}" for m in ("standard", "pgd") for r in ("ours", "robustness", "dataloader", "kernels")}
+                           "--repeats", "1", "--pgd-steps", "1", "--threads", "1", "--cuda-graph")
+    runs = ("ours", "ours-graph", "robustness", "dataloader", "kernels")
+    assert set(report["results"]) == {f"{m}/{r}" for m in ("standard", "pgd") for r in runs}
     assert all(r["images_per_second"] > 0 for r in report["results"].values())
-    assert "pgd: ours / robustness" in report["ratios"]
+    # off CUDA, --cuda-graph runs the captured step's structure eagerly; ours stays the eager step
+    assert report["results"]["pgd/ours-graph"]["cuda_graph"] == "static" and report["results"]["pgd/ours"]["cuda_graph"] == "eager"
+    assert {"pgd: ours / robustness", "pgd: ours-graph / robustness", "pgd: ours-graph / kernels", "pgd: ours-graph / ours"} <= set(report["ratios"])
 
 
 @pytest.mark.slow

@@ -44,7 +44,7 @@ from invert.steps import (
 from invert.validation import check_images, hot_loop
 
 from .config import get as config_get
-from .folding import eval_view
+from .folding import eval_view, forget_folded_weights
 
 NORMS = ("l2", "linf")
 BN_MODES = ("eval", "train")
@@ -260,13 +260,21 @@ def attack_mode(model: nn.Module, bn: str = "eval", *, fold_bn: bool = True) -> 
 
     Batch norm runs in ``bn`` mode (see :func:`bn_mode`). In ``eval`` mode with ``fold_bn``, the
     module yielded is :func:`training.folding.eval_view` of the model: the same function with each
-    batch norm folded into its convolution, cheaper per step (gradients reach the input only).
+    batch norm folded into its convolution, cheaper per step (gradients reach the input only),
+    folded from the weights and statistics as they are on entry and reused for the whole attack.
     Otherwise, and for models that cannot be folded, it is ``model`` itself.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"attack_mode needs the model (a torch.nn.Module), got {type(model).__name__}")
     with bn_mode(model, bn):
-        yield eval_view(model) if fold_bn and bn == "eval" else model
+        if not (fold_bn and bn == "eval"):
+            yield model
+            return
+        view = eval_view(model)
+        # Refold on entry: some in-place updates bump no version counter for the view's cache to see (fused optimizer
+        # kernels, batch norm's running statistics, CUDA graph replays of a training step).
+        forget_folded_weights(model)
+        yield view
 
 
 __all__ = [

@@ -9,9 +9,11 @@ skips the batch norm's forward and backward passes (about 7% of an attack step f
 on a CPU; fewer kernel launches on a GPU) and computes the same function up to float rounding.
 
 Unlike ``torch.fx.experimental.optimization.fuse``, which copies the model and folds its weights
-once, :func:`eval_view` shares the live parameters: the folded weights are recomputed whenever a
-parameter or running statistic has changed (tensor version counters), so one view serves a whole
-training run. The view is for gradients with respect to the *input* (attacks): its folded weights
+once, :func:`eval_view` shares the live parameters, so one view serves a whole training run. Its
+folded weights are cached until a source tensor's version counter moves. Some in-place updates move
+none (batch norm's running-statistics update, SGD's fused kernel, CUDA graph replays), so
+:func:`training.attacks.attack_mode` drops the cache on entry (:func:`forget_folded_weights`): each
+attack folds the model as it is then. The view is for gradients with respect to the *input* (attacks): its folded weights
 are computed without autograd, so no gradient reaches the folded convolutions and batch norms
 through it (layers left as they are, such as the final linear layer, are the model's own).
 
@@ -62,6 +64,10 @@ class FoldedConvBatchNorm(nn.Module):
         if key != self._key:
             self._folded, self._key = self._fold(), key
         return self._folded
+
+    def forget(self) -> None:
+        """Drop the cached folded weights: the next call refolds (after in-place updates that bump no version counter)."""
+        self._key = self._folded = None
 
     def _fold(self) -> tuple[Tensor, Tensor]:
         conv, bn = self.conv, self.bn
@@ -166,4 +172,13 @@ def eval_view(model: nn.Module) -> nn.Module:
     return model if view is _UNFOLDED else view
 
 
-__all__ = ["FoldedClassifier", "FoldedConvBatchNorm", "eval_view", "fold_batch_norms"]
+def forget_folded_weights(model: nn.Module) -> None:
+    """Make ``model``'s eval view (if it has one) refold its weights on its next call (see :meth:`FoldedConvBatchNorm.forget`)."""
+    view = _VIEWS.get(model)
+    if isinstance(view, nn.Module):
+        for module in view.modules():
+            if isinstance(module, FoldedConvBatchNorm):
+                module.forget()
+
+
+__all__ = ["FoldedClassifier", "FoldedConvBatchNorm", "eval_view", "fold_batch_norms", "forget_folded_weights"]

@@ -11,7 +11,10 @@ run settings) and returns a :class:`TrainResult`. The loop is built for a GPU:
   the step loop runs inside ``invert.validation.hot_loop()``, the data having been validated once;
 * bf16 autocast (``precision``), channels-last memory (``channels_last``) and ``torch.compile``
   (``compile``) are options; under ``torchrun`` (``WORLD_SIZE`` > 1) every process trains its
-  share of each batch through ``DistributedDataParallel``.
+  share of each batch through ``DistributedDataParallel``;
+* ``cuda_graph`` (false | true | auto) replays the whole step (attack, forward, backward, optimizer
+  step) as one CUDA graph (``training.step``); an execution setting like ``compile``: it changes
+  neither the result nor what a resumed run must match.
 
 Checkpoints are written every ``save_every`` epochs (``training.run``); ``resume=true`` continues
 from the last one and, on one process, reproduces the uninterrupted run exactly (the RNG states are
@@ -44,13 +47,14 @@ from .models import Classifier
 from .optim import build_optimizer, build_scheduler
 from .recipes import Recipe, build_recipe
 from .run import RunDirectory, RunDirectoryError
+from .step import TrainStep, check_graph_setting, graph_blocker, resolve_step_mode
 
 logger = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "bf16", "fp32")
 # Keys that may change between an interrupted run and its resumption (paths, evaluation, speed knobs).
 RESUMABLE_CHANGES = ("data.root", "data.download", "train.eval", "train.compile", "train.channels_last", "train.precision",
-                     "train.attack_fold_bn")
+                     "train.attack_fold_bn", "train.cuda_graph")
 
 
 @dataclass
@@ -283,6 +287,7 @@ def _train(cfg: DictConfig, dist: Distributed) -> TrainResult:
         raise ConfigError(f"train.epochs and train.batch_size must be positive, got {epochs} and {batch_size}")
     bf16 = _resolve_precision(_get(tcfg, "precision", "auto"), device)
     channels_last = _resolve_flag(_get(tcfg, "channels_last", "auto"), "train.channels_last")
+    graph_setting = check_graph_setting(_get(tcfg, "cuda_graph", False))
     show_progress = bool(_get(cfg, "progress", True)) and dist.is_main
     progress_every = max(1, int(_get(cfg, "progress_every", 25)))
 
@@ -306,6 +311,9 @@ def _train(cfg: DictConfig, dist: Distributed) -> TrainResult:
     recipe.channels_last = channels_last
     optimizer = build_optimizer(recipe.named_parameters(), tcfg.optimizer)
     scheduler = build_scheduler(optimizer, tcfg.schedule, epochs, steps_per_epoch)
+    compiled = bool(_get(tcfg, "compile", False))
+    # Before the run directory is touched: train.cuda_graph=true on a recipe that cannot be captured is refused here.
+    step_mode = resolve_step_mode(graph_setting, device, graph_blocker(recipe, optimizer, compiled=compiled, world_size=dist.world_size))
     eval_cfg = tcfg.get("eval") or {}
     eval_threat = _threat_or_none(eval_cfg.get("attack"))
 
@@ -315,7 +323,7 @@ def _train(cfg: DictConfig, dist: Distributed) -> TrainResult:
     if finished is not None:
         return finished
 
-    if bool(_get(tcfg, "compile", False)):
+    if compiled:
         for module in recipe.hot_modules():
             module.compile()
     forward = recipe
@@ -323,6 +331,7 @@ def _train(cfg: DictConfig, dist: Distributed) -> TrainResult:
         from torch.nn.parallel import DistributedDataParallel
 
         forward = DistributedDataParallel(recipe, device_ids=[device.index] if device.type == "cuda" else None)
+    train_step = TrainStep(forward, optimizer, device=device, bf16=bf16, mode=step_mode, strict=graph_setting is True)
 
     stop_after = _get(cfg, "stop_after_epochs")
     save_every = max(1, int(_get(cfg, "save_every", 1)))
@@ -330,8 +339,8 @@ def _train(cfg: DictConfig, dist: Distributed) -> TrainResult:
     epochs_this_call = 0
     while progress.epoch < epochs and progress.stopped is None:
         epoch = progress.epoch
-        record = _train_epoch(recipe, forward, optimizer, scheduler, train_set, progress, dist=dist, device=device, seed=seed,
-                              epoch=epoch, epochs=epochs, batch_size=batch_size, bf16=bf16, show_progress=show_progress,
+        record = _train_epoch(recipe, train_step, scheduler, train_set, progress, dist=dist, device=device, seed=seed,
+                              epoch=epoch, epochs=epochs, batch_size=batch_size, show_progress=show_progress,
                               progress_every=progress_every)
         dist.sync_buffers(recipe)
         every = int(eval_cfg.get("every", 1) or 0)
@@ -355,7 +364,7 @@ def _train(cfg: DictConfig, dist: Distributed) -> TrainResult:
             _print_epoch(record, epochs, show_progress)
         dist.barrier()
         if interrupt and not last:
-            summary = _summary(cfg, recipe, progress, device, dist, bf16, channels_last, wall_start, status="interrupted")
+            summary = _summary(cfg, recipe, progress, device, dist, bf16, channels_last, train_step.mode, wall_start, status="interrupted")
             if dist.is_main:
                 run.write_summary(summary)
                 logger.info("stopped after %d epoch(s) as asked (stop_after_epochs); continue with resume=true run_dir=%s",
@@ -366,7 +375,7 @@ def _train(cfg: DictConfig, dist: Distributed) -> TrainResult:
     final = _evaluate(final_model, test_set, eval_threat, dist, robust_limit=eval_cfg.get("final_subset"),
                       restarts=int(eval_cfg.get("final_restarts", eval_cfg.get("restarts", 1))),
                       batch_size=int(eval_cfg.get("batch_size", 256)), seed=seed)
-    summary = _summary(cfg, recipe, progress, device, dist, bf16, channels_last, wall_start, status="completed")
+    summary = _summary(cfg, recipe, progress, device, dist, bf16, channels_last, train_step.mode, wall_start, status="completed")
     summary.update(clean_accuracy=final["test_clean_acc"], robust_accuracy=final.get("test_robust_acc"),
                    robust_images=final.get("robust_images"), robust_attack=eval_threat.to_dict() if eval_threat else None)
     masking_cfg = eval_cfg.get("masking") or {}
@@ -450,12 +459,13 @@ def _save(run: RunDirectory, recipe: Recipe, optimizer, scheduler, progress: _Pr
     run.save_checkpoint(progress.epoch, recipe.model, state, {"recipe": recipe.name}, keep=keep)
 
 
-def _train_epoch(recipe: Recipe, forward, optimizer, scheduler, train_set: ImageSet, progress: _Progress, *, dist: Distributed,
-                 device: torch.device, seed: int, epoch: int, epochs: int, batch_size: int, bf16: torch.dtype | None,
-                 show_progress: bool, progress_every: int) -> dict[str, Any]:
+def _train_epoch(recipe: Recipe, train_step: TrainStep, scheduler, train_set: ImageSet, progress: _Progress, *, dist: Distributed,
+                 device: torch.device, seed: int, epoch: int, epochs: int, batch_size: int, show_progress: bool,
+                 progress_every: int) -> dict[str, Any]:
     batches = _epoch_batches(len(train_set), batch_size, dist, seed, epoch, device)
     images, labels = train_set.images, train_set.labels
-    sums: dict[str, Tensor] = {}
+    train_step.start_epoch()
+    sums = train_step.sums  # device tensors the step adds into; read every progress_every steps and at the end
     steps_done = 0
     step_hook = dist.world_size > 1 and type(recipe).after_step is not Recipe.after_step
     recipe.train()
@@ -465,16 +475,8 @@ def _train_epoch(recipe: Recipe, forward, optimizer, scheduler, train_set: Image
     start, cpu_start = time.perf_counter(), time.process_time()
     with hot_loop():
         for index in batches:
-            inputs = recipe.prepare(images[index])
-            with torch.autocast(device.type, dtype=bf16 or torch.float32, enabled=bf16 is not None):
-                loss, stats = forward(inputs, labels[index])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            train_step(recipe.prepare(images[index]), labels[index])
             scheduler.step()
-            for key, value in (("loss", loss), *stats.items()):
-                total = sums.get(key)
-                sums[key] = value.detach().float() if total is None else total + value.detach().float()
             steps_done += 1
             progress.step += 1
             if step_hook:
@@ -494,7 +496,7 @@ def _train_epoch(recipe: Recipe, forward, optimizer, scheduler, train_set: Image
     images_done = steps_done * batch_size * dist.world_size
     progress.train_seconds += seconds
     progress.images += images_done
-    record: dict[str, Any] = {"epoch": epoch + 1, "step": progress.step, "lr": scheduler.get_last_lr()[0]}
+    record: dict[str, Any] = {"epoch": epoch + 1, "step": progress.step, "lr": float(scheduler.get_last_lr()[0])}
     for key, value in totals.items():
         mean = float(value) / max(1, steps_done * dist.world_size)
         record["train_loss" if key == "loss" else f"train_{key}"] = mean
@@ -522,7 +524,7 @@ def _print_epoch(record: Mapping[str, Any], epochs: int, enabled: bool) -> None:
     tqdm.write(" | ".join(parts))
 
 
-def _summary(cfg: DictConfig, recipe: Recipe, progress: _Progress, device, dist: Distributed, bf16, channels_last: bool,
+def _summary(cfg: DictConfig, recipe: Recipe, progress: _Progress, device, dist: Distributed, bf16, channels_last: bool, step_mode: str,
              wall_start: float, status: str) -> dict[str, Any]:
     return {
         "status": status,
@@ -541,6 +543,7 @@ def _summary(cfg: DictConfig, recipe: Recipe, progress: _Progress, device, dist:
         "precision": "bf16" if bf16 is not None else "fp32",
         "channels_last": channels_last,
         "compile": bool(_get(cfg.train, "compile", False)),
+        "cuda_graph": step_mode,
         "torch": torch.__version__,
         "history": progress.history,
     }

@@ -10,6 +10,9 @@ A recipe is an ``nn.Module`` that owns the :class:`~training.models.Classifier` 
   attacks run inside it on the bare modules;
 * ``after_step(step)`` / ``after_epoch(epoch)``: may return a reason to stop (fast AT's guard);
 * ``finalize(train_data)``: the classifier to evaluate and save (SimCLR fits its linear probe here).
+
+A recipe whose forward never synchronises with the host sets ``graph_blocker = None``; ``train.cuda_graph``
+may then capture its step as one CUDA graph (``training.step``).
 """
 from __future__ import annotations
 
@@ -34,6 +37,9 @@ class Recipe(nn.Module):
     name: ClassVar[str] = "recipe"
     # Whether ``model`` classifies during training (SimCLR's head only exists after the probe).
     supervised: ClassVar[bool] = True
+    # Why ``train.cuda_graph`` cannot capture this recipe's step (``training.step``), or None when it can: its
+    # forward must not synchronise with the host nor change shape with the data, and no hook may act between steps.
+    graph_blocker: ClassVar[str | None] = "its step has not been checked for CUDA graph capture"
 
     def __init__(self, model: Classifier, *, augment=None, label_smoothing: float = 0.0):
         super().__init__()

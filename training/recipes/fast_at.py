@@ -86,6 +86,7 @@ class FastATRecipe(PGDRecipe):
     """FGSM adversarial training with the catastrophic-overfitting guard (see module docstring)."""
 
     name = "fast_at"
+    graph_blocker = "its catastrophic-overfitting guard evaluates the model and may roll it back between steps"
 
     def __init__(self, model: Classifier, threat: ThreatModel, *, guard: CollapseGuard | None = None,
                  guard_every_steps: int | None = None, attack_bn: str = "train", **kwargs):

@@ -37,6 +37,7 @@ class StandardRecipe(Recipe):
     flip + colour jitter 0.25 + rotation 2°."""
 
     name = "standard"
+    graph_blocker = None
 
     def forward(self, inputs: Tensor, labels: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         logits = self.model(inputs)
@@ -50,6 +51,7 @@ class PGDRecipe(Recipe):
     ``AttackerModel`` does; the last iterate is used (its ``use_best=False``)."""
 
     name = "pgd"
+    graph_blocker = None
 
     def __init__(self, model: Classifier, threat: ThreatModel, *, attack_bn: str = "eval", fold_bn: bool = True, **kwargs):
         super().__init__(model, **kwargs)
@@ -75,6 +77,8 @@ class PGDRecipe(Recipe):
 
 class _InnerMaxRecipe(Recipe):
     """Shared by TRADES and MART: a threat model, a beta, and the 0.001 * N(0, 1) start."""
+
+    graph_blocker = None
 
     def __init__(self, model: Classifier, threat: ThreatModel, *, beta: float, fold_bn: bool = True, **kwargs):
         super().__init__(model, **kwargs)
