@@ -54,6 +54,9 @@ from .statistics import measurement_statistics
 from .tasks import controversial_spread, judge_2afc, judge_clustering, panel_summary, summarize
 
 TASKS = stimuli.TASKS  # the trial kinds of stimuli.trials
+# The pipeline's sets are caches of a measurement: one made with other settings (or by older code) is moved aside
+# to <set>.replaced-<k> and the set is made afresh, so a rerun after an update measures instead of stopping.
+SETS_OUT_OF_DATE = "archive"
 FOLDER_ACCURACY_IMAGES = 1000  # accuracy subset of a folder data set when accuracy_limit is not set
 
 
@@ -246,7 +249,7 @@ def measure_models(
         classifiers[spec.label] = ref
         stimulus_set = stimuli.make_inversion_set(
             model_dir / "set", ref, targets, seed_types=seed_types, train_set=train, seed=seed, engine=engine,
-            device=device, config=config,
+            device=device, config=config, overwrite=SETS_OUT_OF_DATE,
         )
         accuracy_key = cache_key(ref.provenance()["weights_sha256"], threat and vars(threat), accuracy_limit, dataset)
         accuracy = model_accuracy(classifier, test, threat, model_dir, accuracy_key, accuracy_limit)
@@ -272,7 +275,7 @@ def measure_models(
             gaussians = stimuli.DEFAULT_GAUSSIANS if gaussian_targets is True else list(gaussian_targets)
             ood = stimuli.gaussian_targets(n_targets, tuple(targets.images.shape[1:]), gaussians, seed=seed)
             ood_set = stimuli.make_inversion_set(model_dir / "set-gaussian", ref, ood, seed_types=seed_types, train_set=train, seed=seed,
-                                                 engine=engine, device=device, config=config)
+                                                 engine=engine, device=device, config=config, overwrite=SETS_OUT_OF_DATE)
             ood_observed = observe_set(ood_set, panel, model_dir / "gaussian", tasks=tasks, seed=seed, attention_rate=attention_rate,
                                        judge_8bit=judge_8bit)
             results[spec.label]["gaussian"] = {**_panel_scores(ood_observed), "set": str(model_dir / "set-gaussian"),
@@ -364,6 +367,7 @@ def measure_controversial(classifiers, test, panel: Panel, out: Path, cfg: Mappi
     stimulus_set = stimuli.make_controversial_set(
         out / "controversial" / f"{a}-vs-{b}", classifiers[a], classifiers[b], origins,
         lam=float(cfg.get("lambda_", 0.1)), restarts=int(cfg.get("restarts", 3)), seed=seed, engine=engine, device=device, config=config,
+        overwrite=SETS_OUT_OF_DATE,
     )
     images = quantize_8bit(stimulus_set.images) if judge_8bit else stimulus_set.images
     id_to_row = {image_id: i for i, image_id in enumerate(stimulus_set.manifest["id"])}
@@ -395,7 +399,7 @@ def measure_class_controversial(classifiers, test, origins, panel: Panel, out: P
         raise ValueError("the class-controversial score needs an in-memory labelled test set (cifar10, cifar100, digits) for its exemplars")
     stimulus_set = stimuli.make_controversial_set(
         out / "class-controversial" / f"{a}-vs-{b}", classifiers[a], classifiers[b], origins, objective="class_controversial",
-        restarts=int(cfg.get("restarts", 3)), seed=seed, engine=engine, device=device, config=config,
+        restarts=int(cfg.get("restarts", 3)), seed=seed, engine=engine, device=device, config=config, overwrite=SETS_OUT_OF_DATE,
     )
     results = (stimulus_set.manifest["role"] == "result").to_numpy()
     images = stimulus_set.images[torch.from_numpy(results)]

@@ -27,7 +27,10 @@ How a run is organised
 
     A run refuses to continue parts or overwrite a set made with different parameters (the
     parameters' fingerprint covers targets, seeds, models and their weights, the objective, the
-    engine config and the chunk size), unless ``overwrite=True``.
+    engine config and the chunk size), unless ``overwrite=True`` (which deletes it) or
+    ``overwrite="archive"`` (which moves it aside to ``<out>.replaced-<k>``, nothing lost: what the
+    measurement pipelines do with the sets they keep as caches, so a rerun after a settings or code
+    change measures afresh instead of stopping).
 
 Deliberate differences from the paper's code: seeds are per target (one shared noise seed on
 request), and controversial starts are uniform noise keyed by (origin, restart) and shared by
@@ -527,8 +530,22 @@ def _config_record(config: Mapping[str, Any] | None, parameters: dict) -> dict:
     return json.loads(canonical_json(dict(config)))
 
 
-def _prepare(out: Path, fingerprint: str, shard_info: dict | None, n_chunks: int, overwrite: bool) -> bool:
+OVERWRITE_MODES = (False, True, "archive")
+
+
+def _archive(out: Path, why: str) -> None:
+    """Move ``out`` aside to the first free ``<out>.replaced-<k>`` (an atomic rename: nothing is lost)."""
+    k = 1
+    while (aside := out.with_name(f"{out.name}.replaced-{k}")).exists():
+        k += 1
+    out.rename(aside)
+    logger.warning("%s held %s: moved it to %s and starting afresh", out, why, aside)
+
+
+def _prepare(out: Path, fingerprint: str, shard_info: dict | None, n_chunks: int, overwrite: bool | str) -> bool:
     """Make ``out`` ready for this run; True when it already holds this very set (nothing to do)."""
+    if overwrite not in OVERWRITE_MODES:
+        raise ValueError(f"overwrite must be false, true or 'archive', got {overwrite!r}")
     if out.exists() and not out.is_dir():
         raise StimulusSetError(f"{out} is a file: give a directory for the stimulus set")
     if is_complete_set(out):
@@ -537,14 +554,17 @@ def _prepare(out: Path, fingerprint: str, shard_info: dict | None, n_chunks: int
             same = info.get("fingerprint") == fingerprint and info.get("shard") == shard_info
         except StimulusSetError:
             same = False
-        if same and not overwrite:
+        if same and overwrite is not True:
             return True
-        if not overwrite:
+        if overwrite == "archive":
+            _archive(out, "a stimulus set made with other parameters")
+        elif not overwrite:
             raise StimulusSetError(
                 f"{out} already holds a different stimulus set (other parameters or shard): choose another out, "
                 "or pass overwrite=true to replace it"
             )
-        remove_set(out)
+        else:
+            remove_set(out)
     plan_file = out / PARTS_DIR / "plan.json"
     if plan_file.is_file():
         try:
@@ -552,12 +572,15 @@ def _prepare(out: Path, fingerprint: str, shard_info: dict | None, n_chunks: int
         except (OSError, ValueError):
             previous = {}
         if (previous.get("fingerprint"), previous.get("shard")) != (fingerprint, shard_info):
-            if not overwrite:
+            if overwrite == "archive":
+                _archive(out, "the parts of an unfinished run with other parameters")
+            elif not overwrite:
                 raise StimulusSetError(
                     f"{out} holds the parts of an unfinished run with other parameters (or another shard): rerun with the "
                     "original settings to resume it, choose another out, or pass overwrite=true to discard those parts"
                 )
-            remove_set(out)
+            else:
+                remove_set(out)
     elif out.is_dir() and any(out.iterdir()) and not (out / PARTS_DIR).is_dir():
         if overwrite:
             raise StimulusSetError(f"{out} is not empty and not a stimulus set: refusing to delete it; choose another out")
@@ -576,7 +599,7 @@ def _run_plan(
     shard: int,
     n_shards: int,
     config: Mapping[str, Any] | None,
-    overwrite: bool,
+    overwrite: bool | str,
     keep_parts: bool,
     preview: bool,
 ) -> StimulusSet:
@@ -685,7 +708,7 @@ def make_inversion_set(
     n_shards: int = 1,
     device: str | torch.device | None = None,
     config: Mapping[str, Any] | None = None,
-    overwrite: bool = False,
+    overwrite: bool | str = False,
     keep_parts: bool = False,
     preview: bool = True,
 ) -> StimulusSet:
@@ -730,7 +753,7 @@ def make_controversial_set(
     n_shards: int = 1,
     device: str | torch.device | None = None,
     config: Mapping[str, Any] | None = None,
-    overwrite: bool = False,
+    overwrite: bool | str = False,
     keep_parts: bool = False,
     preview: bool = True,
 ) -> StimulusSet:

@@ -135,6 +135,23 @@ def test_resuming_with_other_parameters_is_refused_unless_overwrite(tmp_path, di
         invert(out, digits, engine=CountingEngine(steps=3))
 
 
+def test_archive_moves_an_out_of_date_set_or_its_parts_aside_and_starts_afresh(tmp_path, digits):
+    """What the measurement pipelines do with their cached sets: nothing is deleted, nothing is refused."""
+    out = tmp_path / "set"
+    first = invert(out, digits, CountingEngine())
+    again = CountingEngine()
+    assert invert(out, digits, again, overwrite="archive").fingerprint == first.fingerprint and again.calls == 0  # up to date: kept
+    second = invert(out, digits, seed_types=["noise", "gray"], overwrite="archive")
+    assert second.fingerprint != first.fingerprint
+    assert load_set(tmp_path / "set.replaced-1").fingerprint == first.fingerprint
+    with pytest.raises(SimulatedCrash):
+        invert(out, digits, CountingEngine(fail_on=2, steps=3), overwrite=True)
+    third = invert(out, digits, overwrite="archive")
+    assert third.fingerprint == first.fingerprint and (tmp_path / "set.replaced-2" / "parts").is_dir()
+    with pytest.raises(ValueError, match="overwrite must be false, true or 'archive'"):
+        invert(tmp_path / "bad", digits, overwrite="yes")
+
+
 def test_execution_settings_leave_the_set_as_it_is(digits, one_go):
     # cuda_graph and the micro-batch change how the engine runs, never what it computes: a set made without them
     # is the set asked for with them (no refusal, no engine call), so adding such keys keeps existing sets valid.
