@@ -700,7 +700,7 @@ def make_inversion_set(
     seed_types: Sequence[str] = ("noise", "train"),
     train_set: Any = None,
     shared_noise: bool = False,
-    noise_channels: str = "auto",
+    noise_channels: str = "color",
     seed: int = 0,
     engine: Engine | InvertConfig | Mapping | str | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
@@ -717,8 +717,8 @@ def make_inversion_set(
     Nanda et al. (AAAI 2023) Eq. 1: each result minimises ``||g(x) - g(x_t)|| / ||g(x_t)||`` from
     its seed with the engine (``engine``: an :class:`invert.Engine`, config, preset name or None for
     the paper's 5000 L2 steps). Seeds come from :func:`stimuli.make_seeds` (``train_set`` is the
-    model's training split, needed for ``train`` seeds; ``noise_channels``: ``auto`` draws grey noise seeds for
-    greyscale targets and colour noise otherwise, or ``color`` / ``gray``). ``model.representation`` must live on
+    model's training split, needed for ``train`` seeds; ``noise_channels``: ``color`` noise seeds, ``gray``, or ``auto``:
+    grey for greyscale targets). ``model.representation`` must live on
     ``device`` (default: the model's device). ``config`` is recorded as the config that made the
     set. With ``n_shards > 1`` this writes shard ``shard`` to ``out`` (merge with
     :func:`stimuli.merge_sets`). Resumes an unfinished run in ``out``; returns the loaded set.

@@ -104,11 +104,12 @@ def test_noise_seeds_follow_the_targets_colour_space(digits):
     choice is recorded only when it is grey, so colour sets keep the fingerprint they had before the option."""
     test, _ = digits
     targets = select_targets(test, 3, seed=0)
-    gray = make_seeds(targets, ["noise"], seed=0)
+    assert "noise_channels" not in make_seeds(targets, ["noise"], seed=0).params  # colour by default
+    gray = make_seeds(targets, ["noise"], seed=0, noise_channels="auto")
     assert all(torch.equal(image[0], image[c]) for image in gray.images for c in (1, 2))
     assert gray.images.std() > 0.25 and gray.params["noise_channels"] == "gray"
     colour_targets = replace(targets, images=torch.rand(3, 3, 32, 32, generator=torch.Generator().manual_seed(0)))
-    colour = make_seeds(colour_targets, ["noise"], seed=0)
+    colour = make_seeds(colour_targets, ["noise"], seed=0, noise_channels="auto")
     assert not torch.equal(colour.images[0, 0], colour.images[0, 1]) and "noise_channels" not in colour.params
     assert torch.equal(make_seeds(targets, ["noise"], seed=0, noise_channels="color").images, colour.images)
     assert torch.equal(make_seeds(colour_targets, ["noise"], seed=0, noise_channels="gray").images, gray.images)
