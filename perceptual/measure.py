@@ -401,7 +401,7 @@ def measure_class_controversial(classifiers, test, origins, panel: Panel, out: P
         out / "class-controversial" / f"{a}-vs-{b}", classifiers[a], classifiers[b], origins, objective="class_controversial",
         restarts=int(cfg.get("restarts", 3)), seed=seed, engine=engine, device=device, config=config, overwrite=SETS_OUT_OF_DATE,
     )
-    results = (stimulus_set.manifest["role"] == "result").to_numpy()
+    results = (stimulus_set.manifest["role"] == "result").to_numpy().copy()  # writable: torch warns on a read-only view
     images = stimulus_set.images[torch.from_numpy(results)]
     images = quantize_8bit(images) if judge_8bit else images
     keep = torch.ones(len(test), dtype=torch.bool)
