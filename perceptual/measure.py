@@ -12,6 +12,11 @@ write a report directory:
     models/<label>/    the model's stimulus set, accuracy.json and judged trials (cached: a rerun
                        reuses everything whose inputs did not change, so interrupted runs resume)
 
+One batch per job: by default (``chunk_size=None``) each stimulus set is one engine call, so the engine gets all
+of a model's work at once (every target × seed type; the controversial set's both directions and all restarts)
+and cuts it into micro-batches from the GPU's measured memory. An int ``chunk_size`` cuts the sets into resumable
+parts of that many items instead, for long CPU runs that should survive an interruption mid-set.
+
 Optionally, controversial stimuli for a model pair (both directions) scored by the mean pairwise
 perceptual distance among the results of each origin (paper Table 2).
 
@@ -220,6 +225,7 @@ def measure_models(
     converged_only: bool = False,
     gaussian_targets: Sequence[Mapping] | bool | None = None,
     model_dirs: Mapping[str, str | Path] | None = None,
+    chunk_size: int | None = None,
 ) -> dict:
     """The measurement pipeline in Python (see the module docstring); returns the report dict.
 
@@ -232,11 +238,12 @@ def measure_models(
     ``models/<label>/set-gaussian``, scores in ``data["models"][label]["gaussian"]``). ``model_dirs`` (label ->
     folder) puts a model's sets and caches elsewhere than ``out/models/<label>``, e.g. in a folder several reports
     share (``reproduce`` measures a model once for every preset that needs it). ``noise_kind`` is the noise seeds'
-    distribution (:data:`invert.NOISE_KINDS`; ``super`` and ``light`` are the authors' seeds)."""
+    distribution (:data:`invert.NOISE_KINDS`; ``super`` and ``light`` are the authors' seeds). ``chunk_size``: items
+    per engine call and resumable part of every set (None: a whole set per call; see the module docstring)."""
     out = Path(out)
     device = resolve_device(device)
     engine = validate_inputs(specs, n_targets=n_targets, seed_types=seed_types, tasks=tasks, engine=engine, controversial=controversial,
-                             noise_kind=noise_kind)
+                             noise_kind=noise_kind, chunk_size=chunk_size)
     dataset = data_cfg["name"]
     test = dataset_from_config(data_cfg, "test")
     train = dataset_from_config(data_cfg, "train") if "train" in seed_types else None
@@ -252,7 +259,7 @@ def measure_models(
         classifiers[spec.label] = ref
         stimulus_set = stimuli.make_inversion_set(
             model_dir / "set", ref, targets, seed_types=seed_types, noise_kind=noise_kind, train_set=train, seed=seed, engine=engine,
-            device=device, config=config, overwrite=SETS_OUT_OF_DATE,
+            chunk_size=chunk_size, device=device, config=config, overwrite=SETS_OUT_OF_DATE,
         )
         accuracy_key = cache_key(ref.provenance()["weights_sha256"], threat and vars(threat), accuracy_limit, dataset)
         accuracy = model_accuracy(classifier, test, threat, model_dir, accuracy_key, accuracy_limit)
@@ -278,7 +285,7 @@ def measure_models(
             gaussians = stimuli.DEFAULT_GAUSSIANS if gaussian_targets is True else list(gaussian_targets)
             ood = stimuli.gaussian_targets(n_targets, tuple(targets.images.shape[1:]), gaussians, seed=seed)
             ood_set = stimuli.make_inversion_set(model_dir / "set-gaussian", ref, ood, seed_types=seed_types, noise_kind=noise_kind, train_set=train, seed=seed,
-                                                 engine=engine, device=device, config=config, overwrite=SETS_OUT_OF_DATE)
+                                                 engine=engine, chunk_size=chunk_size, device=device, config=config, overwrite=SETS_OUT_OF_DATE)
             ood_observed = observe_set(ood_set, panel, model_dir / "gaussian", tasks=tasks, seed=seed, attention_rate=attention_rate,
                                        judge_8bit=judge_8bit)
             results[spec.label]["gaussian"] = {**_panel_scores(ood_observed), "set": str(model_dir / "set-gaussian"),
@@ -301,7 +308,7 @@ def measure_models(
     report_data["statistics"] = measurement_statistics(results, tasks, seed=seed)
     if controversial:
         report_data["controversial"] = measure_controversial(classifiers, test, panel, out, controversial, engine, seed, device, judge_8bit, config,
-                                                             alignment=results)
+                                                             alignment=results, chunk_size=chunk_size)
     report_data["seconds"] = round(time.perf_counter() - started, 1)
     write_report(report_data, out, {spec.label: classifiers[spec.label] for spec in specs})
     return report_data
@@ -312,7 +319,7 @@ MIN_TARGETS = {"2afc": 1, "clustering": 3, "clustering_hard": 3}  # a clustering
 
 
 def validate_inputs(specs: Sequence[ModelSpec], *, n_targets: int, seed_types: Sequence[str], tasks: Sequence[str], engine: Any,
-                    controversial: Mapping | None, noise_kind: str = "uniform") -> Engine:
+                    controversial: Mapping | None, noise_kind: str = "uniform", chunk_size: int | None = None) -> Engine:
     """Check everything a measurement needs before the first model is built, so that a bad value costs
     seconds rather than a run: returns the engine (a bad engine key is refused with the valid keys)."""
     if not specs:
@@ -329,6 +336,7 @@ def validate_inputs(specs: Sequence[ModelSpec], *, n_targets: int, seed_types: S
         raise ValueError(f"seed_types must be a non-empty list of {list(stimuli.SEED_TYPES)}, got {list(seed_types)}")
     if noise_kind not in NOISE_KINDS:
         raise ValueError(f"unknown noise_kind {noise_kind!r}: use one of {sorted(NOISE_KINDS)}")
+    stimuli.check_chunk_size(chunk_size)
     needed = max((MIN_TARGETS[t] for t in tasks), default=1)
     if int(n_targets) < needed:
         raise ValueError(f"n_targets={n_targets} is too few: {', '.join(t for t in tasks if MIN_TARGETS[t] > n_targets)} needs at least {needed} targets")
@@ -355,7 +363,7 @@ def validate_inputs(specs: Sequence[ModelSpec], *, n_targets: int, seed_types: S
 
 
 def measure_controversial(classifiers, test, panel: Panel, out: Path, cfg: Mapping, engine, seed, device, judge_8bit, config,
-                          alignment: Mapping[str, Mapping] | None = None) -> dict:
+                          alignment: Mapping[str, Mapping] | None = None, chunk_size: int | None = None) -> dict:
     """Controversial stimuli for one model pair in both directions, scored as Nanda et al.'s Table 2
     (:func:`perceptual.tasks.controversial_spread`); per observer, the model they favour (with a bootstrap interval
     over origins) and whether that is the model the observer's clustering scores rank higher (``alignment``: the
@@ -369,11 +377,11 @@ def measure_controversial(classifiers, test, panel: Panel, out: Path, cfg: Mappi
         engine = Engine(resolve_engine(engine).config, steps=int(cfg["steps"]))
     objective = cfg.get("objective") or "controversial"
     if objective == "class_controversial":
-        return measure_class_controversial(classifiers, test, origins, panel, out, cfg, engine, seed, device, judge_8bit, config)
+        return measure_class_controversial(classifiers, test, origins, panel, out, cfg, engine, seed, device, judge_8bit, config, chunk_size)
     stimulus_set = stimuli.make_controversial_set(
         out / "controversial" / f"{a}-vs-{b}", classifiers[a], classifiers[b], origins,
-        lam=float(cfg.get("lambda_", 0.1)), restarts=int(cfg.get("restarts", 3)), seed=seed, engine=engine, device=device, config=config,
-        overwrite=SETS_OUT_OF_DATE,
+        lam=float(cfg.get("lambda_", 0.1)), restarts=int(cfg.get("restarts", 3)), seed=seed, engine=engine, chunk_size=chunk_size, device=device,
+        config=config, overwrite=SETS_OUT_OF_DATE,
     )
     images = quantize_8bit(stimulus_set.images) if judge_8bit else stimulus_set.images
     id_to_row = {image_id: i for i, image_id in enumerate(stimulus_set.manifest["id"])}
@@ -396,7 +404,7 @@ def measure_controversial(classifiers, test, panel: Panel, out: Path, cfg: Mappi
 
 
 def measure_class_controversial(classifiers, test, origins, panel: Panel, out: Path, cfg: Mapping, engine, seed, device, judge_8bit,
-                                config) -> dict:
+                                config, chunk_size: int | None = None) -> dict:
     """Class-controversial stimuli (Golan et al. 2020) for the pair, both directions, scored by
     :func:`perceptual.class_controversial.class_controversial_score`: how often each model's decision is the one the
     observer makes by its nearest class exemplars (test images other than the origins)."""
@@ -405,7 +413,8 @@ def measure_class_controversial(classifiers, test, origins, panel: Panel, out: P
         raise ValueError("the class-controversial score needs an in-memory labelled test set (cifar10, cifar100, digits) for its exemplars")
     stimulus_set = stimuli.make_controversial_set(
         out / "class-controversial" / f"{a}-vs-{b}", classifiers[a], classifiers[b], origins, objective="class_controversial",
-        restarts=int(cfg.get("restarts", 3)), seed=seed, engine=engine, device=device, config=config, overwrite=SETS_OUT_OF_DATE,
+        restarts=int(cfg.get("restarts", 3)), seed=seed, engine=engine, chunk_size=chunk_size, device=device, config=config,
+        overwrite=SETS_OUT_OF_DATE,
     )
     results = (stimulus_set.manifest["role"] == "result").to_numpy().copy()  # writable: torch warns on a read-only view
     images = stimulus_set.images[torch.from_numpy(results)]

@@ -24,7 +24,7 @@ for hard clustering), :mod:`~stimuli.preview` (the figure), :mod:`~stimuli.comma
 from invert import resolve_engine  # noqa: F401  (stimuli.resolve_engine: the engine from a preset, config or mapping)
 
 from .distances import pixel_l2_distances, resolve_distance, set_trials, target_distances
-from .generate import CONTROVERSIAL_OBJECTIVES, DIRECTIONS, ModelRef, make_controversial_set, make_inversion_set
+from .generate import CONTROVERSIAL_OBJECTIVES, DIRECTIONS, ModelRef, check_chunk_size, make_controversial_set, make_inversion_set
 from .sets import (
     COLUMNS,
     FORMAT_VERSION,
@@ -46,7 +46,7 @@ from .trials import TASKS, clustering_trials, make_trials, nearest_triplets, two
 __all__ = [
     "COLUMNS", "CONTROVERSIAL_OBJECTIVES", "DEFAULT_GAUSSIANS", "DIRECTIONS", "FORMAT_VERSION", "IncompleteSetError", "ModelRef", "QUANTISATION",
     "SEED_TYPES", "Seeds", "StimulusSet", "StimulusSetError", "TASKS", "Targets", "clustering_trials",
-    "find_shards", "gaussian_targets", "load_set", "make_controversial_set", "make_inversion_set", "make_seeds",
+    "check_chunk_size", "find_shards", "gaussian_targets", "load_set", "make_controversial_set", "make_inversion_set", "make_seeds",
     "make_trials", "merge_sets", "nearest_triplets", "pixel_l2_distances", "quantise", "read_png",
     "resolve_distance", "resolve_engine", "select_targets", "set_trials", "shard_path", "target_distances",
     "two_afc_trials", "write_set",

@@ -13,7 +13,8 @@ How a run is organised
     *item* per result, numbered globally. Items are cut into *chunks* of ``chunk_size``
     consecutive items that share one objective (the two-model controversial objective covers both
     directions and all restarts at once, :class:`invert.TwoWayControversialLoss`; a
-    class-controversial direction never straddles a chunk). Each chunk is one engine call with ``item_offset`` = its first item, so every random
+    class-controversial direction never straddles a chunk); ``chunk_size=None`` makes one chunk per
+    objective, the whole set as one batch. Each chunk is one engine call with ``item_offset`` = its first item, so every random
     key is the global item number and a chunk computes the same numbers in every run.
 
     Resumable: each finished chunk is written to ``OUT/parts/`` (tensors, then a JSON record with
@@ -42,6 +43,7 @@ import hashlib
 import json
 import logging
 import math
+import numbers
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,7 +84,8 @@ from .sources import Seeds, Targets, keyed_generator, make_seeds, noise_image
 
 logger = logging.getLogger(__name__)
 
-# A paper-size set (100 targets x 2 seeds) is one engine call; bigger sets resume per 256 items.
+# A paper-size set (100 targets x 2 seeds) is one engine call; bigger sets resume per 256 items. None: the whole
+# set in one engine call (its micro-batches then come from the engine's memory budget alone), resumable only as a whole.
 DEFAULT_CHUNK_SIZE = 256
 DIRECTIONS = ("AB", "BA")
 CONTROVERSIAL_OBJECTIVES = ("controversial", "class_controversial")
@@ -190,13 +193,14 @@ class _Plan:
     init_index: Tensor  # item → row of static_images it starts from
     groups: list[_Group]
     parameters: dict
-    chunk_size: int
+    chunk_size: int | None  # None: one chunk per group
 
     def chunks(self) -> list[_Chunk]:
         out = []
         for group in self.groups:
-            for start in range(group.start, group.stop, self.chunk_size):
-                out.append(_Chunk(len(out), group, start, min(start + self.chunk_size, group.stop)))
+            size = self.chunk_size or max(group.stop - group.start, 1)
+            for start in range(group.start, group.stop, size):
+                out.append(_Chunk(len(out), group, start, min(start + size, group.stop)))
         return out
 
 
@@ -223,7 +227,7 @@ def _target_rows(targets: Targets, prefix: str, role: str, first_position: int) 
     return rows
 
 
-def _inversion_plan(model: ModelRef, targets: Targets, seeds: Seeds, chunk_size: int, engine: Engine) -> _Plan:
+def _inversion_plan(model: ModelRef, targets: Targets, seeds: Seeds, chunk_size: int | None, engine: Engine) -> _Plan:
     n = len(targets)
     target_rows = _target_rows(targets, "t", "target", 0)
     target_ids = [r["id"] for r in target_rows]
@@ -322,7 +326,7 @@ def _controversial_plan(
     start: str,
     start_sigma: float,
     seed: int,
-    chunk_size: int,
+    chunk_size: int | None,
     engine: Engine,
     num_classes: int | None,
 ) -> _Plan:
@@ -612,8 +616,9 @@ def _run_plan(
     mine = [c for c in chunks if c.index % n_shards == shard]
     if not mine:
         raise ValueError(
-            f"shard {shard} of {n_shards} has no work: the set has only {len(chunks)} chunks of {plan.chunk_size} items; "
-            "use fewer shards or a smaller chunk_size"
+            f"shard {shard} of {n_shards} has no work: the set has only "
+            + (f"{len(chunks)} chunks of {plan.chunk_size} items" if plan.chunk_size else f"{len(chunks)} chunk(s), one per objective (chunk_size=None)")
+            + "; use fewer shards or a smaller chunk_size"
         )
     n_total = len(plan.static_rows) + len(plan.result_rows)
     shard_info = None if n_shards == 1 else {"index": shard, "count": n_shards, "n_images": n_total}
@@ -688,9 +693,12 @@ def _device(device: str | torch.device | None, *models: ModelRef) -> torch.devic
     return models[0].device()
 
 
-def _check_chunk_size(chunk_size: int) -> int:
-    if int(chunk_size) < 1:
-        raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
+def check_chunk_size(chunk_size: int | None) -> int | None:
+    """``chunk_size`` as an int of at least 1, or None (the whole set in one engine call); refuses anything else."""
+    if chunk_size is None:
+        return None
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Real) or chunk_size != int(chunk_size) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be at least 1 (a whole number of items), or None for the whole set in one engine call; got {chunk_size!r}")
     return int(chunk_size)
 
 
@@ -706,7 +714,7 @@ def make_inversion_set(
     noise_kind: str = "uniform",
     seed: int = 0,
     engine: Engine | InvertConfig | Mapping | str | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = DEFAULT_CHUNK_SIZE,
     shard: int = 0,
     n_shards: int = 1,
     device: str | torch.device | None = None,
@@ -722,14 +730,16 @@ def make_inversion_set(
     the paper's 5000 L2 steps). Seeds come from :func:`stimuli.make_seeds` (``train_set`` is the
     model's training split, needed for ``train`` seeds; ``noise_channels``: ``color`` noise seeds, ``gray``, or ``auto``:
     grey for greyscale targets; ``noise_kind``: their distribution, :data:`invert.NOISE_KINDS`). ``model.representation`` must live on
-    ``device`` (default: the model's device). ``config`` is recorded as the config that made the
+    ``device`` (default: the model's device). ``chunk_size`` items make one engine call and one resumable part;
+    None runs the whole set as one engine call (one batch, micro-batched from the GPU's memory; the fastest on a
+    GPU, but an interrupted run starts again). ``config`` is recorded as the config that made the
     set. With ``n_shards > 1`` this writes shard ``shard`` to ``out`` (merge with
     :func:`stimuli.merge_sets`). Resumes an unfinished run in ``out``; returns the loaded set.
     """
     engine = resolve_engine(engine)
     seeds = make_seeds(targets, seed_types, seed=seed, train_set=train_set, shared_noise=shared_noise, noise_channels=noise_channels,
                        noise_kind=noise_kind)
-    plan = _inversion_plan(model, targets, seeds, _check_chunk_size(chunk_size), engine)
+    plan = _inversion_plan(model, targets, seeds, check_chunk_size(chunk_size), engine)
     return _run_plan(
         plan, out, engine, device=_device(device, model), shard=shard, n_shards=n_shards, config=config,
         overwrite=overwrite, keep_parts=keep_parts, preview=preview,
@@ -752,7 +762,7 @@ def make_controversial_set(
     num_classes: int | None = None,
     seed: int = 0,
     engine: Engine | InvertConfig | Mapping | str | None = None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = DEFAULT_CHUNK_SIZE,
     shard: int = 0,
     n_shards: int = 1,
     device: str | torch.device | None = None,
@@ -792,7 +802,7 @@ def make_controversial_set(
     engine = resolve_engine(engine)
     plan = _controversial_plan(
         model_a, model_b, origins, objective=objective, lam=float(lam), alpha=float(alpha), restarts=int(restarts),
-        directions=directions, start=start, start_sigma=float(start_sigma), seed=seed, chunk_size=_check_chunk_size(chunk_size), engine=engine,
+        directions=directions, start=start, start_sigma=float(start_sigma), seed=seed, chunk_size=check_chunk_size(chunk_size), engine=engine,
         num_classes=num_classes,
     )
     return _run_plan(
@@ -805,6 +815,7 @@ __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "DIRECTIONS",
     "ModelRef",
+    "check_chunk_size",
     "make_controversial_set",
     "make_inversion_set",
 ]

@@ -20,7 +20,7 @@ def run(cfg: DictConfig) -> dict:
     specs = [ModelSpec.parse(m) for m in cfg.models]
     container = OmegaConf.to_container(cfg, resolve=True)
     validate_inputs(specs, n_targets=cfg.n_targets, seed_types=list(cfg.seed_types), tasks=list(cfg.tasks), engine=container["invert"],
-                    controversial=container.get("controversial"), noise_kind=cfg.noise_kind)
+                    controversial=container.get("controversial"), noise_kind=cfg.noise_kind, chunk_size=cfg.chunk_size)
     threat_from_config(container.get("threat"))
     observers = cfg.observers if isinstance(cfg.observers, str) else list(cfg.observers)
     panel = make_panel(observers, cfg.observer_net, cfg.lpips_weights, resolve_device(cfg.device))
@@ -30,7 +30,7 @@ def run(cfg: DictConfig) -> dict:
         threat=threat_from_config(container.get("threat")), accuracy_limit=cfg.accuracy_limit,
         controversial=container.get("controversial"), device=cfg.device, config=container,
         convergence_threshold=float(cfg.convergence_threshold), converged_only=bool(cfg.converged_only),
-        gaussian_targets=container.get("gaussian_targets"),
+        gaussian_targets=container.get("gaussian_targets"), chunk_size=cfg.chunk_size,
     )
 
 

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from invert import Engine, InvertConfig
 from perceptual.measure import ModelSpec, measure_models
 from perceptual.observers import Panel, PixelL2Observer, SSIMObserver
 from training import build_model, save_checkpoint
@@ -29,11 +30,9 @@ def tiny_checkpoints(tmp_path_factory):
 def run_pipeline(out, checkpoints, **kwargs):
     specs = [ModelSpec("small_cnn", str(checkpoints["narrow"]), "narrow", kwargs={"width": 8}),
              ModelSpec("small_cnn", str(checkpoints["wide"]), "wide", kwargs={"width": 12})]
-    return measure_models(
-        specs, {"name": "digits", "root": None}, out, engine=ENGINE, n_targets=4, seed=0,
-        panel=Panel([PixelL2Observer(), SSIMObserver()]), threat=ThreatModel("l2", 0.5, steps=2),
-        accuracy_limit=40, device=TEST_DEVICE, **kwargs,
-    )
+    options = dict(engine=ENGINE, n_targets=4, seed=0, panel=Panel([PixelL2Observer(), SSIMObserver()]), threat=ThreatModel("l2", 0.5, steps=2),
+                   accuracy_limit=40, device=TEST_DEVICE)
+    return measure_models(specs, {"name": "digits", "root": None}, out, **{**options, **kwargs})
 
 
 def test_pipeline_end_to_end_writes_every_number_and_figure(tmp_path, tiny_checkpoints):
@@ -55,6 +54,34 @@ def test_pipeline_end_to_end_writes_every_number_and_figure(tmp_path, tiny_check
     table = (out / "report.md").read_text()
     assert "| narrow |" in table and "Observer 2AFC" in table and "narrow keeps, wide pushed" in table
     assert data["models"]["wide"]["set"].endswith("models/wide/set")
+
+
+class RecordingEngine(Engine):
+    """Records how many items each engine call got."""
+
+    def __init__(self, **overrides):
+        super().__init__(InvertConfig(**{**ENGINE, **overrides}))
+        self.batches: list[int] = []
+
+    def run(self, objective, init, **kwargs):
+        self.batches.append(init.shape[0])
+        return super().run(objective, init, **kwargs)
+
+
+def test_one_engine_call_per_set_holds_all_of_a_models_work(tmp_path, tiny_checkpoints):
+    """One batch per job: every target x seed type of a model (more than the stimuli commands' 256-item chunks) in one
+    call, the controversial set's both directions and all restarts in another; an int chunk_size cuts them into parts."""
+    engine = RecordingEngine(steps=2, log_every=1)
+    controversial = {"model_a": "narrow", "model_b": "wide", "n_origins": 3, "restarts": 2}
+    cheap = dict(tasks=["2afc"], panel=Panel([PixelL2Observer()]), threat=None, accuracy_limit=8)
+    run_pipeline(tmp_path / "whole", tiny_checkpoints, engine=engine, n_targets=140, controversial=controversial, **cheap)
+    assert engine.batches == [280, 280, 12]  # narrow, wide (140 targets x 2 seed types), controversial (3 x 2 x 2)
+    engine = RecordingEngine(steps=2, log_every=1)
+    run_pipeline(tmp_path / "parts", tiny_checkpoints, engine=engine, n_targets=4, controversial=controversial, chunk_size=5, **cheap)
+    assert engine.batches == [5, 3, 5, 3, 5, 5, 2]
+    with pytest.raises(ValueError, match="chunk_size must be at least 1"):
+        run_pipeline(tmp_path / "bad", tiny_checkpoints, chunk_size=0)
+    assert not (tmp_path / "bad").exists()
 
 
 def test_rerun_reuses_cached_sets_accuracies_and_judgements(tmp_path, tiny_checkpoints):

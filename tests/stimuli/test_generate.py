@@ -190,6 +190,26 @@ def test_shards_merge_to_the_unsharded_set(tmp_path, digits, one_go):
     assert same_files(merged.path, one_go[0].path, [f"images/{name}" for name in pngs])
 
 
+def test_chunk_size_none_inverts_the_whole_set_in_one_engine_call(tmp_path, digits, one_go):
+    engine = CountingEngine()
+    whole = invert(tmp_path / "whole", digits, engine, chunk_size=None)
+    assert engine.calls == 1 and whole.parameters["chunk_size"] is None  # one batch instead of chunks of 3, 3, 2
+    assert whole.fingerprint != one_go[0].fingerprint  # recorded: shards and resumed parts must agree on it
+    # Each item is stepped on its own, so cutting the set differently changes no result.
+    torch.testing.assert_close(whole.images, one_go[0].images, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match=r"shard 1 of 2 has no work: the set has only 1 chunk\(s\), one per objective \(chunk_size=None\)"):
+        invert(tmp_path / "sharded", digits, chunk_size=None, shard=1, n_shards=2)
+
+
+def test_chunk_size_none_keeps_class_controversial_directions_apart(tmp_path, digits):
+    test, _ = digits
+    a, b = ModelRef("a", classifier=tiny_classifier(1)), ModelRef("b", classifier=tiny_classifier(2))
+    engine = CountingEngine()
+    s = make_controversial_set(tmp_path / "cc", a, b, select_targets(test, 2, seed=0), objective="class_controversial", restarts=2,
+                               chunk_size=None, engine=engine, preview=False)
+    assert engine.calls == 2 and len(s.role("result")[0]) == 8  # one call per direction: each has its own objective
+
+
 def test_shards_of_different_runs_do_not_merge(tmp_path, digits):
     a = invert(tmp_path / "a", digits, shard=0, n_shards=2).path
     b = invert(tmp_path / "b", digits, shard=1, n_shards=2, seed=1).path
@@ -293,6 +313,9 @@ def test_bad_arguments_are_refused_before_any_work(tmp_path, digits):
         ({"objective": "adversarial"}, "unknown objective"),
         ({"start": "pink"}, "start must be"),
         ({"chunk_size": 0}, "chunk_size must be at least 1"),
+        ({"chunk_size": 2.5}, "chunk_size must be at least 1"),
+        ({"chunk_size": "all"}, "or None for the whole set in one engine call"),
+        ({"chunk_size": True}, "chunk_size must be at least 1"),
     ]:
         with pytest.raises(ValueError, match=message):
             make_controversial_set(tmp_path / "z", a, b, origins, engine=CountingEngine(), **kwargs)
