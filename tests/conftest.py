@@ -6,11 +6,13 @@ Tests of CUDA-only branches carry the ``gpu`` marker and are skipped where there
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
 import pytest
 import torch
+import torch.utils._python_dispatch
 
 # Tests run on two shared cores; more threads only fight each other.
 torch.set_num_threads(min(2, os.cpu_count() or 1))
@@ -33,6 +35,50 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# What a CUDA graph cannot hold, caught on the CPU: a Python read of a tensor's value (a host sync on CUDA), at the
+# Tensor methods and at the dispatcher (aten._local_scalar_dense is what every scalar read becomes), and operators whose
+# output shape depends on the values (nonzero, masked_select, unique, boolean-mask indexing). Only a real capture on a
+# GPU is the full check (the gpu tests); this proxy runs everywhere.
+HOST_READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__", "__index__")
+_DATA_DEPENDENT = ("_local_scalar_dense", "nonzero", "nonzero_static", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
+                   "argwhere", "repeat_interleave", "bincount")
+
+
+class _RefuseDataDependentOps(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self, what: str):
+        super().__init__()
+        self.what = what
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        boolean_index = name in ("index", "index_put", "index_put_") and any(
+            isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in (args[1] if len(args) > 1 else ()) or ())
+        if name in _DATA_DEPENDENT or boolean_index:
+            raise AssertionError(f"{self.what} ran aten.{name}{' with a boolean mask' if boolean_index else ''}, which reads tensor "
+                                 "values on the host (a sync on CUDA, which a CUDA graph cannot hold)")
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def refusing_host_reads(what: str = "the step"):
+    """Within this block any read of a tensor's value into Python, or a value-dependent shape, raises AssertionError:
+    the CPU's proxy for "this code can be captured as a CUDA graph"."""
+    def refuse(name):
+        def read(self, *args, **kwargs):
+            raise AssertionError(f"{what} read a tensor on the host (Tensor.{name})")
+        return read
+
+    saved = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+    try:
+        for name in HOST_READS:
+            setattr(torch.Tensor, name, refuse(name))
+        with _RefuseDataDependentOps(what):
+            yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
 
 
 @pytest.fixture(scope="session")

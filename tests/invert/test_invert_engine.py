@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+import invert.engine as engine_module
 from invert import (
     ClassControversialLoss,
     ControversialLoss,
@@ -14,12 +15,15 @@ from invert import (
     InvertConfig,
     NonFiniteLossError,
     Objective,
+    TwoWayControversialLoss,
     clamp01,
     invert_batch,
     noise_images,
     random_start_l2,
 )
 from invert.validation import in_hot_loop
+
+from ..conftest import refusing_host_reads
 
 QUICK = dict(progress=False, log_every=10)
 
@@ -231,6 +235,63 @@ def test_the_graph_structured_loop_gives_the_eager_loops_results_bit_for_bit(rip
         assert (eager.steps_used < 60).any()  # some items finish early
     for field in ("images", "best_loss", "initial_loss", "last_loss", "steps_used", "loss_curve"):
         assert torch.equal(getattr(masked, field), getattr(eager, field)), field
+
+
+def _capture_cases(kind: str, tiny_representation, tiny_classifier, wave_images):
+    """(objective, starts) of each kind the stimulus sets hand the engine, on 16x16 images."""
+    origins = wave_images(4)
+    starts = noise_images(4, (3, 16, 16), seed=2)
+    if kind == "inversion-resnet18-fake-relu":  # the paper's network through the toolkit's wrapper (the issue's capture blocker)
+        from training import Representation, build_model
+
+        torch.manual_seed(0)
+        return InversionLoss(Representation(build_model("resnet18", "cifar10", width=4), fake_relu=True), origins), starts
+    if kind == "two-way-controversial":
+        first_keeps = torch.tensor([True, True, False, False])
+        return TwoWayControversialLoss(tiny_representation(0), tiny_representation(1), origins, first_keeps, lam=0.1), starts
+    return ClassControversialLoss(tiny_classifier(0), tiny_classifier(1), torch.tensor([0, 1, 2, 0]), torch.tensor([1, 2, 0, 2])), starts
+
+
+@pytest.mark.parametrize("kind", ["inversion-resnet18-fake-relu", "two-way-controversial", "class-controversial"])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(step_size=0.5, patience=3, rtol=1e-3, loss_threshold=0.05, stop_at_bounds=True),
+        dict(stepper="adam", step_size=0.05, step_schedule="cosine", parametrization="sigmoid", tv_weight=0.1, lp_weight=0.1,
+             transform_robust=True, transform_samples=2),
+        dict(stepper="linf", step_size=0.01, step_schedule="linear", parametrization="fourier", precision="bf16", channels_last=True,
+             keep_best=False),
+    ],
+    ids=["l2-paper-early-stopping", "adam-cosine-priors-transforms", "linf-fourier-bf16-channels-last"],
+)
+def test_the_step_a_cuda_graph_captures_reads_no_tensor_on_the_host(kind, settings, tiny_representation, tiny_classifier, wave_images,
+                                                                    monkeypatch):
+    """The CPU's proxy for "capturable" (``refusing_host_reads``): with ``cuda_graph=True`` every step, the first
+    included, reads no tensor value into Python and makes no value-dependent shape, for every objective, stepper,
+    parametrisation, schedule, prior and precision. ``make test-gpu`` captures for real."""
+    objective, starts = _capture_cases(kind, tiny_representation, tiny_classifier, wave_images)
+    original, calls = engine_module._Runner.step, []
+
+    def guarded(self, w, step):
+        calls.append(1)
+        with refusing_host_reads("the engine's step"):
+            original(self, w, step)
+
+    monkeypatch.setattr(engine_module._Runner, "step", guarded)
+    result = invert_batch(objective, starts, steps=6, cuda_graph=True, log_every=2, progress=False, **settings)
+    assert len(calls) == 6 and torch.isfinite(result.best_loss).all()
+
+
+def test_the_host_read_proxy_catches_value_reads_and_value_dependent_shapes():
+    x = torch.randn(6)
+    reads = (lambda: x.sum().item(), lambda: float(x[0]), lambda: bool(x.max() > 0), lambda: x[x > 0], lambda: torch.nonzero(x),
+             lambda: x.masked_select(x > 0), lambda: torch.unique(x), lambda: torch.nn.functional.one_hot(x.abs().long(), 9))
+    for read in reads:
+        with pytest.raises(AssertionError, match="the step"), refusing_host_reads():
+            read()
+    with refusing_host_reads():  # what a captured step may do: fixed shapes, values stay on the device
+        torch.where(x > 0, x, 0.0).clamp(0, 1).sum()
+        x.index_select(0, torch.tensor([0, 2]))
 
 
 def test_the_engine_never_writes_into_the_callers_tensors(rippled):
@@ -448,8 +509,6 @@ def test_the_captured_step_equals_the_uncaptured_step(inversion, settings):
 
 @pytest.mark.gpu
 def test_captured_items_that_finish_early_are_masked_not_recaptured(inversion, monkeypatch):
-    import invert.engine as engine_module
-
     captures = []
     original = engine_module._Runner._capture
     monkeypatch.setattr(engine_module._Runner, "_capture", lambda self, w, step: captures.append(1) or original(self, w, step))

@@ -21,6 +21,8 @@ from training.recipes import FastATRecipe, PGDRecipe, StandardRecipe
 from training.step import WARMUP_STEPS, TrainStep, graph_blocker, resolve_step_mode
 from training.trainer import train
 
+from ..conftest import refusing_host_reads
+
 # Two epochs of 3 full batches (120 images, batch 32: the last 24 are dropped, as every epoch does), a learning rate
 # that changes at every step (cosine after a one-epoch warm-up).
 SHORT = ["train.epochs=2", "data_limit.train=120", "train.schedule.name=cosine", "train.schedule.warmup_epochs=1",
@@ -70,28 +72,6 @@ def _tiny_pgd(mode: str):
     return recipe, scheduler, TrainStep(recipe, optimizer, device=torch.device("cpu"), bf16=None, mode=mode)
 
 
-# What a CUDA graph cannot hold: a Python read of a tensor's value (a host sync on CUDA). Data-dependent shapes are
-# not caught this way; the gpu tests' capture is the full check.
-HOST_READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__", "__index__")
-
-
-@contextlib.contextmanager
-def refusing_host_reads():
-    def refuse(name):
-        def read(self, *args, **kwargs):
-            raise AssertionError(f"the training step read a tensor on the host (Tensor.{name})")
-        return read
-
-    saved = {name: getattr(torch.Tensor, name) for name in HOST_READS}
-    try:
-        for name in HOST_READS:
-            setattr(torch.Tensor, name, refuse(name))
-        yield
-    finally:
-        for name, method in saved.items():
-            setattr(torch.Tensor, name, method)
-
-
 @pytest.mark.parametrize("recipe", [PGD, [*PGD, "train.attack.norm=linf", "train.attack.eps=8/255", "train.attack_bn=train"],
                                     ["train=trades", "train.attack.steps=2"], ["train=mart", "train.attack.steps=2"]],
                          ids=["pgd-l2", "pgd-linf-train-bn", "trades", "mart"])
@@ -102,7 +82,7 @@ def test_the_capturable_recipes_step_never_reads_a_tensor_on_the_host(make_confi
 
     def guarded(self, inputs, labels):
         calls.append(1)
-        with refusing_host_reads() if len(calls) > 1 else contextlib.nullcontext():
+        with refusing_host_reads("the training step") if len(calls) > 1 else contextlib.nullcontext():
             original(self, inputs, labels)
 
     monkeypatch.setattr(TrainStep, "step", guarded)
@@ -120,7 +100,7 @@ def test_the_host_read_check_catches_a_recipe_that_reads_its_loss():
     step = TrainStep(Syncing(model).train(), torch.optim.SGD(model.parameters(), lr=0.1), device=torch.device("cpu"), bf16=None, mode="static")
     x, y = torch.rand(4, 3, 8, 8), torch.randint(0, 10, (4,))
     step(x, y)
-    with pytest.raises(AssertionError, match="Tensor.__float__"), refusing_host_reads():
+    with pytest.raises(AssertionError, match="the training step read a tensor on the host .Tensor.__float__."), refusing_host_reads("the training step"):
         step(x, y)
 
 
