@@ -294,6 +294,37 @@ def test_the_host_read_proxy_catches_value_reads_and_value_dependent_shapes():
         x.index_select(0, torch.tensor([0, 2]))
 
 
+@pytest.mark.parametrize("free_mib, expected", [(64, 334), (4096, 1000), (1, 1)], ids=["budget-bound", "all-items", "at-least-one"])
+def test_the_cuda_micro_batch_follows_the_measured_memory_model(tiny_representation, wave_images, monkeypatch, free_mib, expected):
+    """The budget arithmetic of ``measure_micro_batch`` on the CPU, with torch.cuda's memory counters replaced by a
+    device whose peak is ``fixed + n * per_sample`` for a probe step of n items: the micro-batch is the largest n with
+    ``fixed + n * per_sample <= memory_fraction * (free + cached)`` (gpu tests measure a real one)."""
+    from invert.params import make_parametrization
+    from invert.steps import make_stepper
+
+    objective = InversionLoss(tiny_representation(), wave_images(16))  # the probes step 8 and 16 items
+    mib, fixed, per_sample, base, cached = 2**20, 3 * 2**20, 150 * 2**10, 7 * 2**20, 2**20
+    peak = {"bytes": 0}
+    original = engine_module._Runner.step
+
+    def step(self, w, step_index):
+        peak["bytes"] = base + fixed + w.param.shape[0] * per_sample
+        original(self, w, step_index)
+
+    monkeypatch.setattr(engine_module._Runner, "step", step)
+    for name, fake in {"synchronize": lambda device=None: None, "reset_peak_memory_stats": lambda device=None: None,
+                       "memory_allocated": lambda device=None: base, "max_memory_allocated": lambda device=None: peak["bytes"],
+                       "memory_reserved": lambda device=None: base + cached,
+                       "mem_get_info": lambda device=None: (free_mib * mib, 80 * 2**30)}.items():
+        monkeypatch.setattr(torch.cuda, name, fake)
+    runner = engine_module._Runner(InvertConfig(), objective, make_parametrization("pixel", False), make_stepper("l2", 1.0),
+                                   torch.device("cpu"), use_bf16=False)
+    init = noise_images(1000, (3, 16, 16), seed=0)
+    budget = 0.8 * (free_mib * mib + cached) - fixed
+    assert expected == max(1, min(1000, int(budget // per_sample)))  # the case says what it tests
+    assert runner.measure_micro_batch(init, memory_fraction=0.8) == expected
+
+
 def test_the_engine_never_writes_into_the_callers_tensors(rippled):
     objective, seeds = rippled  # the loop updates its buffers in place; they must be its own
     before = seeds.clone()
