@@ -697,7 +697,7 @@ def check_chunk_size(chunk_size: int | None) -> int | None:
     """``chunk_size`` as an int of at least 1, or None (the whole set in one engine call); refuses anything else."""
     if chunk_size is None:
         return None
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Real) or chunk_size != int(chunk_size) or chunk_size < 1:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Real) or not float(chunk_size).is_integer() or chunk_size < 1:
         raise ValueError(
             f"chunk_size must be at least 1 (a whole number of items), or None (null in a config) for the whole set in one engine call; "
             f"got {chunk_size!r}"

@@ -314,6 +314,7 @@ def test_bad_arguments_are_refused_before_any_work(tmp_path, digits):
         ({"start": "pink"}, "start must be"),
         ({"chunk_size": 0}, "chunk_size must be at least 1"),
         ({"chunk_size": 2.5}, "chunk_size must be at least 1"),
+        ({"chunk_size": float("inf")}, "chunk_size must be at least 1"),
         ({"chunk_size": "all"}, r"or None \(null in a config\) for the whole set in one engine call"),
         ({"chunk_size": True}, "chunk_size must be at least 1"),
     ]:
