@@ -37,6 +37,7 @@ import contextlib
 import logging
 import math
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Iterator, Protocol
 
 import torch
@@ -127,15 +128,15 @@ def smoothed_loss_grad(model: nn.Module, x: Tensor, loss_of: Callable[[Tensor], 
             count = min(per_pass, pairs - start)
             u = torch.randn((count, n, *shape), generator=generator, device=x.device, dtype=x.dtype)
             both = torch.cat([(x + sigma * u).clamp(0, 1), (x - sigma * u).clamp(0, 1)]).reshape(2 * count * n, *shape)
-            losses = loss_of_repeated(model, both, loss_of, 2 * count).view(2, count, n)
+            losses = _losses_of_copies(model, both, loss_of, 2 * count).view(2, count, n)
             grad += ((losses[0] - losses[1]).view(count, n, *([1] * len(shape))) * u).sum(0)
             loss_sum += losses.sum((0, 1))
         logits = model(x)
     return loss_sum / (2 * pairs), grad / (2 * sigma * pairs), logits
 
 
-def loss_of_repeated(model: nn.Module, images: Tensor, loss_of: Callable[[Tensor], Tensor], repeats: int) -> Tensor:
-    """``loss_of`` (a per-sample loss of n samples) on ``repeats`` stacked copies of n samples' images."""
+def _losses_of_copies(model: nn.Module, images: Tensor, loss_of: Callable[[Tensor], Tensor], repeats: int) -> Tensor:
+    """``loss_of`` (a per-sample loss of n samples) on each of ``repeats`` stacked copies of n samples' images, in one forward."""
     n = images.shape[0] // repeats
     logits = model(images).float()
     return torch.stack([loss_of(logits[i * n:(i + 1) * n]) for i in range(repeats)])
@@ -221,12 +222,8 @@ def apgd(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel, *, loss: s
     if not smoothing_sigma >= 0 or (smoothing_sigma > 0 and smoothing_samples < 2):
         raise AttackConfigError(f"smoothing_sigma must be >= 0 (a standard deviation in image units) and smoothing_samples >= 2 when it is set, "
                                 f"got {smoothing_sigma} and {smoothing_samples}")
-    if smoothing_sigma > 0:
-        def loss_grad(m: nn.Module, images: Tensor, loss_of: Callable[[Tensor], Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-            return smoothed_loss_grad(m, images, loss_of, smoothing_sigma, smoothing_samples, generator)
-    else:
-        def loss_grad(m: nn.Module, images: Tensor, loss_of: Callable[[Tensor], Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-            return _loss_grad(m, images, loss_of, eot_samples)
+    loss_grad: LossGrad = (partial(smoothed_loss_grad, sigma=smoothing_sigma, samples=smoothing_samples, generator=generator)
+                           if smoothing_sigma > 0 else partial(_loss_grad, eot_samples=eot_samples))
     x, y = x.detach(), y.detach()
     with torch.no_grad():
         clean_logits = model(x)
