@@ -88,3 +88,9 @@ def test_the_early_stopping_replay_is_the_engines_rule_step_for_step():
         assert row["median_distance"] == pytest.approx(float(np.median(stopped.best_loss.numpy())))  # numpy: the mean of the middle two
     window = stopping_steps(curve, 10, 1e-3, "window")
     assert (window % 10 == 0).all()  # the first rule only looked at multiples of the patience
+
+
+def test_mart_loss_benchmark_compares_equal_losses(tmp_path):
+    report = run_benchmark("bench_mart_loss.py", tmp_path / "mart.json", "--batch", "16", "--iterations", "3", "--repeats", "1", "--threads", "1")
+    assert report["agreement"]["abs_difference"] < 1e-5  # the authors' formulation and ours give the same loss
+    assert set(report["results"]) == {"ours", "reference"} and report["ratios"]["ours / reference (speed)"] > 0
