@@ -185,6 +185,13 @@ def default_smoothing_sigma(norm: str, eps: float, image_shape: tuple[int, ...])
     return eps if norm == "linf" else eps / math.sqrt(math.prod(image_shape))
 
 
+def check_smoothing(samples: int, sigma: Optional[float]) -> None:
+    """Refuse settings of the smoothed-gradient attack before any attack runs: ``samples`` 0 (off) or at least 2 (an
+    antithetic pair), ``sigma`` None (:func:`default_smoothing_sigma`) or positive."""
+    if samples == 1 or samples < 0 or (sigma is not None and not sigma > 0):
+        raise ValueError(f"smoothing.samples must be 0 (off) or at least 2 and smoothing.sigma null or > 0, got {samples} and {sigma}")
+
+
 def attack_suite(model: nn.Module, norm: str, eps: float, *, steps: int = 50, square_queries: int = 1000, n_targets: int = 3,
                  eot_samples: int = 1, reference: Optional[nn.Module] = None, bpda: Optional[str] = None, seed: int = 0,
                  fgsm_included: bool = True, smoothing_samples: int = 0, smoothing_sigma: Optional[float] = None) -> dict[str, Attack]:
@@ -194,6 +201,7 @@ def attack_suite(model: nn.Module, norm: str, eps: float, *, steps: int = 50, sq
     deviation ``smoothing_sigma``, default :func:`default_smoothing_sigma`;
     :func:`training.strong_attacks.smoothed_loss_grad`), Square (gradient-free, Linf or L2) and, with a
     ``reference`` model, the transfer attack (APGD-CE on the reference, evaluated on the defence)."""
+    check_smoothing(smoothing_samples, smoothing_sigma)
     target = _EOT(model, eot_samples) if eot_samples > 1 else model
 
     def gen(device: torch.device) -> torch.Generator:
@@ -393,5 +401,5 @@ def is_flagged(text: str) -> bool:
 
 
 __all__ = ["Check", "DECISION_RULE", "JsonAttackStore", "RobustnessAudit", "alignment_position", "attack_suite", "audit_robustness",
-           "check_classifier", "controversial_summary", "is_flagged", "is_randomised", "masking_checks", "randomness_warning", "reference_accuracy",
-           "verdict"]
+           "check_classifier", "check_smoothing", "controversial_summary", "is_flagged", "is_randomised", "masking_checks",
+           "randomness_warning", "reference_accuracy", "verdict"]

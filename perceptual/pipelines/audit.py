@@ -38,6 +38,7 @@ from ..audit import (
     alignment_position,
     audit_robustness,
     check_classifier,
+    check_smoothing,
     controversial_summary,
     is_flagged,
     is_randomised,
@@ -129,9 +130,7 @@ def run(cfg: DictConfig) -> dict:
     sweep = [config_number(e, "eps_sweep") for e in (cfg.eps_sweep or [])]
     masking_eps = [config_number(e, "masking_eps") for e in cfg.masking_eps] if cfg.get("masking_eps") else None
     smoothing_sigma = config_number(cfg.smoothing.sigma, "smoothing.sigma")
-    if int(cfg.smoothing.samples) == 1 or int(cfg.smoothing.samples) < 0 or (smoothing_sigma is not None and not smoothing_sigma > 0):
-        raise ValueError(f"smoothing.samples must be 0 (off) or at least 2 and smoothing.sigma null or > 0, got {cfg.smoothing.samples} and "
-                         f"{cfg.smoothing.sigma}")
+    check_smoothing(int(cfg.smoothing.samples), smoothing_sigma)
 
     # 1. Everything that can be wrong is checked before the first model trains or the first attack runs.
     defence_spec = model_spec(cfg.defence, cfg.defence.get("label") or "defence", "defence")

@@ -75,6 +75,19 @@ def test_check_classifier_rejects_non_classifiers():
         check_classifier(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(192, 3)), x, n_classes=10)
 
 
+def test_bad_smoothing_settings_are_refused_before_any_attack_runs(digits, monkeypatch):
+    import perceptual.audit as audit_module
+
+    ran = []
+    monkeypatch.setattr(audit_module, "fgsm", lambda *args, **kwargs: ran.append("fgsm"))
+    model, x, y = digits
+    x, y = x[:4], y[:4]
+    for samples, sigma in ((1, None), (-2, None), (8, 0.0), (8, float("nan"))):
+        with pytest.raises(ValueError, match="smoothing.samples must be 0 .off. or at least 2 and smoothing.sigma null or > 0"):
+            audit_robustness(model, x, y, "linf", 4 / 255, steps=1, square_queries=1, smoothing_samples=samples, smoothing_sigma=sigma)
+    assert ran == []
+
+
 def test_standard_model_is_not_flagged_and_quantised_one_is(digits, tmp_path):
     """Measured (seed 0, 24 images, shared loaded CPU, 40 s): standard "0% worst case ... not robust"; quantised
     "8% worst case (38% under pgd, 25% under square, 8% under transfer)": suspected gradient masking."""
