@@ -45,8 +45,8 @@ def assert_same_training(a, b) -> None:
     [*PGD, "train.attack.norm=linf", "train.attack.eps=8/255", "train.attack_fold_bn=false"],
     ["train=standard"],
     ["train=trades", "train.attack.steps=2", "train.augment.enabled=false"],
-    ["train=mart", "train.attack.steps=2"],
-], ids=["pgd-l2-folded", "pgd-linf-unfolded", "standard", "trades", "mart"])
+    ["train=mart", "train.attack.steps=2", "train.precision=bf16", "train.channels_last=true"],
+], ids=["pgd-l2-folded", "pgd-linf-unfolded", "standard", "trades", "mart-bf16-channels-last"])
 def test_the_graph_structured_step_trains_exactly_like_the_eager_step(make_config, recipe):
     eager = train(make_config(*recipe, *SHORT, "train.cuda_graph=false", run="eager"))
     static = train(make_config(*recipe, *SHORT, "train.cuda_graph=true", run="static"))
