@@ -9,10 +9,12 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
+from typing import Callable, Iterable
 
 import pytest
 import torch
 import torch.utils._python_dispatch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 # Tests run on two shared cores; more threads only fight each other.
 torch.set_num_threads(min(2, os.cpu_count() or 1))
@@ -79,6 +81,33 @@ def refusing_host_reads(what: str = "the step"):
     finally:
         for name, method in saved.items():
             setattr(torch.Tensor, name, method)
+
+
+def record_once(step: Callable[[], None], writes: Iterable[torch.Tensor]) -> Callable[[], None]:
+    """The CPU's stand-in for capturing ``step`` as a CUDA graph and replaying it: its tensor operations are recorded
+    once (``make_fx``) and the recording is returned, to be replayed on the same tensors in place.
+
+    A recording keeps what a CUDA graph keeps: the operators and the tensors they read and write, with every Python
+    number the step computed on the way baked in as a constant (a learning rate passed as a float, a step counter kept
+    in Python), so a replay that should have used a new value reuses the old one, as a replayed graph would. Random
+    draws stay operators and draw afresh from the default generator at each replay, as a graph advances its generator's
+    offset. A replay runs without autograd, as a graph's kernels do (the recording holds the backward's operators).
+    Recording runs the step once where a capture runs nothing, so every tensor in ``writes`` (all the step changes in
+    place) and the CPU generator's state are put back afterwards.
+    """
+    writes = list(writes)
+    before, generator = [t.detach().clone() for t in writes], torch.get_rng_state()
+    recording = make_fx(step)()
+    with torch.no_grad():
+        for tensor, value in zip(writes, before):
+            tensor.copy_(value)
+    torch.set_rng_state(generator)
+
+    def replay() -> None:
+        with torch.no_grad():
+            recording()
+
+    return replay
 
 
 @pytest.fixture(scope="session")

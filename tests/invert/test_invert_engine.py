@@ -2,6 +2,8 @@
 class objectives, early stopping, and every error path."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch import nn
@@ -23,7 +25,7 @@ from invert import (
 )
 from invert.validation import in_hot_loop
 
-from ..conftest import refusing_host_reads
+from ..conftest import record_once, refusing_host_reads
 
 QUICK = dict(progress=False, log_every=10)
 
@@ -280,6 +282,72 @@ def test_the_step_a_cuda_graph_captures_reads_no_tensor_on_the_host(kind, settin
     monkeypatch.setattr(engine_module._Runner, "step", guarded)
     result = invert_batch(objective, starts, steps=6, cuda_graph=True, log_every=2, progress=False, **settings)
     assert len(calls) == 6 and torch.isfinite(result.best_loss).all()
+
+
+@contextlib.contextmanager
+def recorded_capture():
+    """The engine's capture loop on the CPU, each micro-batch's step recorded once and replayed (``record_once``, the
+    CPU's stand-in for ``torch.cuda.graph``); yields the list of recordings made."""
+    recordings = []
+
+    def capture(runner, w, step):
+        writes = [*(t for t in vars(w).values() if isinstance(t, torch.Tensor)), *w.state.values(), step]
+        recordings.append(record_once(lambda: runner.step(w, step), writes))
+        return recordings[-1]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine_module, "_graph_mode", lambda cfg, device: "capture")
+        patch.setattr(engine_module._Runner, "_capture", capture)
+        yield recordings
+
+
+@pytest.mark.parametrize(
+    "kind, settings",
+    [
+        ("inversion-resnet18-fake-relu",  # the paper's inversion as the engine runs it fastest (bf16, channels-last)
+         dict(step_size=0.5, patience=3, rtol=1e-3, loss_threshold=0.05, stop_at_bounds=True, precision="bf16", channels_last=True)),
+        ("two-way-controversial", dict(stepper="adam", step_size=0.05, step_schedule="cosine", parametrization="sigmoid", tv_weight=0.1,
+                                       lp_weight=0.1, transform_robust=True, transform_samples=2)),
+        ("class-controversial", dict(stepper="linf", step_size=0.01, step_schedule="linear", parametrization="fourier", keep_best=False)),
+    ],
+    ids=["inversion-l2-paper-early-stopping-bf16", "two-way-adam-cosine-priors-transforms", "class-linf-fourier"],
+)
+def test_the_step_recorded_once_and_replayed_gives_the_graph_free_loops_results(kind, settings, tiny_representation, tiny_classifier,
+                                                                               wave_images):
+    """What capture assumes, on the CPU: the step recorded once (Python values baked in, as a CUDA graph bakes them)
+    and replayed for every later step gives the graph-free masked loop's results bit for bit, schedules, per-item
+    random transformations and early stopping included. Two micro-batches: each is recorded once. (The host-read
+    test above covers every kind with every setting; each pairing here has its own objective, stepper, schedule
+    and parametrisation.)"""
+    objective, starts = _capture_cases(kind, tiny_representation, tiny_classifier, wave_images)
+    run = dict(steps=12, cuda_graph=True, log_every=3, micro_batch=2, progress=False, **settings)
+    masked = invert_batch(objective, starts, **run)
+    with recorded_capture() as recordings:
+        replayed = invert_batch(objective, starts, **run)
+    assert len(recordings) == 2
+    for field in ("images", "best_loss", "initial_loss", "last_loss", "steps_used", "loss_curve"):
+        assert torch.equal(getattr(replayed, field), getattr(masked, field)), field
+
+
+def test_the_recorded_replay_catches_a_step_that_keeps_state_in_python(inversion):
+    """The stand-in's own check: an objective that counts its calls in Python (a value a CUDA graph would freeze at
+    capture) runs fine eagerly, and its recorded replay differs."""
+    objective, seeds = inversion
+
+    class CountingInPython(Objective):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def forward(self, x, items=None, step=0):
+            self.calls += 1
+            return objective(x) * (1 + 0.1 * self.calls)
+
+    run = dict(steps=6, cuda_graph=True, keep_best=False, progress=False)
+    masked = invert_batch(CountingInPython(), seeds, **run)
+    with recorded_capture():
+        replayed = invert_batch(CountingInPython(), seeds, **run)
+    assert not torch.equal(replayed.last_loss, masked.last_loss)
 
 
 def test_the_host_read_proxy_catches_value_reads_and_value_dependent_shapes():

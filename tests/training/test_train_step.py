@@ -2,7 +2,8 @@
 
 On the CPU, ``cuda_graph=true`` runs the captured step's structure eagerly (static input, label and learning-rate
 buffers, in-place running sums, autocast without its cache); these tests check that it trains exactly like the eager
-step, bit for bit, through the scheduler's learning-rate changes. The gpu-marked tests check the replayed graph
+step, bit for bit, through the scheduler's learning-rate changes, and so does the capture mode with the step recorded
+once and replayed (``record_once``, the CPU's stand-in for a CUDA graph). The gpu-marked tests check the replayed graph
 against the eager step on CUDA.
 """
 from __future__ import annotations
@@ -13,6 +14,8 @@ import logging
 import pytest
 import torch
 
+import training.step as step_module
+import training.trainer as trainer_module
 from training.attacks import ThreatModel, attack_mode
 from training.folding import eval_view, forget_folded_weights
 from training.models import build_model
@@ -21,7 +24,7 @@ from training.recipes import FastATRecipe, PGDRecipe, StandardRecipe
 from training.step import WARMUP_STEPS, TrainStep, graph_blocker, resolve_step_mode
 from training.trainer import train
 
-from ..conftest import refusing_host_reads
+from ..conftest import record_once, refusing_host_reads
 
 # Two epochs of 3 full batches (120 images, batch 32: the last 24 are dropped, as every epoch does), a learning rate
 # that changes at every step (cosine after a one-epoch warm-up).
@@ -40,6 +43,31 @@ def assert_same_training(a, b) -> None:
     assert logged_a == logged_b and {"train_loss", "train_acc", "lr"} <= logged_a[0].keys()
 
 
+class RecordedCaptureStep(TrainStep):
+    """The capture mode on the CPU: warm-up steps run as they are, then the step is recorded once with ``record_once``
+    (tests/conftest.py, the CPU's stand-in for ``torch.cuda.graph``) and the recording replayed for every later batch."""
+
+    def __init__(self, *args, mode: str = "eager", **kwargs):
+        super().__init__(*args, mode=mode, **kwargs)
+        if mode == "static":  # what train.cuda_graph=true resolves to off CUDA
+            self.mode = "capture"
+
+    def _warm_up(self) -> None:
+        self.step(self._inputs, self._labels)
+
+    def _capture(self):
+        optimizer_state = (t for state in self.optimizer.state.values() for t in state.values() if isinstance(t, torch.Tensor))
+        writes = [*self.forward.state_dict(keep_vars=True).values(), *self.sums.values(), *optimizer_state]
+        return record_once(lambda: self.step(self._inputs, self._labels), writes)
+
+
+def record_the_training_step(monkeypatch) -> None:
+    """From here on ``train.cuda_graph=true`` records the step after one warm-up step, so that the replays cross an
+    epoch boundary (the running sums zeroed in place) and every scheduler step."""
+    monkeypatch.setattr(trainer_module, "TrainStep", RecordedCaptureStep)
+    monkeypatch.setattr(step_module, "WARMUP_STEPS", 1)
+
+
 @pytest.mark.parametrize("recipe", [
     PGD,
     [*PGD, "train.attack.norm=linf", "train.attack.eps=8/255", "train.attack_fold_bn=false"],
@@ -47,12 +75,29 @@ def assert_same_training(a, b) -> None:
     ["train=trades", "train.attack.steps=2", "train.augment.enabled=false"],
     ["train=mart", "train.attack.steps=2", "train.precision=bf16", "train.channels_last=true"],
 ], ids=["pgd-l2-folded", "pgd-linf-unfolded", "standard", "trades", "mart-bf16-channels-last"])
-def test_the_graph_structured_step_trains_exactly_like_the_eager_step(make_config, recipe):
+def test_the_graph_structured_step_trains_exactly_like_the_eager_step(make_config, monkeypatch, recipe):
     eager = train(make_config(*recipe, *SHORT, "train.cuda_graph=false", run="eager"))
     static = train(make_config(*recipe, *SHORT, "train.cuda_graph=true", run="static"))
     assert eager.summary["cuda_graph"] == "eager" and static.summary["cuda_graph"] == "static"
     assert len(static.summary["history"]) == 2 and static.summary["history"][1]["step"] == 6
     assert_same_training(eager, static)
+    # The step recorded at step 1 and replayed for the other 4 (a Python number baked into the recording, such as a
+    # learning rate, the attack's radius or a batch-norm fold cached across steps, would change the weights).
+    record_the_training_step(monkeypatch)
+    recorded = train(make_config(*recipe, *SHORT, "train.cuda_graph=true", run="recorded"))
+    assert recorded.summary["cuda_graph"] == "capture"
+    assert_same_training(eager, recorded)
+
+
+def test_the_recorded_replay_catches_a_learning_rate_passed_as_a_python_number(make_config, monkeypatch):
+    """The stand-in's own check: with SGD's learning rate left a Python number (not the device tensor the step fills),
+    a replay keeps the recorded rate while the scheduler moves on, and the weights differ from eager training."""
+    eager = train(make_config("train=standard", *SHORT, "train.cuda_graph=false", run="eager"))
+    monkeypatch.setattr(step_module, "_device_learning_rate", lambda optimizer, rates: contextlib.nullcontext())
+    record_the_training_step(monkeypatch)
+    recorded = train(make_config("train=standard", *SHORT, "train.cuda_graph=true", run="recorded"))
+    assert [h["lr"] for h in recorded.summary["history"]] == [h["lr"] for h in eager.summary["history"]]
+    assert not all(torch.equal(a, b) for a, b in zip(eager.model.parameters(), recorded.model.parameters()))
 
 
 def test_cuda_graph_is_an_execution_setting_a_resumed_run_may_change(make_config):
