@@ -81,8 +81,9 @@ def test_the_graph_structured_step_trains_exactly_like_the_eager_step(make_confi
     assert eager.summary["cuda_graph"] == "eager" and static.summary["cuda_graph"] == "static"
     assert len(static.summary["history"]) == 2 and static.summary["history"][1]["step"] == 6
     assert_same_training(eager, static)
-    # The step recorded at step 1 and replayed for the other 4 (a Python number baked into the recording, such as a
-    # learning rate, the attack's radius or a batch-norm fold cached across steps, would change the weights).
+    # One warm-up step, then the step recorded and replayed for the other five batches (a Python number frozen in the
+    # recording, such as a learning rate, the attack's radius or a batch-norm fold cached across steps, would change
+    # the weights).
     record_the_training_step(monkeypatch)
     recorded = train(make_config(*recipe, *SHORT, "train.cuda_graph=true", run="recorded"))
     assert recorded.summary["cuda_graph"] == "capture"
