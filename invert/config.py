@@ -8,6 +8,7 @@ channels-last.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Union
 
@@ -117,6 +118,10 @@ class InvertConfig:
             )
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {list(PRECISIONS)}")
+        for name in ("steps", "patience", "log_every", "micro_batch", "cpu_micro_batch", "transform_samples", "seed"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+                raise ValueError(f"{name} must be an integer, got {value!r} (write 1000, not 1e3 or 1000.0)")
         for name in ("log_every", "cpu_micro_batch", "transform_samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -124,6 +129,14 @@ class InvertConfig:
             raise ValueError(f"steps must be >= 0, got {self.steps}")
         if self.step_size <= 0:
             raise ValueError(f"step_size must be positive, got {self.step_size}")
+        if len(self.adam_betas) != 2 or not all(0 <= beta < 1 for beta in self.adam_betas) or not self.adam_eps > 0:
+            raise ValueError(f"adam_betas must be two numbers in [0, 1) and adam_eps positive, got {list(self.adam_betas)}, {self.adam_eps}")
+        for name in ("rtol", "tv_weight", "lp_weight"):  # a negative prior weight would reward rough or saturated images
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("tv_beta", "lp_p"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.patience is not None and self.patience < 1:
             raise ValueError(f"patience must be at least 1 step (or None to disable), got {self.patience}")
         if self.micro_batch is not None and self.micro_batch < 1:

@@ -4,8 +4,9 @@
 :mod:`invert.objectives`) from the [0, 1] images ``init``, one row per item, and returns an
 :class:`InversionResult`. The reference algorithm (Nanda et al. AAAI 2023, run there with the
 ``robustness`` library's ``Attacker`` and ``use_best=True``) is, per sample,
-``x <- clamp(x - eta * g / ||g||_2, 0, 1)`` for 5000 steps, keeping the lowest-loss iterate; as in
-that run under torch 2.x, pixels on the box boundary get no gradient (see :class:`invert.params.Pixel`).
+``x <- clamp(x - eta * g / ||g||_2, 0, 1)`` for 5000 steps, keeping the lowest-loss iterate. In that run
+under torch 2.x, pixels on the box boundary get no gradient; here that is ``stop_at_bounds=True``, and the
+default lets them move back in (see :class:`invert.params.Pixel`).
 
 How the loop stays fast
     * Items are split into micro-batches that fit a memory budget: on CUDA, two probe steps measure
@@ -186,10 +187,13 @@ class Engine:
         is used for every item, as a shared seed. ``item_offset`` shifts the items' random keys (for runs
         split into shards that should draw as one run). The objective is run in eval mode with its
         parameters frozen; both are restored afterwards. With ``channels_last``, its 4-D weights are
-        converted to channels-last in place (numerically harmless).
+        converted to channels-last in place (numerically harmless). The search runs in float32 whatever
+        ``init``'s dtype (``precision`` says how the objective computes); the images come back in ``init``'s dtype.
         """
         cfg = self.config
         check_images(init, "init")
+        # A bf16 or fp16 iterate would round every step away and saturate the steppers' step counts at 256.
+        caller_dtype, init = init.dtype, init.float()
         if not callable(objective):
             raise TypeError(f"objective must be callable (an nn.Module), got {type(objective).__name__}")
         objective = _as_objective(objective)
@@ -203,7 +207,8 @@ class Engine:
         objective = self._with_extras(objective, item_offset, device)
         n = init.shape[0]
         parametrization = make_parametrization(cfg.parametrization, cfg.stop_at_bounds)
-        stepper = make_stepper(cfg.stepper, cfg.step_size, cfg.adam_betas, cfg.adam_eps, cfg.step_schedule, cfg.steps)
+        # steps=0 only scores the starting images; a schedule over zero steps is never consulted.
+        stepper = make_stepper(cfg.stepper, cfg.step_size, cfg.adam_betas, cfg.adam_eps, cfg.step_schedule, max(cfg.steps, 1))
         use_bf16 = cfg.precision == "bf16" or (
             cfg.precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
         )
@@ -225,7 +230,7 @@ class Engine:
             finally:
                 bar.close()
         return InversionResult(
-            images=out.images,
+            images=out.images.to(caller_dtype),
             best_loss=out.best_loss,
             initial_loss=out.initial_loss,
             last_loss=out.last_loss,
@@ -595,6 +600,8 @@ class _Runner:
         (``torch.cuda.max_memory_allocated``): peak(n) ~ fixed + n * per_sample.
         """
         n, device = init.shape[0], init.device
+        if n == 1:  # nothing to choose, and the two probes need two items
+            return 1
         probe = max(1, min(8, n // 2))
         peaks = []
         for size in (probe, 2 * probe):

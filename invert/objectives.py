@@ -377,7 +377,7 @@ class TransformRobust(Objective):
 
     @staticmethod
     def _shift(u: Tensor, jitter: int) -> Tensor:
-        # Integer shifts in [-jitter // 2, jitter - jitter // 2]: Lucid's crop offsets, centred.
+        # Integer shifts in [-(jitter // 2), jitter - jitter // 2]: Lucid's crop offsets, centred.
         return torch.floor(u * (jitter + 1)) - jitter // 2
 
     def transforms(self, items: Tensor, step: Step, height: int, width: int) -> Tensor:

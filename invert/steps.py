@@ -112,7 +112,7 @@ class Adam:
         return {
             "exp_avg": torch.zeros_like(x),
             "exp_avg_sq": torch.zeros_like(x),
-            "count": torch.zeros(x.shape[0], dtype=x.dtype, device=x.device),
+            "count": torch.zeros(x.shape[0], dtype=torch.float32, device=x.device),  # bf16 would stop counting at 256
         }
 
     def step(self, x: Tensor, grad: Tensor, state: dict[str, Tensor]) -> Tensor:
@@ -121,8 +121,8 @@ class Adam:
         state["exp_avg"].lerp_(grad, 1 - beta1)
         state["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
         count = state["count"].view(-1, *([1] * (x.ndim - 1)))
-        bias1 = 1 - torch.pow(beta1, count)
-        bias2 = 1 - torch.pow(beta2, count)
+        bias1 = (1 - torch.pow(beta1, count)).to(x.dtype)
+        bias2 = (1 - torch.pow(beta2, count)).to(x.dtype)
         denom = (state["exp_avg_sq"] / bias2).sqrt_().add_(self.eps)
         return torch.addcdiv(x, state["exp_avg"], denom * bias1 / per_sample(self.lr, x), value=-1.0)
 
@@ -154,7 +154,7 @@ class ScheduledStep:
     schedule: str = "cosine"
 
     def init_state(self, x: Tensor) -> dict[str, Tensor]:
-        return {**self.make(self.step_size).init_state(x), "schedule_count": torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)}
+        return {**self.make(self.step_size).init_state(x), "schedule_count": torch.zeros(x.shape[0], dtype=torch.float32, device=x.device)}
 
     def step(self, x: Tensor, grad: Tensor, state: dict[str, Tensor]) -> Tensor:
         progress = (state["schedule_count"] / max(self.total_steps, 1)).clamp(max=1.0)

@@ -52,3 +52,20 @@ def test_errors():
         InvertConfig.from_dict({"iterations": 10})
     with pytest.raises(ValueError, match="unknown stepper 'pgd'"):
         load_preset("paper", stepper="pgd")
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"steps": 1e3}, r"steps must be an integer, got 1000.0 \(write 1000"),
+    ({"patience": 50.0}, "patience must be an integer"),
+    ({"seed": True}, "seed must be an integer"),
+    ({"rtol": -1e-3}, "rtol must be >= 0"),
+    ({"tv_weight": -0.1}, "tv_weight must be >= 0"),
+    ({"lp_weight": float("nan")}, "lp_weight must be >= 0"),
+    ({"lp_p": 0}, "lp_p must be positive"),
+    ({"adam_betas": [0.9]}, r"adam_betas must be two numbers in \[0, 1\)"),
+    ({"adam_betas": [0.9, 1.0]}, r"adam_betas must be two numbers in \[0, 1\)"),
+    ({"adam_eps": 0.0}, "adam_eps positive"),
+])
+def test_a_value_the_engine_cannot_use_is_named_when_the_config_is_built(override, message):
+    with pytest.raises(ValueError, match=message):
+        load_preset("paper", **override)

@@ -362,8 +362,9 @@ def test_the_host_read_proxy_catches_value_reads_and_value_dependent_shapes():
         x.index_select(0, torch.tensor([0, 2]))
 
 
-@pytest.mark.parametrize("free_mib, expected", [(64, 334), (4096, 1000), (1, 1)], ids=["budget-bound", "all-items", "at-least-one"])
-def test_the_cuda_micro_batch_follows_the_measured_memory_model(tiny_representation, wave_images, monkeypatch, free_mib, expected):
+@pytest.mark.parametrize("items, free_mib, expected", [(1000, 64, 334), (1000, 4096, 1000), (1000, 1, 1), (1, 4096, 1)],
+                         ids=["budget-bound", "all-items", "at-least-one", "a-single-item"])
+def test_the_cuda_micro_batch_follows_the_measured_memory_model(tiny_representation, wave_images, monkeypatch, items, free_mib, expected):
     """The budget arithmetic of ``measure_micro_batch`` on the CPU, with torch.cuda's memory counters replaced by a
     device whose peak is ``fixed + n * per_sample`` for a probe step of n items: the micro-batch is the largest n with
     ``fixed + n * per_sample <= memory_fraction * (free + cached)`` (gpu tests measure a real one)."""
@@ -387,9 +388,9 @@ def test_the_cuda_micro_batch_follows_the_measured_memory_model(tiny_representat
         monkeypatch.setattr(torch.cuda, name, fake)
     runner = engine_module._Runner(InvertConfig(), objective, make_parametrization("pixel", False), make_stepper("l2", 1.0),
                                    torch.device("cpu"), use_bf16=False)
-    init = noise_images(1000, (3, 16, 16), seed=0)
+    init = noise_images(items, (3, 16, 16), seed=0)
     budget = 0.8 * (free_mib * mib + cached) - fixed
-    assert expected == max(1, min(1000, int(budget // per_sample)))  # the case says what it tests
+    assert expected == max(1, min(items, int(budget // per_sample)))  # the case says what it tests
     assert runner.measure_micro_batch(init, memory_fraction=0.8) == expected
 
 
@@ -399,6 +400,27 @@ def test_the_engine_never_writes_into_the_callers_tensors(rippled):
     invert_batch(objective, seeds, steps=5, cuda_graph=True, **QUICK)
     invert_batch(objective, seeds, steps=5, **QUICK)
     assert torch.equal(seeds, before)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_a_low_or_high_precision_start_is_searched_in_float32_and_returned_in_its_dtype(inversion, dtype):
+    """The iterate is float32 whatever ``init``'s dtype: a bf16 seed gives the float32 run's result (rounded back to
+    bf16), not a search whose steps round away; a float64 seed reaches a float32 model without a dtype error."""
+    objective, seeds = inversion
+    seeds = seeds.to(dtype)
+    settings = dict(steps=30, step_size=0.05, step_schedule="cosine", **QUICK)
+    result = invert_batch(objective, seeds, **settings)
+    reference = invert_batch(objective, seeds.float(), **settings)
+    assert result.images.dtype == dtype
+    assert torch.equal(result.images, reference.images.to(dtype))
+    assert torch.equal(result.best_loss, reference.best_loss) and result.best_loss.dtype == torch.float32
+
+
+def test_zero_steps_with_a_decaying_schedule_scores_the_starting_images(inversion):
+    objective, seeds = inversion
+    result = invert_batch(objective, seeds, steps=0, step_schedule="cosine", **QUICK)
+    assert torch.equal(result.images, seeds) and (result.steps_used == 0).all()
+    torch.testing.assert_close(result.best_loss, result.initial_loss)
 
 
 def test_loss_threshold_stops_a_sample_at_the_first_step_below_it(inversion):

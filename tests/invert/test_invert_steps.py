@@ -179,3 +179,19 @@ def test_constant_schedule_is_the_plain_stepper_and_bad_schedules_are_named():
         make_stepper("l2", 1.0, schedule="step", total_steps=5)
     with pytest.raises(ValueError, match="the 'cosine' step schedule needs total_steps >= 1"):
         make_stepper("l2", 1.0, schedule="cosine")
+
+
+@pytest.mark.parametrize("name", ["adam", "l2"])
+def test_the_step_counts_keep_counting_past_256_on_a_bf16_iterate(name):
+    """bf16 holds integers exactly only up to 256 (256 + 1 rounds back to 256): the per-sample counts that drive Adam's
+    bias correction and the schedule are float32 whatever the iterate's dtype, so a bf16 run decays to the end."""
+    steps = 300
+    stepper = make_stepper(name, 0.05, schedule="linear", total_steps=steps)
+    x = torch.rand(2, 3, 4, 4).to(torch.bfloat16)
+    grad = torch.randn_like(x)
+    state = stepper.init_state(x)
+    for _ in range(steps):
+        x = stepper.step(x, grad, state)
+    assert x.dtype == torch.bfloat16
+    counts = [state[key] for key in ("count", "schedule_count") if key in state]
+    assert counts and all(count.dtype == torch.float32 and count.tolist() == [steps, steps] for count in counts)
