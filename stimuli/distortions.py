@@ -472,12 +472,17 @@ def apply_batched(distortion: Distortion, images: Tensor, image_ids: Tensor, see
     return torch.cat(parts)
 
 
-def condition_parameters(distortion: Distortion, image_size: int, *, seed: int, dataset: str, split: str, source_index: Sequence[int]) -> dict:
-    """What determines a condition set's images (its stimulus-set ``parameters``; their fingerprint names the set)."""
+def condition_parameters(distortion: Distortion, images: Tensor, labels: Tensor, *, seed: int, dataset: str, split: str,
+                         source_index: Sequence[int]) -> dict:
+    """What determines a condition set's images (its stimulus-set ``parameters``; their fingerprint names the set): the
+    distortion, the seed, which images, and their pixels and labels, so that changed data or preprocessing is rebuilt."""
+    from .sets import tensor_sha256
+
     index = [int(i) for i in source_index]
     digest = hashlib.sha256(",".join(map(str, index)).encode()).hexdigest()
-    return {**distortion.describe(image_size), "seed": int(seed), "dataset": dataset, "split": split,
-            "n_images": len(index), "source_index_sha256": digest, "quantised": "8-bit"}
+    return {**distortion.describe(images.shape[-1]), "seed": int(seed), "dataset": dataset, "split": split,
+            "n_images": len(index), "source_index_sha256": digest, "image_shape": list(images.shape[1:]),
+            "images_sha256": tensor_sha256(images.float()), "labels_sha256": tensor_sha256(labels.long()), "quantised": "8-bit"}
 
 
 def make_condition_set(path: str | Path, distortion: Distortion, images: Tensor, labels: Tensor, source_index: Sequence[int], *,
@@ -503,7 +508,7 @@ def make_condition_set(path: str | Path, distortion: Distortion, images: Tensor,
     labels = torch.as_tensor(labels, dtype=torch.long).cpu()
     if not (len(index) == len(labels) == len(images)):
         raise ValueError(f"one label and one source index per image: {len(images)} images, {len(labels)} labels, {len(index)} indices")
-    parameters = condition_parameters(distortion, images.shape[-1], seed=seed, dataset=dataset, split=split, source_index=index.tolist())
+    parameters = condition_parameters(distortion, images, labels, seed=seed, dataset=dataset, split=split, source_index=index.tolist())
     if is_complete_set(path):
         existing = stimuli.load_set(path, verify_pngs=False)
         if existing.fingerprint == fingerprint_of(parameters):

@@ -39,7 +39,6 @@ both directions, so A/B and B/A are compared from the same starts.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -78,6 +77,7 @@ from .sets import (
     read_manifest,
     remove_set,
     sha256_file,
+    tensor_sha256,
     write_set,
 )
 from .sources import Seeds, Targets, keyed_generator, make_seeds, noise_image
@@ -296,7 +296,7 @@ def _inversion_plan(model: ModelRef, targets: Targets, seeds: Seeds, chunk_size:
         "chunk_size": chunk_size,
     }
     static_images = torch.cat([targets.images, seeds.images]).float().contiguous()
-    parameters["static_sha256"] = _tensor_hash(static_images)
+    parameters["static_sha256"] = tensor_sha256(static_images)
     return _Plan(
         kind="inversion",
         static_rows=target_rows + seed_rows,
@@ -307,10 +307,6 @@ def _inversion_plan(model: ModelRef, targets: Targets, seeds: Seeds, chunk_size:
         parameters=parameters,
         chunk_size=chunk_size,
     )
-
-
-def _tensor_hash(tensor: Tensor) -> str:
-    return hashlib.sha256(tensor.detach().cpu().contiguous().numpy().tobytes()).hexdigest()[:16]
 
 
 def _controversial_plan(
@@ -430,7 +426,7 @@ def _controversial_plan(
         "chunk_size": chunk_size,
     }
     static_images = torch.cat([origins.images, torch.stack(start_images)]).float().contiguous()
-    parameters["static_sha256"] = _tensor_hash(static_images)
+    parameters["static_sha256"] = tensor_sha256(static_images)
     return _Plan(
         kind=objective,
         static_rows=origin_rows + start_rows,

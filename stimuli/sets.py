@@ -146,6 +146,12 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def tensor_sha256(tensor: Tensor) -> str:
+    """A short content hash of a tensor's values (its bytes in memory order; dtype and shape are the caller's to record)."""
+    flat = tensor.detach().cpu().contiguous().reshape(-1)
+    return hashlib.sha256(flat.view(torch.uint8).numpy().data).hexdigest()[:16]
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:

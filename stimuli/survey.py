@@ -41,12 +41,13 @@ import pandas as pd
 from .distances import set_trials
 from .sets import StimulusSet, canonical_json, load_set
 from .sources import stream_seed
-from .trials import TASKS
+from .trials import TASKS, balanced_sides
 
 logger = logging.getLogger("stimuli")
 
 FORMAT = "repalign-survey-package/1"
 RESPONSE_FORMAT = "repalign-survey-responses/1"
+PACKAGE_ENTRIES = ("surveys", "input.csv", "manifest.json")  # all that build_survey writes into ``out``
 PROMPTS = {
     "2afc": "Which option is perceptually closer to the query?",
     "clustering": "Match each row image to the column image it looks most similar to.",
@@ -68,12 +69,32 @@ def _check_options(sets: Mapping, tasks: Sequence[str], trials_per_survey: int, 
     unknown = [t for t in tasks if t not in SURVEY_TASKS]
     if unknown or not tasks:
         raise ValueError(f"unknown tasks {unknown or tasks}: use some of {SURVEY_TASKS}")
+    repeated = sorted({t for t in tasks if list(tasks).count(t) > 1})
+    if repeated:
+        raise ValueError(f"tasks {repeated} are listed more than once: name each task once")
     if trials_per_survey < 1:
         raise ValueError(f"trials_per_survey must be >= 1, got {trials_per_survey}")
     if not 0 <= attention_rate < 1:
         raise ValueError(f"attention_rate must be in [0, 1), got {attention_rate}")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise FileExistsError(f"{out} exists and is not empty: choose another out or pass overwrite=true")
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out} is a file: give a directory for the survey package")
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise FileExistsError(f"{out} exists and is not empty: choose another out or pass overwrite=true")
+        _check_replaceable(out)
+
+
+def _check_replaceable(out: Path) -> None:
+    """Refuse to replace ``out`` unless it is a survey package and nothing else (answers saved inside it would go too)."""
+    try:
+        is_package = json.loads((out / "manifest.json").read_text()).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        is_package = False
+    if not is_package:
+        raise FileExistsError(f"{out} is not a survey package: overwrite=true replaces only a package; choose another out")
+    others = sorted(p.name for p in out.iterdir() if p.name not in PACKAGE_ENTRIES)
+    if others:
+        raise FileExistsError(f"{out} holds {others} besides the survey package: move them out first, or choose another out")
 
 
 def _trial_records(label: str, stimulus_set: StimulusSet, task: str, seed: int, attention_rate: float, distance) -> list[dict]:
@@ -120,8 +141,9 @@ def _controversial_records(label: str, stimulus_set: StimulusSet, seed: int, att
         origin, ab, ba, _ = pairs[i]
         pairs.append((origin, origin, ab if rng.random() < 0.5 else ba, True))  # the origin against one result
     n_real = len(pairs) - n_checks
-    # Sides counterbalanced separately among real trials and among checks (as stimuli.trials does).
-    first_left = np.r_[rng.permutation(np.arange(n_real) < (n_real + 1) // 2), rng.permutation(np.arange(n_checks) < (n_checks + 1) // 2)]
+    # Sides counterbalanced separately among real trials and among checks, the odd one at random: a fixed side for it
+    # would put a lone check's correct answer on the left every time.
+    first_left = np.r_[balanced_sides(n_real, rng), balanced_sides(n_checks, rng)]
     records = []
     for (origin, first, second, check), left in zip(pairs, first_left):
         options = [first, second] if left else [second, first]
@@ -132,9 +154,10 @@ def _controversial_records(label: str, stimulus_set: StimulusSet, seed: int, att
 
 
 def _deal(records: list[dict], n_surveys: int, rng: np.random.Generator) -> list[list[dict]]:
-    """Split trials into ``n_surveys`` hands with a balanced mix of models (real trials and checks separately)."""
-    hands: list[list[dict]] = [[] for _ in range(n_surveys)]
-    for checks in (False, True):
+    """Split trials into ``n_surveys`` hands with a balanced mix of models (real trials and checks separately); no
+    hand holds more than ceil(len(records) / n_surveys) trials."""
+
+    def round_robin(checks: bool) -> list[dict]:
         by_model: dict[str, list[dict]] = {}
         for r in records:
             if r["attention_check"] == checks:
@@ -146,10 +169,17 @@ def _deal(records: list[dict], n_surveys: int, rng: np.random.Generator) -> list
             for model_trials, queue in zip(lists, queues):
                 if queue:
                     order.append(model_trials[queue.pop()])
-        # Contiguous pieces of the round-robin order: each hand gets every model in turn (dealing card by card
-        # would give hand k only the models at positions k, k + n_surveys, ...).
-        for hand, piece in zip(hands, np.array_split(np.arange(len(order)), n_surveys)):
-            hand.extend(order[i] for i in piece)
+        return order
+
+    hands: list[list[dict]] = [[] for _ in range(n_surveys)]
+    real = round_robin(checks=False)
+    # Contiguous pieces of the round-robin order: each hand gets every model in turn (dealing card by card
+    # would give hand k only the models at positions k, k + n_surveys, ...).
+    for hand, piece in zip(hands, np.array_split(np.arange(len(real)), n_surveys)):
+        hand.extend(real[i] for i in piece)
+    # Each check to the shortest hand: splitting checks on their own could put one trial too many in a hand.
+    for check in round_robin(checks=True):
+        min(hands, key=len).append(check)
     return [[hand[i] for i in rng.permutation(len(hand))] for hand in hands]
 
 
@@ -175,7 +205,8 @@ def build_survey(
 
     Each task's trials (with ``attention_rate`` checks) from every set are dealt round-robin over models into
     ceil(n / ``trials_per_survey``) surveys. The package is written into a temporary folder next to ``out`` and
-    renamed into place, so a crash never leaves a half package.
+    renamed into place, so a crash never leaves a half package. ``overwrite`` replaces an earlier package at ``out``; a folder
+    that is not one, or a package with other files beside it (answers saved there), is refused, not deleted.
     """
     out = Path(out)
     _check_options(sets, list(tasks), trials_per_survey, attention_rate, out, overwrite)

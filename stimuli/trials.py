@@ -48,7 +48,7 @@ def _n_checks(n_real: int, rate: float) -> int:
     return int(round(rate * n_real / (1 - rate)))
 
 
-def _balanced_sides(n: int, rng: np.random.Generator) -> np.ndarray:
+def balanced_sides(n: int, rng: np.random.Generator) -> np.ndarray:
     """n booleans (True = target on the left), half each (the odd one out at random), in random order."""
     left = np.zeros(n, dtype=bool)
     left[: n // 2 + (rng.random() < 0.5 if n % 2 else 0)] = True
@@ -71,7 +71,7 @@ def two_afc_trials(manifest: pd.DataFrame, seed: int = 0, attention_rate: float 
         seed_types.append(seed_types[i])
     is_check = np.r_[np.zeros(n_real, bool), np.ones(n_checks, bool)]
     # Balance answer sides separately among real trials and among checks.
-    target_left = np.r_[_balanced_sides(n_real, rng), _balanced_sides(n_checks, rng)]
+    target_left = np.r_[balanced_sides(n_real, rng), balanced_sides(n_checks, rng)]
     table = pd.DataFrame(
         {
             "task": "2afc",

@@ -220,6 +220,10 @@ def test_condition_set_is_a_stimulus_set_and_is_reused_when_unchanged(tmp_path, 
     assert (tmp_path / "set" / "manifest.json").stat().st_mtime_ns == stamp and again.fingerprint == made.fingerprint
     other = C.make_condition_set(tmp_path / "set", distortion, images, labels, IDS, **{**kwargs, "seed": 6})
     assert other.fingerprint != made.fingerprint and not torch.equal(other.images, made.images)
+    darker = C.make_condition_set(tmp_path / "set", distortion, images * 0.5, labels, IDS, **kwargs)  # new preprocessing
+    assert darker.fingerprint != made.fingerprint and torch.equal(darker.images, stimuli.quantise(distortion(images * 0.5, IDS, seed=5)).float() / 255)
+    relabelled = C.make_condition_set(tmp_path / "set", distortion, images, labels.roll(1), IDS, **kwargs)
+    assert relabelled.fingerprint != made.fingerprint and relabelled.manifest["label"].tolist() == labels.roll(1).tolist()
     with pytest.raises(ValueError, match="one label and one source index per image"):
         C.make_condition_set(tmp_path / "bad", distortion, images, labels[:2], IDS, **kwargs)
 

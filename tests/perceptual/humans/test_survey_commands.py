@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 
+import numpy as np
 import pytest
 from hydra import compose, initialize_config_module
 
@@ -162,3 +164,49 @@ def test_controversial_survey_asks_which_direction_looks_closer_to_the_origin(co
     (tmp_path / "w.json").write_text(json.dumps(sub))
     result = human_scores(package, read_responses([tmp_path / "w.json"], package), n_boot=50)
     assert result["models"]["pair"]["controversial"]["accuracy"] == 1.0
+
+
+def test_overwrite_replaces_a_survey_package_and_nothing_else(inversion_sets, tmp_path):
+    sets = dict(inversion_sets)
+    with pytest.raises(ValueError, match=r"tasks \['2afc'\] are listed more than once"):
+        build_survey(sets, tmp_path / "twice", tasks=["2afc", "2afc"])
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "important.txt").write_text("months of work")
+    with pytest.raises(FileExistsError, match="is not a survey package"):
+        build_survey(sets, results, tasks=["2afc"], overwrite=True)
+    assert (results / "important.txt").read_text() == "months of work"
+    package = tmp_path / "package"
+    build_survey(sets, package, tasks=["2afc"], seed=0)
+    (package / "answers").mkdir()  # collected answers kept inside the package folder
+    with pytest.raises(FileExistsError, match=r"holds \['answers'\] besides the survey package"):
+        build_survey(sets, package, tasks=["2afc"], seed=1, overwrite=True)
+    (package / "answers").rmdir()
+    before = load_package(package).fingerprint
+    build_survey(sets, package, tasks=["2afc"], seed=1, overwrite=True)
+    assert load_package(package).fingerprint != before
+
+
+def test_a_lone_controversial_check_is_not_always_on_the_same_side(controversial_set):
+    from stimuli.survey import _controversial_records
+
+    check_sides = set()
+    for seed in range(12):
+        records = _controversial_records("pair", controversial_set, seed, attention_rate=0.1)  # 8 real trials, 1 check
+        checks = [r for r in records if r["attention_check"]]
+        real = [r for r in records if not r["attention_check"]]
+        assert len(checks) == 1 and sum(r["rows"][0]["answer"] == "left" for r in real) == 4
+        check_sides.add(checks[0]["rows"][0]["answer"])
+    assert check_sides == {"left", "right"}  # P(one side in 12 seeds) = 2 ** -11
+
+
+@pytest.mark.parametrize("real, checks, per_survey", [(21, 1, 11), (19, 3, 11), (7, 5, 4)])
+def test_no_survey_holds_more_trials_than_asked(real, checks, per_survey):
+    from stimuli.survey import _deal
+
+    records = [{"model": "ab"[i % 2], "attention_check": False, "n": i} for i in range(real)]
+    records += [{"model": "ab"[i % 2], "attention_check": True, "n": real + i} for i in range(checks)]
+    hands = _deal(records, math.ceil(len(records) / per_survey), np.random.default_rng(0))
+    assert max(map(len, hands)) <= per_survey
+    assert sorted(r["n"] for hand in hands for r in hand) == list(range(real + checks))
+    assert max(sum(r["attention_check"] for r in hand) for hand in hands) - min(sum(r["attention_check"] for r in hand) for hand in hands) <= 1
