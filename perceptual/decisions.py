@@ -24,7 +24,6 @@ correct``; ``category`` is the true class name, ``response`` the answered one); 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -35,7 +34,7 @@ from torch import Tensor
 
 from invert.rng import hashed_uniform, stream_seed
 
-from .observers import Observer, Panel
+from .observers import Observer, Panel, observer_slug
 
 TRIAL_TABLE_COLUMNS = ("subject", "dataset", "condition", "image_id", "category", "response", "correct")
 
@@ -147,11 +146,6 @@ def model_trials(name: str, logits: Tensor, labels, image_ids, classes: Sequence
     if logits.ndim != 2 or logits.shape[1] != len(classes):
         raise ValueError(f"logits must be (N, {len(classes)} classes), got shape {tuple(logits.shape)}")
     return trial_table(name, dataset, condition, image_ids, labels, logits.argmax(dim=1), classes)
-
-
-def observer_slug(observer_name: str) -> str:
-    """An observer name made file- and label-safe: ``lpips-alex [random backbone]`` → ``lpips-alex-random-backbone``."""
-    return re.sub(r"[^a-z0-9]+", "-", observer_name.lower()).strip("-")
 
 
 def subject_name(observer_name: str, seed: int) -> str:

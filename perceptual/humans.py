@@ -111,6 +111,8 @@ def _mturk_submission(record: Mapping, path: Path) -> dict:
         payload = json.loads(record["Answer.responses"])
     except (TypeError, ValueError) as error:
         return {**base, "invalid": f"Answer.responses is not the page's JSON ({error})"}
+    if not isinstance(payload, dict):
+        return {**base, "invalid": f"Answer.responses is JSON but not the page's object (a {type(payload).__name__})"}
     return {**payload, **base}
 
 
@@ -144,7 +146,7 @@ def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Respo
             if "invalid" in sub:
                 exclude(sub["invalid"], sub, n)
                 continue
-            if sub.get("status", "").lower() == "rejected":
+            if str(sub.get("status") or "").lower() == "rejected":  # an empty CSV cell reads as NaN
                 exclude("assignment rejected on MTurk", sub, n)
                 continue
             if sub.get("package_fingerprint") != package.fingerprint:
@@ -205,17 +207,20 @@ def scored(responses: Responses, package: SurveyPackage) -> pd.DataFrame:
 def attention_failures(table: pd.DataFrame, package: SurveyPackage, max_failures: int = 0) -> pd.DataFrame:
     """Per submission: attention checks answered, failed, unanswered, and whether the worker is excluded.
 
-    A check counts as failed when any of its rows is wrong; an unanswered check counts as failed. A submission
-    is excluded when failures exceed ``max_failures`` (the paper: any failure).
+    A check counts as failed when any of its rows is wrong or unanswered (a clustering check answered only in the rows
+    the worker got right does not pass); an unanswered check counts as failed. A submission is excluded when failures
+    exceed ``max_failures`` (the paper: any failure).
     """
     checks = package.truth[package.truth["attention_check"]]
     n_checks = checks.groupby("survey_id")["trial_id"].nunique().to_dict()
+    rows_per_check = checks.groupby("trial_id")["row"].nunique()
     out = []
     for (submission, worker, survey), group in table.groupby(["submission", "worker_id", "survey_id"], sort=True):
         answered = group[group["attention_check"].astype(bool)]
-        per_trial = answered.groupby("trial_id")["correct"].min()
+        per_trial = answered.groupby("trial_id").agg(worst=("correct", "min"), rows=("row", "nunique"))
+        passed = (per_trial["worst"] >= 1) & (per_trial["rows"] == rows_per_check.reindex(per_trial.index).to_numpy())
         total = n_checks.get(survey, 0)
-        failed = int((per_trial < 1).sum()) + (total - len(per_trial))
+        failed = int((~passed).sum()) + (total - len(per_trial))
         out.append({"submission": submission, "worker_id": worker, "survey_id": survey, "checks": total, "failed": failed,
                     "excluded": failed > max_failures})
     return pd.DataFrame(out, columns=["submission", "worker_id", "survey_id", "checks", "failed", "excluded"])
@@ -313,16 +318,23 @@ def trial_agreement(table: pd.DataFrame, observer_choices: pd.DataFrame) -> dict
     """How often a human's answer equals the observer's, answer by answer and against the majority human answer.
 
     ``observer_choices`` has ``trial_id, row, choice`` (``tie`` / -1 for ties, which count as disagreement) for
-    the package's answer units. Attention checks are left out.
+    the package's answer units. Attention checks are left out. Where the humans' vote on a unit is tied between k
+    answers, the majority is any of them: the observer gets 1/k if it gave one of them (agreement with a random
+    tie-break), so a tie favours no side; ``n_tied_units`` says how many there were.
     """
     real = table[~table["attention_check"].astype(bool)]
     merged = real.merge(observer_choices[["trial_id", "row", "choice"]].astype({"choice": str}), on=["trial_id", "row"], suffixes=("", "_observer"))
     if merged.empty:
         return {"per_answer": math.nan, "majority": math.nan, "n_answers": 0}
     per_answer = float((merged["choice"] == merged["choice_observer"]).mean())
-    majority = merged.groupby(["trial_id", "row"]).agg(human=("choice", lambda c: c.mode().sort_values().iloc[0]), observer=("choice_observer", "first"))
-    return {"per_answer": per_answer, "majority": float((majority["human"] == majority["observer"]).mean()),
-            "n_answers": int(len(merged)), "n_units": int(len(majority))}
+    credit, tied = [], 0
+    for _, unit in merged.groupby(["trial_id", "row"], sort=False):
+        votes = unit["choice"].value_counts()
+        majority = set(votes.index[votes == votes.max()])
+        tied += len(majority) > 1
+        credit.append((unit["choice_observer"].iloc[0] in majority) / len(majority))
+    return {"per_answer": per_answer, "majority": float(np.mean(credit)), "n_answers": int(len(merged)), "n_units": len(credit),
+            "n_tied_units": int(tied)}
 
 
 def package_images(package: SurveyPackage) -> tuple[torch.Tensor, dict[str, int]]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Callable, Sequence
@@ -125,10 +126,8 @@ class SSIMObserver(Observer):
         return (luminance * cs).flatten(1).mean(1), cs.flatten(1).mean(1)
 
     def pairwise_images(self, a: Tensor, b: Tensor) -> Tensor:
-        if not self.multiscale:
-            import kornia
-
-            return 1 - kornia.metrics.ssim(a, b, self.window_size).flatten(1).mean(1)
+        if not self.multiscale:  # kornia.metrics.ssim's value at sigma 1.5 (its fixed sigma); here sigma is honoured
+            return 1 - self._terms(a, b)[0]
         scales = 1
         while scales < len(self.MS_WEIGHTS) and min(a.shape[-2:]) // 2**scales >= self.window_size:
             scales += 1
@@ -282,6 +281,11 @@ class LPIPSObserver(Observer):
         return self._distances(fa, fb, (idx, idx))
 
 
+def observer_slug(observer_name: str) -> str:
+    """An observer name made file- and label-safe: ``lpips-alex [random backbone]`` → ``lpips-alex-random-backbone``."""
+    return re.sub(r"[^a-z0-9]+", "-", observer_name.lower()).strip("-")
+
+
 class Panel:
     """Several observers judging the same trials; results per observer and as mean ± std."""
 
@@ -291,6 +295,13 @@ class Panel:
         names = [o.name for o in observers]
         if len(set(names)) != len(names):
             raise ValueError(f"observer names must be unique within a panel, got {names}")
+        # Slugs name the observers' files and simulated subjects, so they must differ too ('SSIM' and 'ssim' do not).
+        by_slug: dict[str, list[str]] = {}
+        for name in names:
+            by_slug.setdefault(observer_slug(name), []).append(name)
+        clashes = [group for group in by_slug.values() if len(group) > 1]
+        if clashes:
+            raise ValueError(f"observers {clashes} differ only in case or punctuation, which their files and subject names drop: rename one")
         self.observers = list(observers)
 
     def __iter__(self):

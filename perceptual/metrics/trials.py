@@ -10,6 +10,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
+from types import MappingProxyType
 from typing import Any, Callable, Collection, Hashable
 
 import numpy as np
@@ -18,6 +19,24 @@ from ._validation import as_binary, as_numpy, check_choice, nanmean
 from .behavioural import accuracy_difference, error_consistency, observed_consistency
 
 TRIAL_COLUMNS = ("subject", "dataset", "condition", "image_id", "correct")
+
+# model-vs-human's EXCLUDE_CONDITIONS (plotting/plot.py, applied with EXCLUDE = True before its benchmark table): control
+# conditions without a distortion, and conditions where humans score under 20 % (consistency is not meaningful there).
+# Names compare case-insensitively: the reference writes false-colour's "True", its raw CSVs "true".
+MVH_EXCLUDED_CONDITIONS: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "colour": ("cr",),
+    "contrast": ("c100", "c03", "c01"),
+    "high-pass": ("inf", "0.55", "0.45", "0.4"),
+    "low-pass": ("0", "15", "40"),
+    "phase-scrambling": ("0", "150", "180"),
+    "power-equalisation": ("0",),
+    "false-colour": ("True",),
+    "rotation": ("0",),
+    "eidolonI": ("1-10-10", "64-10-10", "128-10-10"),
+    "eidolonII": ("1-3-10", "32-3-10", "64-3-10", "128-3-10"),
+    "eidolonIII": ("1-0-10", "16-0-10", "32-0-10", "64-0-10", "128-0-10"),
+    "uniform-noise": ("0.0", "0.6", "0.9"),
+})
 _METRIC_NAMES = ("error_consistency", "observed_consistency", "accuracy_difference")
 _METRIC_FUNCTIONS = {error_consistency: "error_consistency", observed_consistency: "observed_consistency",
                      accuracy_difference: "accuracy_difference"}
@@ -134,8 +153,25 @@ def _sorted(values: Collection) -> list:
     return sorted(values, key=lambda v: (str(type(v)), v if isinstance(v, (int, float, str)) else str(v)))
 
 
+def _without_conditions(columns: dict[str, list], exclude: Mapping[Any, Sequence[Any]]) -> dict[str, list]:
+    """``columns`` without the trials of the excluded (dataset, condition) cells; an excluded condition that a data set
+    of the table lacks is an error (as in the reference), since a misspelt name would otherwise exclude nothing."""
+    dropped = {(str(d), str(c).lower()) for d, conditions in exclude.items() for c in conditions}
+    present = {(str(d), str(c).lower()) for d, c in zip(columns["dataset"], columns["condition"])}
+    datasets = {d for d, _ in present}
+    missing = sorted(cell for cell in dropped - present if cell[0] in datasets)
+    if missing:
+        raise ValueError(f"excluded (dataset, condition) cells {missing} do not occur in the trials: check the condition names")
+    keep = [(str(d), str(c).lower()) not in dropped for d, c in zip(columns["dataset"], columns["condition"])]
+    kept = {name: [v for v, k in zip(values, keep) if k] for name, values in columns.items()}
+    if not kept["subject"]:
+        raise ValueError("every trial is in an excluded condition: nothing is left to aggregate")
+    return kept
+
+
 def aggregate_trials(trials: Any, metric: Any = "error_consistency", humans: Any = None,
-                     on_undefined: str = "nan", images: str = "same") -> TrialAggregate:
+                     on_undefined: str = "nan", images: str = "same",
+                     exclude: Mapping[Any, Sequence[Any]] | None = None) -> TrialAggregate:
     """Average a pairwise metric over conditions, then observers, then data sets, as model-vs-human does.
 
     ``trials`` has one row per trial with columns subject, dataset, condition, image_id and correct (bool or
@@ -145,6 +181,9 @@ def aggregate_trials(trials: Any, metric: Any = "error_consistency", humans: Any
     convention), a collection of subject ids, or a predicate; every other subject is a model.
 
     Nesting, exactly as ``format_benchmark_df`` in bethgelab/model-vs-human:
+
+    0. ``exclude`` ({dataset: [condition, ...]}) leaves those conditions out first; the benchmark's table leaves out
+       :data:`MVH_EXCLUDED_CONDITIONS` (controls, and conditions where humans score under 20 %). Default: none.
 
     1. For each data set d, each model m and each human h of d, and each condition c of d: the metric between
        m's and h's trials in (d, c). Consistency metrics match trials by image_id (both must have seen the same
@@ -156,7 +195,8 @@ def aggregate_trials(trials: Any, metric: Any = "error_consistency", humans: Any
 
     Means skip NaN, as pandas' groupby mean in the toolbox does: with ``on_undefined="nan"`` (default) a
     condition where error consistency is undefined (both all right or both all wrong) drops out of the mean;
-    ``on_undefined="one"`` counts it as 1.0 and reproduces model-vs-human's numbers. Every subject of a data
+    ``on_undefined="one"`` counts it as 1.0; with ``exclude=MVH_EXCLUDED_CONDITIONS`` that reproduces model-vs-human's
+    benchmark numbers. Every subject of a data
     set must have trials in every condition of that data set, and each data set needs at least one human.
 
     ``images``: ``"same"`` (default, as the benchmark, whose observers all see the same images of a condition): two
@@ -167,7 +207,8 @@ def aggregate_trials(trials: Any, metric: Any = "error_consistency", humans: Any
     check_choice(on_undefined, "on_undefined", ("nan", "one"))
     check_choice(images, "images", ("same", "shared"))
     is_human = human_test(humans)
-    cells = _cells(_columns(trials))
+    columns = _columns(trials)
+    cells = _cells(_without_conditions(columns, exclude) if exclude else columns)
 
     layout: dict[Any, dict[Any, set]] = defaultdict(lambda: defaultdict(set))  # dataset → subject → conditions
     for dataset, condition, subject in cells:

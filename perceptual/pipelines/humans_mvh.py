@@ -6,7 +6,8 @@ the human-human error consistency over every pair of subjects (the benchmark's c
 its spread across subjects, and the shape bias on the cue-conflict trials per subject, pooled and as the mean of the
 subjects. Model decisions in the same format (``models=[PATH, ...]``) join as further observers, matched by source
 image: their accuracy, their error consistency with the humans, their shape bias, and the benchmark's aggregate
-(:func:`perceptual.metrics.aggregate_trials`: accuracy difference, observed and error consistency) with its mean rank.
+(:func:`perceptual.metrics.aggregate_trials`: accuracy difference, observed and error consistency) with its mean rank,
+over the conditions the benchmark's table keeps (``benchmark_exclusions=false``: all of them).
 
 Output directory (``out``)::
 
@@ -36,7 +37,7 @@ from training.sweeps import job_path
 
 from ..compare_report import plain
 from ..human_trials import read_trials
-from ..metrics import aggregate_trials, mean_rank
+from ..metrics import MVH_EXCLUDED_CONDITIONS, aggregate_trials, mean_rank
 from ..mvh_analysis import (
     CUE_CONFLICT,
     accuracy_per_subject,
@@ -64,18 +65,21 @@ def _in_condition_order(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.assign(_order=keys).sort_values(["dataset", "_order"], kind="stable").drop(columns="_order").reset_index(drop=True)
 
 
-def _model_benchmark(trials: pd.DataFrame, models: Sequence[str], on_undefined: str) -> dict:
-    """The benchmark's three aggregate metrics per model (conditions, then humans, then experiments) and its mean rank."""
-    metrics = {name: aggregate_trials(trials, name, on_undefined=on_undefined)
+def _model_benchmark(trials: pd.DataFrame, models: Sequence[str], on_undefined: str, exclusions: bool) -> dict:
+    """The benchmark's three aggregate metrics per model (conditions, then humans, then experiments) and its mean rank;
+    with ``exclusions``, over the conditions the benchmark's table keeps (:data:`MVH_EXCLUDED_CONDITIONS` left out)."""
+    present = set(trials["dataset"])
+    excluded = {d: list(c) for d, c in MVH_EXCLUDED_CONDITIONS.items() if d in present} if exclusions else {}
+    metrics = {name: aggregate_trials(trials, name, on_undefined=on_undefined, exclude=excluded)
                for name in ("accuracy_difference", "observed_consistency", "error_consistency")}
     values = {m: {name: result.models.get(m, float("nan")) for name, result in metrics.items()} for m in models}
     ranks = mean_rank(np.array([[values[m][n] for n in metrics] for m in models]), [False, True, True]) if len(models) > 1 else [1.0]
     return {"values": values, "humans": {name: result.humans for name, result in metrics.items()},
-            "mean_rank": {m: float(r) for m, r in zip(models, ranks)}}
+            "mean_rank": {m: float(r) for m, r in zip(models, ranks)}, "excluded_conditions": excluded}
 
 
 def analyse(root: str | Path, out: str | Path, *, experiments: Sequence[str] | None = None, models: Sequence[str | Path] = (),
-            strict: bool = True, on_undefined: str = "nan", figures: bool = True) -> dict:
+            strict: bool = True, on_undefined: str = "nan", figures: bool = True, benchmark_exclusions: bool = True) -> dict:
     """The command's work in Python (module docstring); returns what ``report.json`` holds."""
     started = time.perf_counter()
     if root is None:
@@ -135,7 +139,7 @@ def analyse(root: str | Path, out: str | Path, *, experiments: Sequence[str] | N
         "model_error_consistency": (model_pairs.groupby(["subject_a", "dataset", "condition"])["error_consistency"].mean()
                                     .rename("mean_over_humans").reset_index().rename(columns={"subject_a": "model"})
                                     .to_dict(orient="records")),
-        "benchmark": _model_benchmark(trials, model_names, on_undefined) if model_names else None,
+        "benchmark": _model_benchmark(trials, model_names, on_undefined, benchmark_exclusions) if model_names else None,
         "figures": [str(p.relative_to(out)) for p in figure_paths],
     }
     data["seconds"] = round(time.perf_counter() - started, 1)
@@ -163,7 +167,11 @@ def summary_markdown(data: Mapping) -> str:
             lines.append(f"| {r['subject']} | {r['n_conflict']} | {_fmt(r['shape_decisions'], 0)} | {_fmt(r['texture_decisions'], 0)} | "
                          f"{_fmt(r['shape_bias'])} |")
     if data["benchmark"]:
+        excluded = data["benchmark"]["excluded_conditions"]
+        scope = ("conditions " + "; ".join(f"{d}: {', '.join(c)}" for d, c in excluded.items()) + " left out, as in the benchmark's table"
+                 if excluded else "every condition")
         lines += ["", "## Models against the humans (the benchmark's aggregate: conditions, then humans, then experiments)", "",
+                  f"Over {scope}.", "",
                   "| model | accuracy difference | observed consistency | error consistency | mean rank |", "|---|---|---|---|---|"]
         for m, v in data["benchmark"]["values"].items():
             lines.append(f"| {m} | {_fmt(v['accuracy_difference'])} | {_fmt(v['observed_consistency'])} | {_fmt(v['error_consistency'])} | "
@@ -177,7 +185,8 @@ def summary_markdown(data: Mapping) -> str:
 def run(cfg: DictConfig | Mapping) -> dict:
     container = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     return analyse(container["root"], container["out"], experiments=container.get("experiments"), models=list(container.get("models") or []),
-                   strict=bool(container["strict"]), on_undefined=str(container["on_undefined"]), figures=bool(container["figures"]))
+                   strict=bool(container["strict"]), on_undefined=str(container["on_undefined"]), figures=bool(container["figures"]),
+                   benchmark_exclusions=bool(container.get("benchmark_exclusions", True)))
 
 
 @hydra.main(config_path="pkg://conf", config_name="humans-mvh", version_base=None)

@@ -46,13 +46,13 @@ def raw_folder(root):
     return root
 
 
-def model_folder(root):
+def model_folder(root, bw_decisions=("car", "cat")):
     """A model's decisions on the same source images, written in the benchmark's format."""
     ids = ["oven_1.png", "bear_2.png"]
     cr = trial_table("toynet", "colour", "cr", ids, [CLASSES.index("oven"), CLASSES.index("bear")],
                      [CLASSES.index("cat"), CLASSES.index("bear")], CLASSES)
     bw = trial_table("toynet", "colour", "bw", ["car_3.png", "dog_4.png"], [CLASSES.index("car"), CLASSES.index("dog")],
-                     [CLASSES.index("car"), CLASSES.index("cat")], CLASSES)
+                     [CLASSES.index(d) for d in bw_decisions], CLASSES)
     table = pd.concat([cr, bw], ignore_index=True)
     write_trials(table, root / "colour" / "colour_toynet_session_1.csv")
     cue = trial_table("toynet", "cue-conflict", "0", ["cat_00_cat1-dog2.png", "cat_00_cat2-clock1.png", "dog_00_dog1-dog3.png"],
@@ -89,6 +89,25 @@ def test_the_command_reports_humans_and_models(tmp_path):
     summary = (out / "summary.md").read_text()
     assert "## Human-human error consistency per condition" in summary and "| toynet |" in summary
     assert data["seconds"] >= 0
+
+
+def test_the_models_benchmark_leaves_out_the_conditions_the_benchmarks_table_leaves_out(tmp_path):
+    """colour's "cr" (the unmodified control) is out of the models' aggregate, as in model-vs-human's table: the values
+    equal aggregate_trials over the other trials; ``benchmark_exclusions=false`` keeps every condition."""
+    from perceptual.human_trials import read_trials
+    from perceptual.metrics import aggregate_trials
+
+    root, models = raw_folder(tmp_path / "raw"), model_folder(tmp_path / "models", bw_decisions=("car", "dog"))
+    excluded = analyse(root, tmp_path / "out", models=[models], figures=False)["benchmark"]
+    every = analyse(root, tmp_path / "all", models=[models], figures=False, benchmark_exclusions=False)["benchmark"]
+    assert excluded["excluded_conditions"] == {"colour": ["cr"]} and every["excluded_conditions"] == {}
+    trials = pd.concat([read_trials(root)[0], read_trials([models])[0]], ignore_index=True)
+    for name in ("accuracy_difference", "observed_consistency", "error_consistency"):
+        kept = trials[trials["condition"] != "cr"]
+        assert excluded["values"]["toynet"][name] == pytest.approx(aggregate_trials(kept, name).models["toynet"], nan_ok=True)
+        assert every["values"]["toynet"][name] == pytest.approx(aggregate_trials(trials, name).models["toynet"], nan_ok=True)
+    assert excluded["values"]["toynet"] != pytest.approx(every["values"]["toynet"], nan_ok=True)
+    assert "colour: cr left out, as in the benchmark's table" in (tmp_path / "out" / "summary.md").read_text()
 
 
 def test_the_command_line_prints_the_human_numbers(tmp_path, capsys):

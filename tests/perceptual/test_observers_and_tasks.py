@@ -152,6 +152,24 @@ def test_ssim_agrees_with_scikit_image():
     assert ours == pytest.approx(theirs, abs=0.02)  # border handling differs (reflect vs scikit-image's crop)
 
 
+@pytest.mark.parametrize("sigma", [0.8, 3.0])
+def test_single_scale_ssim_is_kornias_at_its_sigma_and_honours_another(sigma):
+    """kornia.metrics.ssim fixes sigma at 1.5; the observer equals it there and follows its own sigma elsewhere, as
+    scikit-image does with the same sigma (its crop of the border aside)."""
+    import kornia
+    from skimage.metrics import structural_similarity
+
+    torch.manual_seed(3)
+    a = torch.rand(2, 3, 32, 32)
+    b = (a + 0.1 * torch.randn_like(a)).clamp(0, 1)
+    torch.testing.assert_close(SSIMObserver().pairwise_images(a, b), 1 - kornia.metrics.ssim(a, b, 11).flatten(1).mean(1), atol=1e-6, rtol=0)
+    ours = SSIMObserver(sigma=sigma).pairwise_images(a, b)
+    assert (ours - SSIMObserver().pairwise_images(a, b)).abs().min() > 1e-3
+    theirs = [1 - structural_similarity(a[i].permute(1, 2, 0).numpy(), b[i].permute(1, 2, 0).numpy(), channel_axis=2, data_range=1.0,
+                                        gaussian_weights=True, sigma=sigma, use_sample_covariance=False) for i in range(2)]
+    assert ours.tolist() == pytest.approx(theirs, abs=0.02)
+
+
 def test_missing_lpips_weights_name_the_file_and_the_offline_variants(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
     with pytest.raises(FileNotFoundError, match=r"alexnet weights, not found at .*hub/checkpoints/alexnet-owt-7be5be79\.pth") as info:
@@ -192,6 +210,10 @@ def test_panel_summary_and_unique_names():
     assert summary["mean"] == pytest.approx(0.7) and summary["std"] == pytest.approx(0.1)
     with pytest.raises(ValueError, match="unique"):
         Panel([PixelL2Observer(), PixelL2Observer()])
+    shouting = PixelL2Observer()
+    shouting.name = "Pixel L2"  # the same slug, pixel-l2: the same file names and simulated subjects
+    with pytest.raises(ValueError, match=r"observers \[\['pixel-l2', 'Pixel L2'\]\] differ only in case or punctuation"):
+        Panel([PixelL2Observer(), shouting])
 
 
 def test_controversial_spread_is_the_papers_table_2_score_with_the_origin():

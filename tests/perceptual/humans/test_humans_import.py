@@ -97,6 +97,8 @@ def test_validation_names_every_exclusion(package, tmp_path):
     _write_mturk(path, rows)
     with open(path, "a", newline="") as f:  # a row whose answer field is not the page's JSON
         csv.writer(f).writerow(["H", "w6", "A9", "Approved", sid, "u", "{not json"])
+        csv.writer(f).writerow(["H", "w8", "A10", "Approved", sid, "u", "[1, 2]"])  # JSON, but not an object
+        csv.writer(f).writerow(["H", "w7", "A11", "", sid, "u", json.dumps(dict(good, worker_id="w7"))])  # no status yet: kept
     responses = read_responses([path], package)
     counts = responses.exclusion_counts()
     n = len(good["answers"])
@@ -108,7 +110,8 @@ def test_validation_names_every_exclusion(package, tmp_path):
     assert counts["invalid choice (expected one of ('left', 'right'))"] == 1
     assert counts["missing answer"] == 2
     assert any(r.startswith("Answer.responses is not the page's JSON") for r in counts)
-    assert set(responses.answers["worker_id"]) == {"w1", "w2"} and len(responses.answers) == 2 * n - 2
+    assert counts["Answer.responses is JSON but not the page's object (a list)"] == 1
+    assert set(responses.answers["worker_id"]) == {"w1", "w2", "w7"} and len(responses.answers) == 3 * n - 2
     with pytest.raises(ValueError, match="a page CSV needs columns"):
         (tmp_path / "other.csv").write_text("a,b\n1,2\n")
         read_responses([tmp_path / "other.csv"], package)
@@ -161,3 +164,31 @@ def test_trial_agreement_with_an_observer_on_the_package_images(package):
     assert copy["per_answer"] == pytest.approx(untied[~merged["attention_check"]].mean())
     contrary = merged.assign(choice=[{"left": "right", "right": "left", "0": "1", "1": "2", "2": "0"}.get(c, "0") for c in merged["choice"]])
     assert trial_agreement(contrary, choices)["per_answer"] == 0.0
+
+
+def test_a_clustering_check_answered_only_where_right_fails(package, tmp_path):
+    """A worker who skips the rows of a clustering check they would get wrong does not pass it."""
+    from perceptual.humans import attention_failures
+
+    survey = next(s["survey_id"] for s in package.manifest["surveys"] if s["task"] == "clustering")
+    check = package.truth[(package.truth["survey_id"] == survey) & package.truth["attention_check"]]["trial_id"].iloc[0]
+    complete = _submission(package, survey, "complete", lambda u: u.answer)
+    partial = {**complete, "worker_id": "partial",
+               "answers": [a for a in complete["answers"] if not (a["trial_id"] == check and a["row"] > 0)]}
+    for sub in (partial, complete):
+        (tmp_path / f"{sub['worker_id']}.json").write_text(json.dumps(sub))
+    table = scored(read_responses([tmp_path / "partial.json", tmp_path / "complete.json"], package), package)
+    failures = attention_failures(table, package).set_index("worker_id")
+    assert failures.loc["complete", "failed"] == 0 and not failures.loc["complete", "excluded"]
+    assert failures.loc["partial", "failed"] == 1 and failures.loc["partial", "excluded"]
+
+
+def test_a_tied_human_vote_favours_no_side():
+    """Two workers split on each unit: an observer answering "left" everywhere and one answering "right" agree equally
+    with the (tied) majority, 1/2 each, where breaking ties alphabetically gave 1 and 0."""
+    units = pd.DataFrame({"trial_id": ["t0", "t0", "t1", "t1", "t2", "t2"], "row": 0, "attention_check": False,
+                          "choice": ["left", "right", "right", "left", "left", "left"], "worker_id": ["a", "b"] * 3})
+    left = trial_agreement(units, pd.DataFrame({"trial_id": ["t0", "t1", "t2"], "row": 0, "choice": "left"}))
+    right = trial_agreement(units, pd.DataFrame({"trial_id": ["t0", "t1", "t2"], "row": 0, "choice": "right"}))
+    assert left["majority"] == pytest.approx((0.5 + 0.5 + 1) / 3) and right["majority"] == pytest.approx((0.5 + 0.5 + 0) / 3)
+    assert left["n_tied_units"] == right["n_tied_units"] == 2 and left["n_units"] == 3

@@ -180,3 +180,24 @@ def test_shared_images_compare_only_what_both_saw():
     assert result.models["model"] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="images"):
         aggregate_trials(trials, images="some")
+
+
+def test_excluded_conditions_leave_the_nesting_first():
+    """exclude={d1: [C2]} equals the table without d1's c2 (names case-insensitive); a misspelt condition is named."""
+    without = {key: value for key, value in SPEC.items() if key[:2] != ("d1", "c2")}
+    expected = aggregate_trials(_rows(without), "accuracy_difference")
+    result = aggregate_trials(_rows(SPEC), "accuracy_difference", exclude={"d1": ["C2"], "unused-dataset": ["x"]})
+    assert result.models_per_dataset["d1"]["m"] == pytest.approx(0.0625)  # c1 alone: |.5 - .75| ** 2, |.5 - .25| ** 2
+    assert result.models == pytest.approx(expected.models) and result.humans == pytest.approx(expected.humans)
+    assert result.models != pytest.approx(aggregate_trials(_rows(SPEC), "accuracy_difference").models)
+    with pytest.raises(ValueError, match=r"cells \[\('d1', 'c3'\)\] do not occur in the trials"):
+        aggregate_trials(_rows(SPEC), exclude={"d1": ["c3"]})
+    with pytest.raises(ValueError, match="every trial is in an excluded condition"):
+        aggregate_trials(_rows(SPEC), exclude={"d1": ["c1", "c2"], "d2": ["c1"]})
+
+
+def test_the_benchmark_exclusions_are_model_vs_humans():
+    from perceptual.metrics import MVH_EXCLUDED_CONDITIONS
+
+    assert len(MVH_EXCLUDED_CONDITIONS) == 12 and MVH_EXCLUDED_CONDITIONS["colour"] == ("cr",)
+    assert MVH_EXCLUDED_CONDITIONS["eidolonIII"] == ("1-0-10", "16-0-10", "32-0-10", "64-0-10", "128-0-10")
