@@ -65,7 +65,8 @@ class InvertConfig:
         deterministic: on CUDA, run with deterministic cuDNN algorithms (``torch.backends.cudnn.deterministic``,
             no autotuning), so that an item's result does not depend on the run: a sharded set then equals
             the unsharded one bit for bit, provided each chunk gets the same micro-batches (a fixed
-            ``micro_batch``, or chunks that fit one). Off: cuDNN may pick faster, non-deterministic
+            ``micro_batch``, or chunks that fit one). Not covered: ``transform_robust``'s ``grid_sample``, whose
+            CUDA backward sums with atomic adds in no fixed order. Off: cuDNN may pick faster, non-deterministic
             backward kernels whose float sums differ from run to run.
         micro_batch: items per micro-batch; None: measured from the memory budget on CUDA,
             ``cpu_micro_batch`` elsewhere.
