@@ -38,6 +38,8 @@ from invert.modules import batch_slices
 from invert.rng import hashed_uniform, stream_seed
 from invert.validation import check_images
 
+from .sets import fingerprint_of, is_complete_set, tensor_sha256
+
 # model-vs-human's background grey: "the mean pixel value over all images" (bg_grey in image_manipulation.py).
 MVH_GREY = 0.4423
 REFERENCE_SIZE = 224
@@ -476,8 +478,6 @@ def condition_parameters(distortion: Distortion, images: Tensor, labels: Tensor,
                          source_index: Sequence[int]) -> dict:
     """What determines a condition set's images (its stimulus-set ``parameters``; their fingerprint names the set): the
     distortion, the seed, which images, and their pixels and labels, so that changed data or preprocessing is rebuilt."""
-    from .sets import tensor_sha256
-
     index = [int(i) for i in source_index]
     digest = hashlib.sha256(",".join(map(str, index)).encode()).hexdigest()
     return {**distortion.describe(images.shape[-1]), "seed": int(seed), "dataset": dataset, "split": split,
@@ -501,7 +501,6 @@ def make_condition_set(path: str | Path, distortion: Distortion, images: Tensor,
     import pandas as pd
 
     import stimuli
-    from stimuli.sets import fingerprint_of, is_complete_set
 
     path = Path(path)
     index = torch.as_tensor(list(source_index), dtype=torch.long)

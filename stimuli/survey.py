@@ -31,6 +31,7 @@ import math
 import os
 import shutil
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -69,7 +70,7 @@ def _check_options(sets: Mapping, tasks: Sequence[str], trials_per_survey: int, 
     unknown = [t for t in tasks if t not in SURVEY_TASKS]
     if unknown or not tasks:
         raise ValueError(f"unknown tasks {unknown or tasks}: use some of {SURVEY_TASKS}")
-    repeated = sorted({t for t in tasks if list(tasks).count(t) > 1})
+    repeated = sorted(t for t, n in Counter(tasks).items() if n > 1)
     if repeated:
         raise ValueError(f"tasks {repeated} are listed more than once: name each task once")
     if trials_per_survey < 1:

@@ -157,13 +157,12 @@ def _without_conditions(columns: dict[str, list], exclude: Mapping[Any, Sequence
     """``columns`` without the trials of the excluded (dataset, condition) cells; an excluded condition that a data set
     of the table lacks is an error (as in the reference), since a misspelt name would otherwise exclude nothing."""
     dropped = {(str(d), str(c).lower()) for d, conditions in exclude.items() for c in conditions}
-    present = {(str(d), str(c).lower()) for d, c in zip(columns["dataset"], columns["condition"])}
-    datasets = {d for d, _ in present}
-    missing = sorted(cell for cell in dropped - present if cell[0] in datasets)
+    cells = [(str(d), str(c).lower()) for d, c in zip(columns["dataset"], columns["condition"])]
+    datasets = {d for d, _ in cells}
+    missing = sorted(cell for cell in dropped - set(cells) if cell[0] in datasets)
     if missing:
         raise ValueError(f"excluded (dataset, condition) cells {missing} do not occur in the trials: check the condition names")
-    keep = [(str(d), str(c).lower()) not in dropped for d, c in zip(columns["dataset"], columns["condition"])]
-    kept = {name: [v for v, k in zip(values, keep) if k] for name, values in columns.items()}
+    kept = {name: [v for v, cell in zip(values, cells) if cell not in dropped] for name, values in columns.items()}
     if not kept["subject"]:
         raise ValueError("every trial is in an excluded condition: nothing is left to aggregate")
     return kept
@@ -196,8 +195,8 @@ def aggregate_trials(trials: Any, metric: Any = "error_consistency", humans: Any
     Means skip NaN, as pandas' groupby mean in the toolbox does: with ``on_undefined="nan"`` (default) a
     condition where error consistency is undefined (both all right or both all wrong) drops out of the mean;
     ``on_undefined="one"`` counts it as 1.0; with ``exclude=MVH_EXCLUDED_CONDITIONS`` that reproduces model-vs-human's
-    benchmark numbers. Every subject of a data
-    set must have trials in every condition of that data set, and each data set needs at least one human.
+    benchmark numbers. Every subject of a data set must have trials in every condition of that data set, and each
+    data set needs at least one human.
 
     ``images``: ``"same"`` (default, as the benchmark, whose observers all see the same images of a condition): two
     observers who saw different images in a condition are an error. ``"shared"``: the consistency metrics compare the
