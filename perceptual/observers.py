@@ -116,11 +116,11 @@ class SSIMObserver(Observer):
         import kornia
 
         c1, c2 = 0.01**2, 0.03**2
-        blur = lambda t: kornia.filters.gaussian_blur2d(t, (self.window_size,) * 2, (self.sigma,) * 2, border_type="reflect")  # noqa: E731
-        mu_a, mu_b = blur(a), blur(b)
-        var_a = blur(a * a) - mu_a**2
-        var_b = blur(b * b) - mu_b**2
-        cov = blur(a * b) - mu_a * mu_b
+        # The five local means in one blur (one kernel build and one convolution instead of five).
+        blurred = kornia.filters.gaussian_blur2d(torch.cat([a, b, a * a, b * b, a * b], 1), (self.window_size,) * 2, (self.sigma,) * 2,
+                                                 border_type="reflect")
+        mu_a, mu_b, mean_aa, mean_bb, mean_ab = blurred.chunk(5, dim=1)
+        var_a, var_b, cov = mean_aa - mu_a**2, mean_bb - mu_b**2, mean_ab - mu_a * mu_b
         cs = (2 * cov + c2) / (var_a + var_b + c2)
         luminance = (2 * mu_a * mu_b + c1) / (mu_a**2 + mu_b**2 + c1)
         return (luminance * cs).flatten(1).mean(1), cs.flatten(1).mean(1)

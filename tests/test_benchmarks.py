@@ -94,3 +94,9 @@ def test_mart_loss_benchmark_compares_equal_losses(tmp_path):
     report = run_benchmark("bench_mart_loss.py", tmp_path / "mart.json", "--batch", "16", "--iterations", "3", "--repeats", "1", "--threads", "1")
     assert report["agreement"]["abs_difference"] < 1e-5  # the authors' formulation and ours give the same loss
     assert set(report["results"]) == {"ours", "reference"} and report["ratios"]["ours / reference (speed)"] > 0
+
+
+def test_ssim_benchmark_compares_equal_distances(tmp_path):
+    report = run_benchmark("bench_ssim.py", tmp_path / "ssim.json", "--pairs", "8", "--iterations", "2", "--repeats", "1", "--threads", "1")
+    assert set(report["results"]) == {"ours", "kornia"} and report["agreement"]["max_abs_difference"] < 1e-5
+    assert set(report["ratios"]) == {"ours / kornia (speed)"}
