@@ -156,6 +156,8 @@ def _sorted(values: Collection) -> list:
 def _without_conditions(columns: dict[str, list], exclude: Mapping[Any, Sequence[Any]]) -> dict[str, list]:
     """``columns`` without the trials of the excluded (dataset, condition) cells; an excluded condition that a data set
     of the table lacks is an error (as in the reference), since a misspelt name would otherwise exclude nothing."""
+    if not isinstance(exclude, Mapping) or any(isinstance(c, str) or not isinstance(c, Sequence) for c in exclude.values()):
+        raise TypeError(f"exclude must map each dataset to a list of its conditions, e.g. {{'colour': ['cr']}}, got {exclude!r}")
     dropped = {(str(d), str(c).lower()) for d, conditions in exclude.items() for c in conditions}
     cells = [(str(d), str(c).lower()) for d, c in zip(columns["dataset"], columns["condition"])]
     datasets = {d for d, _ in cells}

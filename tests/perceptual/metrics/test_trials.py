@@ -192,6 +192,9 @@ def test_excluded_conditions_leave_the_nesting_first():
     assert result.models != pytest.approx(aggregate_trials(_rows(SPEC), "accuracy_difference").models)
     with pytest.raises(ValueError, match=r"cells \[\('d1', 'c3'\)\] do not occur in the trials"):
         aggregate_trials(_rows(SPEC), exclude={"d1": ["c3"]})
+    for wrong in (["d1"], {"d1": "c2"}):
+        with pytest.raises(TypeError, match=r"exclude must map each dataset to a list of its conditions, e.g. \{'colour': \['cr'\]\}"):
+            aggregate_trials(_rows(SPEC), exclude=wrong)
     with pytest.raises(ValueError, match="every trial is in an excluded condition"):
         aggregate_trials(_rows(SPEC), exclude={"d1": ["c1", "c2"], "d2": ["c1"]})
 
