@@ -43,7 +43,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from results_io import environment, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
+from results_io import args_config, environment, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
 from robustness_compat import import_robustness  # noqa: E402  (this folder)
 from throughput import bf16_peak_tflops, flops_per_item_step, throughput  # noqa: E402  (this folder)
 
@@ -275,7 +275,7 @@ def main(argv=None) -> dict:
         "robustness": getattr(import_robustness(), "__version__", "1.2.1.post2") if with_anchor else None,
         "load_average_before": load_before,
         "load_average_after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        "config": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "targets": target_source,
+        "config": {**args_config(args), "targets": target_source,
                    "image_size": size, "seeds": "uniform noise, one generator per item (invert.noise_images)"},
         "one_step_max_pixel_difference": one_step_gap,
         "flops_per_item_step": step_flops,

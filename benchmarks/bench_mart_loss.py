@@ -16,9 +16,7 @@ ratio and writes ``benchmarks/results/mart_loss_<device>.json``.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -27,7 +25,8 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from results_io import environment, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
+from results_io import args_config, environment, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
+from timing import interleaved_timings  # noqa: E402
 
 from training.config import resolve_device  # noqa: E402
 from training.losses import mart_loss  # noqa: E402
@@ -63,20 +62,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def time_loss(loss_fn, logits_natural: torch.Tensor, logits_adversarial: torch.Tensor, iterations: int, device: torch.device) -> float:
-    """Seconds per forward + backward of ``loss_fn`` (gradients with respect to both logits)."""
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    sync()
-    start = time.perf_counter()
-    for _ in range(iterations):
-        loss_fn(logits_natural, logits_adversarial).backward()
-    sync()
-    return (time.perf_counter() - start) / iterations
-
-
 def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.threads:
@@ -91,16 +76,12 @@ def main(argv=None) -> dict:
         "reference": lambda nat, adv: reference_mart_loss(nat, adv, labels, args.beta),
     }
     values = {name: float(fn(logits_natural, logits_adversarial)) for name, fn in contenders.items()}
-    for fn in contenders.values():  # warm-up
-        time_loss(fn, logits_natural, logits_adversarial, min(args.iterations, 50), device)
-    seconds: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(args.repeats):
-        for name, fn in contenders.items():
-            seconds[name].append(time_loss(fn, logits_natural, logits_adversarial, args.iterations, device))
-    median = {name: statistics.median(s) for name, s in seconds.items()}
+    # What a training step pays per batch: the loss's forward and backward (gradients with respect to both logits).
+    passes = {name: (lambda fn=fn: fn(logits_natural, logits_adversarial).backward()) for name, fn in contenders.items()}
+    median, seconds = interleaved_timings(passes, args.iterations, args.repeats, device, warmup=min(args.iterations, 50))
     report = {
         **environment(device),
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "config": args_config(args),
         "results": {name: {"microseconds_per_pass": 1e6 * median[name], "all_repeats_us": [1e6 * s for s in seconds[name]],
                            "loss": values[name]} for name in contenders},
         "agreement": {"abs_difference": abs(values["ours"] - values["reference"])},

@@ -16,9 +16,7 @@ Times ``--pairs`` pairs of CIFAR-sized images, checks that the two agree, prints
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import kornia
@@ -27,7 +25,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from results_io import environment, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
+from results_io import args_config, environment, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
+from timing import interleaved_timings  # noqa: E402
 
 from perceptual.observers import SSIMObserver  # noqa: E402
 from training.config import resolve_device  # noqa: E402
@@ -48,20 +47,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def time_calls(fn, iterations: int, device: torch.device) -> float:
-    """Seconds per call of ``fn``."""
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    sync()
-    start = time.perf_counter()
-    for _ in range(iterations):
-        fn()
-    sync()
-    return (time.perf_counter() - start) / iterations
-
-
 @torch.no_grad()
 def main(argv=None) -> dict:
     args = parse_args(argv)
@@ -77,16 +62,10 @@ def main(argv=None) -> dict:
         "kornia": lambda: 1 - kornia.metrics.ssim(a, b, observer.window_size).flatten(1).mean(1),
     }
     values = {name: fn() for name, fn in contenders.items()}
-    for fn in contenders.values():  # warm-up
-        time_calls(fn, min(args.iterations, 3), device)
-    seconds: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(args.repeats):
-        for name, fn in contenders.items():
-            seconds[name].append(time_calls(fn, args.iterations, device))
-    median = {name: statistics.median(s) for name, s in seconds.items()}
+    median, seconds = interleaved_timings(contenders, args.iterations, args.repeats, device, warmup=min(args.iterations, 3))
     report = {
         **environment(device),
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "config": args_config(args),
         "results": {name: {"pairs_per_second": args.pairs / median[name], "all_repeats_ms": [1e3 * s for s in seconds[name]]}
                     for name in contenders},
         "agreement": {"max_abs_difference": float((values["ours"] - values["kornia"]).abs().max())},

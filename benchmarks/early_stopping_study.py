@@ -32,7 +32,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from results_io import environment, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
+from results_io import args_config, environment, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
 
 from invert import Engine, InversionLoss, noise_images  # noqa: E402
 from training.data import IMAGE_SIZE, load_dataset  # noqa: E402
@@ -141,7 +141,7 @@ def main(argv=None) -> dict:
     checkpoints = [s for s in (100, 250, 500, 1000, 2000, 3000, 5000) if s <= args.steps]
     report = {
         **environment(device),
-        "config": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}, "targets": source, "image_size": size},
+        "config": {**args_config(args), "targets": source, "image_size": size},
         "unstopped": {"seconds": seconds, "median_distance": float(np.median(curve[-1])),
                       "median_best_distance_at": {str(s): float(np.median(curve[s])) for s in checkpoints}},
         "rules": rows,

@@ -36,6 +36,11 @@ def environment(device: torch.device) -> dict:
     return {"device": device_name(device), "torch": torch.__version__, "python": platform.python_version()}
 
 
+def args_config(args) -> dict:
+    """A benchmark's command-line arguments as JSON-ready values (paths as strings), for its report's ``config``."""
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+
+
 def write_result(report: dict, name: str, device: torch.device, out: Path | None = None) -> Path:
     """Write ``report`` atomically (to ``out``, or the default file for ``name`` and ``device``) and say where."""
     path = Path(out) if out else RESULTS / f"{name}_{device_slug(device)}.json"
