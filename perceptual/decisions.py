@@ -194,8 +194,14 @@ class ObserverDecisions:
             raise ValueError(f"exemplar_images must be (M, 3, H, W) with one label each; got {tuple(exemplar_images.shape)} "
                              f"and {len(self.exemplar_labels)} labels")
         self.exemplar_images = exemplar_images
-        if not 1 <= k <= per_class * len(self.classes):
-            raise ValueError(f"k must lie in [1, per_class × classes = {per_class * len(self.classes)}], got {k}")
+        present = torch.unique(self.exemplar_labels)
+        if len(present) and (int(present[0]) < 0 or int(present[-1]) >= len(self.classes)):
+            raise ValueError(f"exemplar_labels must be class indices in [0, {len(self.classes)}) (one per class name), "
+                             f"got values from {int(present[0])} to {int(present[-1])}")
+        # Each subject draws per_class exemplars of every class present in the split, so that is what k-NN can vote over.
+        if not isinstance(k, int) or not 1 <= k <= per_class * len(present):
+            raise ValueError(f"k must be an int in [1, per_class × classes present in the exemplar split = {per_class} × {len(present)}], "
+                             f"got {k!r}")
         if not 0 <= lapse <= 1 or noise < 0:
             raise ValueError(f"lapse must be in [0, 1] and noise >= 0, got lapse={lapse}, noise={noise}")
         self.k, self.lapse, self.noise, self.per_class = k, float(lapse), float(noise), per_class

@@ -107,6 +107,18 @@ def test_bad_decision_inputs_are_refused():
         trial_table("m", "d", "c", [0, 1], [0, 5], [0, 1], ["a", "b"])
 
 
+def test_panel_checks_k_against_the_classes_present_in_the_exemplar_split():
+    observers = [make_observer("pixel-l2")]
+    images, labels = torch.rand(8, 3, 4, 4), torch.tensor([0, 0, 0, 0, 2, 2, 2, 2])  # classes 0 and 2 of 3 present
+    with pytest.raises(ValueError, match=r"k must be an int in \[1, per_class × classes present in the exemplar split = 2 × 2\]"):
+        ObserverDecisions(observers, images, labels, ["a", "b", "c"], per_class=2, k=5)
+    panel = ObserverDecisions(observers, images, labels, ["a", "b", "c"], seeds=(0,), per_class=2, k=4, lapse=0.0, noise=0.0)
+    table, _ = panel.decide({"pixel-l2": panel.distances(images, observers[0])}, torch.arange(8), labels, dataset="toy", condition="clean")
+    assert len(table) == 8
+    with pytest.raises(ValueError, match=r"exemplar_labels must be class indices in \[0, 2\)"):
+        ObserverDecisions(observers, images, labels, ["a", "b"], per_class=2, k=1)
+
+
 def test_trial_tables_of_models_and_subjects_feed_the_metric_suite():
     classes = ["a", "b", "c"]
     labels = torch.tensor([0, 1, 2, 0, 1, 2])
