@@ -321,12 +321,13 @@ def read_trials(paths: Path | str | Iterable[Path | str], *, experiments: Sequen
     return table, report
 
 
-def write_trials(table: pd.DataFrame, path: Path | str, *, session: int = 1) -> Path:
+def write_trials(table: pd.DataFrame, path: Path | str, *, session: int | None = None) -> Path:
     """Write a trial table in the benchmark's CSV format (atomically); returns the path.
 
     One file should hold one subject of one experiment, as in the benchmark; the table may hold several
     conditions. ``rt`` is written as ``NaN`` where absent (models have none, as in the benchmark's own output).
-    ``trial`` is the table's own column when present, else 1, 2, ... in row order. ``imagename`` is the table's
+    ``session`` is the table's own column when present (as :func:`read_trials` returns it), else the ``session``
+    argument, else 1; a ``session`` argument that contradicts the column is an error. ``trial`` is the table's own column when present, else 1, 2, ... in row order. ``imagename`` is the table's
     own column when present, else ``<trial>_<experiment tag>_dnn_<condition>_<image_id>`` (models are ``dnn`` in
     the benchmark's image names), so that :func:`read_trials` recovers ``image_id`` exactly.
     """
@@ -341,6 +342,13 @@ def write_trials(table: pd.DataFrame, path: Path | str, *, session: int = 1) -> 
             raise ValueError(f"one file holds one {column}, as in the benchmark; got {len(values)}: {sorted(map(str, values))[:5]}; "
                              "write one file per subject and experiment")
     n = len(table)
+    if "session" in table.columns:
+        sessions = table["session"].astype(int).to_numpy()
+        if session is not None and (sessions != session).any():
+            raise ValueError(f"session={session} contradicts the table's own session column {sorted(set(sessions.tolist()))[:5]}; "
+                             "drop the argument to keep the column, or drop the column to write one session")
+    else:
+        sessions = np.full(n, 1 if session is None else int(session))
     trials = table["trial"].astype(int).to_numpy() if "trial" in table.columns else np.arange(1, n + 1)
     if "imagename" in table.columns:
         names = table["imagename"].astype(str).tolist()
@@ -356,11 +364,11 @@ def write_trials(table: pd.DataFrame, path: Path | str, *, session: int = 1) -> 
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(MVH_COLUMNS)
-    for subject, t, r, response, category, condition, name in zip(
-        table["subject"].astype(str), trials, rt, table["response"].astype(str), table["category"].astype(str),
+    for subject, s, t, r, response, category, condition, name in zip(
+        table["subject"].astype(str), sessions, trials, rt, table["response"].astype(str), table["category"].astype(str),
         table["condition"].astype(str), names,
     ):
-        writer.writerow([subject, session, int(t), "NaN" if math.isnan(r) else repr(float(r)), response, category, condition, name])
+        writer.writerow([subject, int(s), int(t), "NaN" if math.isnan(r) else repr(float(r)), response, category, condition, name])
     return atomic_write_text(path, buffer.getvalue())
 
 

@@ -158,6 +158,12 @@ def test_written_model_decisions_read_back_and_match_humans(tmp_path):
     # written again from what was read, the file is the same (imagename and trial columns are kept)
     again = write_trials(back, tmp_path / "again.csv")
     assert again.read_text() == path.read_text()
+    # so is the session: a table read from session 2 writes session 2
+    later = write_trials(back.assign(session=2), tmp_path / "later.csv")
+    assert {r[1] for r in list(csv.reader(later.open()))[1:]} == {"2"}
+    assert {r[1] for r in list(csv.reader(write_trials(model, tmp_path / "s3.csv", session=3).open()))[1:]} == {"3"}
+    with pytest.raises(ValueError, match="session=3 contradicts the table's own session column"):
+        write_trials(back, tmp_path / "x.csv", session=3)
 
 
 def test_toolkit_conditions_with_underscores_round_trip(tmp_path):
