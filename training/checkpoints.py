@@ -1,7 +1,8 @@
 """Checkpoint import and export: safetensors, state dicts, torchvision weights, `robustness` checkpoints.
 
 Every format is turned into one state dict with :class:`~training.models.Classifier` keys
-(``net.*`` for the network, ``normalize.mean`` / ``normalize.std`` when the file carries them).
+(``net.*`` for the network, ``normalize.mean`` / ``normalize.std`` when the file carries them);
+:func:`load_into` also loads into any other module (a ``defence.factory`` model) in the key layout that fits it.
 
 Pickles load with ``torch.load(weights_only=True)``, which cannot run code. A file that needs more
 (arbitrary Python objects, a whole pickled model) is refused unless the caller passes
@@ -35,6 +36,12 @@ _WRAPPER_PREFIXES = ("module.", "_orig_mod.", "model.")  # DataParallel/DDP, tor
 
 def read_checkpoint(path: str | Path, trust_pickle: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Read any supported checkpoint into (state dict with Classifier keys, metadata)."""
+    state, metadata = _read_state_dict(path, trust_pickle)
+    return canonical_state_dict(state, source=str(Path(path).expanduser())), metadata
+
+
+def _read_state_dict(path: str | Path, trust_pickle: bool) -> tuple[Mapping[str, torch.Tensor], dict[str, str]]:
+    """The file's own state dict (keys as saved) and its metadata."""
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
@@ -48,10 +55,10 @@ def read_checkpoint(path: str | Path, trust_pickle: bool = False) -> tuple[dict[
                 metadata = dict(f.metadata() or {})
         except (SafetensorError, OSError, ValueError) as err:
             raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): {err}") from err
-        return canonical_state_dict(state, source=str(path)), metadata
+        return state, metadata
     _check_torch_format(path)
     raw = _torch_load(path, trust_pickle)
-    return canonical_state_dict(_extract_state_dict(raw, path), source=str(path)), _metadata_of(raw)
+    return _extract_state_dict(raw, path), _metadata_of(raw)
 
 
 def _is_safetensors(path: Path) -> bool:
@@ -150,11 +157,11 @@ def canonical_state_dict(state: Mapping[str, torch.Tensor], source: str = "check
     return out
 
 
-def _strip_prefixes(key: str) -> str:
+def _strip_prefixes(key: str, prefixes: tuple[str, ...] = _WRAPPER_PREFIXES) -> str:
     changed = True
     while changed:
         changed = False
-        for prefix in _WRAPPER_PREFIXES:
+        for prefix in prefixes:
             if key.startswith(prefix) and not key.startswith(("net.", "normalize.")):
                 key, changed = key[len(prefix):], True
     return key
@@ -172,11 +179,38 @@ def _from_robustness(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tenso
     return out
 
 
+def _is_classifier_layout(keys) -> bool:
+    return any(k.startswith("net.") for k in keys) and all(k.startswith(("net.", "normalize.")) for k in keys)
+
+
+def _fitting_layout(raw: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
+    """The file's keys laid out for ``own``: Classifier keys for a Classifier; for any other module (a
+    ``defence.factory`` model) the candidate layout that fits its keys best: as saved, the Classifier keys without
+    ``net.`` (which also maps a ``robustness`` checkpoint onto the bare network), or without wrapper prefixes (a
+    submodule called ``model`` is a prefix only where stripping it fits)."""
+    canonical = canonical_state_dict(raw, source=source)
+    if _is_classifier_layout(own):
+        return canonical
+    tensors = {k: v for k, v in raw.items() if isinstance(v, torch.Tensor)}
+    has_normalize = any(k.startswith("normalize.") for k in own)
+    bare = {k.removeprefix("net."): v for k, v in canonical.items() if has_normalize or not k.startswith("normalize.")}
+    candidates = [tensors, bare, canonical] + [{_strip_prefixes(k, prefixes): v for k, v in tensors.items()}
+                                               for prefixes in (("module.", "_orig_mod."), _WRAPPER_PREFIXES)]
+    return min(candidates, key=lambda state: len(state.keys() ^ own.keys()))  # the first of the best fits
+
+
 def load_into(model: nn.Module, checkpoint: str | Path, trust_pickle: bool = False) -> dict[str, str]:
-    """Load a checkpoint into a Classifier; normalisation stats are taken from the file when it has them."""
-    state, metadata = read_checkpoint(checkpoint, trust_pickle=trust_pickle)
+    """Load a checkpoint into a model, refusing one whose keys or shapes do not fit.
+
+    A :class:`~training.models.Classifier` takes the file in Classifier keys (:func:`canonical_state_dict`), with
+    normalisation stats from the file when it has them. Any other module (a ``defence.factory`` model) takes the
+    layout of the file's keys that fits its own (:func:`_fitting_layout`). BatchNorm's ``num_batches_tracked``
+    may be absent, as in checkpoints saved before PyTorch 0.4.1 (``load_state_dict`` accepts them too).
+    """
+    raw, metadata = _read_state_dict(checkpoint, trust_pickle)
     own = model.state_dict()
-    wanted = {k for k in own if not k.startswith("normalize.")}
+    state = _fitting_layout(raw, own, str(checkpoint))
+    wanted = {k for k in own if not k.startswith("normalize.") and not k.endswith(".num_batches_tracked")}
     missing = sorted(wanted - state.keys())
     unexpected = sorted(k for k in state if k not in own)
     mismatched = sorted(k for k in state.keys() & own.keys() if state[k].shape != own[k].shape)

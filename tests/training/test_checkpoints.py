@@ -194,3 +194,74 @@ def test_a_checkpoint_of_another_width_names_the_kwarg(tmp_path):
     with pytest.raises(CheckpointError, match=r"the checkpoint has width=16, the model width=8"):
         build_model("small_cnn", "digits", checkpoint=str(path), width=8)
     assert build_model("small_cnn", "digits", checkpoint=str(path), width=16).arch_kwargs == {"width": 16}
+
+
+FACTORY_MODULE = '''
+import torch
+from torch import nn
+
+
+class Defence(nn.Module):
+    """A plain module (not a Classifier) whose submodule is called ``model``, like a Lightning wrapper's prefix."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.head = nn.Linear(4, 10)
+
+    def forward(self, x):
+        return self.head(self.model(x))
+
+
+def build():
+    return Defence()
+
+
+def bare_resnet18():
+    from training.models import build_model
+    return build_model("resnet18", "cifar10").net
+'''
+
+
+@pytest.fixture
+def factory_module(tmp_path, monkeypatch):
+    (tmp_path / "my_defences.py").write_text(FACTORY_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "my_defences"
+
+
+@pytest.mark.parametrize("prefix", ["", "module."])
+def test_a_factory_model_loads_a_state_dict_saved_from_itself(tmp_path, factory_module, prefix):
+    from training.models.defences import build_from_factory
+
+    trained = build_from_factory(f"{factory_module}:build")
+    _settle_batchnorm(trained)
+    torch.save({prefix + k: v for k, v in trained.state_dict().items()}, tmp_path / "defence.pt")
+    again = build_from_factory(f"{factory_module}:build", checkpoint=str(tmp_path / "defence.pt"))
+    x = torch.rand(2, 3, 8, 8)
+    torch.testing.assert_close(again(x), trained(x), atol=0, rtol=0)
+    torch.save({"head.weight": torch.zeros(10, 4)}, tmp_path / "partial.pt")
+    with pytest.raises(CheckpointError, match=r"missing \(e\.g\. \['head\.bias', 'model\.0\.bias'"):
+        build_from_factory(f"{factory_module}:build", checkpoint=str(tmp_path / "partial.pt"))
+
+
+def test_a_factory_returning_the_bare_network_takes_a_robustness_checkpoint(tmp_path, factory_module):
+    from training.models.defences import build_from_factory
+
+    theirs = _robustness_checkpoint("resnet18", tmp_path / "checkpoint.pt", seed=2)
+    bare = build_from_factory(f"{factory_module}:bare_resnet18", checkpoint=str(tmp_path / "checkpoint.pt"))
+    x = torch.rand(2, 3, 32, 32)
+    with torch.no_grad():  # the bare network sees normalised images: its normalisation is the factory's business
+        torch.testing.assert_close(bare(theirs.normalizer(x)), theirs(x, with_image=False), atol=1e-5, rtol=1e-5)
+
+
+def test_checkpoints_without_num_batches_tracked_load(tmp_path):
+    """Saved before PyTorch 0.4.1 (old torchvision files): ``load_state_dict`` accepts them, so do we."""
+    model = build_model("small_cnn", "digits")
+    _settle_batchnorm(model.net)
+    old = {k: v for k, v in model.net.state_dict().items() if not k.endswith("num_batches_tracked")}
+    assert len(old) < len(model.net.state_dict())
+    torch.save(old, tmp_path / "old.pth")
+    again = build_model("small_cnn", "digits", checkpoint=str(tmp_path / "old.pth"))
+    x = torch.rand(2, 3, 32, 32)
+    torch.testing.assert_close(again(x), model(x), atol=0, rtol=0)
