@@ -327,9 +327,10 @@ def write_trials(table: pd.DataFrame, path: Path | str, *, session: int | None =
     One file should hold one subject of one experiment, as in the benchmark; the table may hold several
     conditions. ``rt`` is written as ``NaN`` where absent (models have none, as in the benchmark's own output).
     ``session`` is the table's own column when present (as :func:`read_trials` returns it), else the ``session``
-    argument, else 1; a ``session`` argument that contradicts the column is an error. ``trial`` is the table's own column when present, else 1, 2, ... in row order. ``imagename`` is the table's
-    own column when present, else ``<trial>_<experiment tag>_dnn_<condition>_<image_id>`` (models are ``dnn`` in
-    the benchmark's image names), so that :func:`read_trials` recovers ``image_id`` exactly.
+    argument, else 1; a ``session`` argument that contradicts the column is an error. ``trial`` is the table's
+    own column when present, else 1, 2, ... in row order. ``imagename`` is the table's own column when present,
+    else ``<trial>_<experiment tag>_dnn_<condition>_<image_id>`` (models are ``dnn`` in the benchmark's image
+    names), so that :func:`read_trials` recovers ``image_id`` exactly.
     """
     missing = [c for c in TRIAL_TABLE_COLUMNS if c not in table.columns]
     if missing:

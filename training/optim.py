@@ -92,20 +92,26 @@ def lr_factor(step: int, *, schedule: str, epochs: int, steps_per_epoch: int, mi
     """The multiplier of the base learning rate at optimisation step ``step`` (0-based).
 
     Milestones and the warm-up are in epochs (fractions allowed); ``cyclic_peak`` is the fraction
-    of training at which the cyclic schedule peaks.
+    of training at which the cyclic schedule peaks. A milestone m drops the rate from the 0-based epoch m on
+    (``MultiStepLR``'s convention; a reference that checks ``epoch >= m`` with 1-based epochs means m − 1).
+
+    With a warm-up, the cosine decays over the steps after it, as SimCLR's reference does
+    (google-research/simclr, ``learning_rate_schedule``); the linear ramp reaches the base rate at its last
+    step ((step + 1) / warm-up steps, where the reference starts from 0 at step 0).
     """
     total = epochs * steps_per_epoch
     epoch = step / steps_per_epoch
+    warmup_steps = warmup_epochs * steps_per_epoch
     if schedule == "step":
         factor = gamma ** bisect.bisect_right(sorted(milestones), epoch)
     elif schedule == "cosine":
-        factor = 0.5 * (1 + math.cos(math.pi * min(step / total, 1.0)))
+        progress = (step - warmup_steps) / (total - warmup_steps) if total > warmup_steps else 0.0  # all warm-up: no decay
+        factor = 0.5 * (1 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
     elif schedule == "cyclic":
         peak = cyclic_peak * total
         factor = step / peak if step < peak else max(0.0, (total - step) / (total - peak))
     else:
         factor = 1.0
-    warmup_steps = warmup_epochs * steps_per_epoch
     if warmup_steps > 0 and step < warmup_steps:
         factor *= (step + 1) / warmup_steps
     return factor

@@ -9,6 +9,8 @@ from omegaconf import OmegaConf
 
 from training.optim import LARS, ConfigError, build_optimizer, build_scheduler, lr_factor
 
+from .conftest import compose_train
+
 
 def factors(schedule, **kwargs):
     return [lr_factor(step, schedule=schedule, epochs=10, steps_per_epoch=10, **kwargs) for step in range(100)]
@@ -17,6 +19,27 @@ def factors(schedule, **kwargs):
 def test_step_schedule_drops_at_milestone_epochs():
     f = factors("step", milestones=(5, 8), gamma=0.1)
     assert f[49] == 1.0 and f[50] == pytest.approx(0.1) and f[80] == pytest.approx(0.01)
+
+
+@pytest.mark.parametrize("recipe", ["trades", "mart"])
+def test_trades_and_mart_drop_the_rate_in_the_references_epochs(recipe):
+    """Both references set the rate before each 1-based epoch: x0.1 from 75, x0.01 from 90, x0.001 from 100."""
+    cfg = compose_train(f"train={recipe}", tiny=False).train
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = build_scheduler(optimizer, cfg.schedule, epochs=cfg.epochs, steps_per_epoch=1)
+    for epoch in range(1, cfg.epochs + 1):  # the references' loop and adjust_learning_rate
+        reference = 0.001 if epoch >= 100 else 0.01 if epoch >= 90 else 0.1 if epoch >= 75 else 1.0
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(reference), f"1-based epoch {epoch}"
+        optimizer.step()
+        scheduler.step()
+
+
+def test_cosine_after_warmup_decays_over_the_remaining_steps():
+    """SimCLR's reference: linear warm-up to the base rate, then a cosine over total − warm-up steps."""
+    f = factors("cosine", warmup_epochs=2)  # 20 warm-up steps of 100
+    assert f[0] == pytest.approx(1 / 20) and f[19] == 1.0 and f[20] == 1.0
+    assert f[60] == pytest.approx(0.5) and f[99] == pytest.approx(0.5 * (1 + math.cos(math.pi * 79 / 80)))
+    assert factors("cosine", warmup_epochs=10)[99] == 1.0  # all warm-up: no decay left
 
 
 def test_cosine_and_cyclic_shapes():
