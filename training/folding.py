@@ -162,11 +162,15 @@ _UNFOLDED = object()
 
 def eval_view(model: nn.Module) -> nn.Module:
     """The module to attack when ``model`` is in eval mode: its folded view when ``model`` is a
-    :class:`Classifier` with foldable pairs, else ``model`` itself. Cached per model."""
+    :class:`Classifier` with foldable pairs, else ``model`` itself. Cached per model.
+
+    A Classifier subclass with a ``forward`` of its own (such as ``InputQuantised``) is attacked as it is: the
+    view computes ``net(normalize(x))`` and would drop what that forward adds."""
     _check_module(model)
     view = _VIEWS.get(model)
     if view is None:
-        view = FoldedClassifier(model) if isinstance(model, Classifier) else None
+        plain = isinstance(model, Classifier) and type(model).forward is Classifier.forward
+        view = FoldedClassifier(model) if plain else None
         view = view if view is not None and view.folded_pairs else _UNFOLDED
         _VIEWS[model] = view
     return model if view is _UNFOLDED else view

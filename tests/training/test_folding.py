@@ -148,6 +148,16 @@ def test_models_without_batch_norm_are_attacked_directly():
     assert eval_view(model) is model
 
 
+def test_a_classifier_with_its_own_forward_is_attacked_as_it_is():
+    """InputQuantised rounds its input before the network: a folded net(normalize(x)) would attack another function."""
+    from training.models.defences import input_quantised
+
+    defence = input_quantised("small_cnn", "digits", levels=4, width=8).eval()
+    assert eval_view(defence) is defence
+    plain = build_model("small_cnn", "digits", width=8).eval()
+    assert isinstance(eval_view(plain), FoldedClassifier)
+
+
 def test_attack_mode_folds_only_in_eval_mode_and_restores_the_training_flag():
     model = with_running_stats(build_model("small_cnn", "digits", width=8), image_size=16).train()
     with attack_mode(model, "eval") as target:
