@@ -152,6 +152,13 @@ def config_number(value, name: str):
         raise AttackConfigError(f"{name} must be a number or a fraction like 8/255, got {value!r}") from None
 
 
+def check_labels(y: Tensor, x: Tensor) -> None:
+    """One integer class label per image to attack (shape and dtype only: no host sync inside a training step)."""
+    if not isinstance(y, Tensor) or y.dtype.is_floating_point or y.dtype == torch.bool or y.shape != x.shape[:1]:
+        got = f"{type(y).__name__} of shape {tuple(y.shape)} and dtype {y.dtype}" if isinstance(y, Tensor) else type(y).__name__
+        raise ValueError(f"labels must be an integer tensor of shape ({x.shape[0]},), one class index per image to attack; got {got}")
+
+
 def maximize(
     loss_fn: Callable[[Tensor], Tensor],
     x: Tensor,
@@ -188,6 +195,7 @@ def maximize(
 
 def pgd(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel, generator: torch.Generator | None = None) -> Tensor:
     """Madry et al.'s PGD: maximise the cross-entropy of ``model`` (which takes [0, 1] images)."""
+    check_labels(y, x)
     return maximize(lambda z: F.cross_entropy(model(z), y, reduction="none"), x, threat, generator=generator)
 
 

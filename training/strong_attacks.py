@@ -47,7 +47,7 @@ from torch import Tensor, nn
 from invert.steps import L2Step, LinfStep
 from invert.validation import check_images
 
-from .attacks import AttackConfigError, ThreatModel, check_norm
+from .attacks import AttackConfigError, ThreatModel, check_labels, check_norm
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +215,7 @@ def apgd(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel, *, loss: s
     k-WTA; ``eot_samples`` is then unused: the estimate already averages many passes).
     """
     check_images(x, "images to attack")
+    check_labels(y, x)
     if loss not in APGD_LOSSES:
         raise AttackConfigError(f"unknown APGD loss {loss!r}: use one of {APGD_LOSSES}")
     if restarts < 1 or eot_samples < 1 or n_targets < 1:
@@ -264,9 +265,10 @@ def margin(logits: Tensor, y: Tensor) -> Tensor:
     return true - others.max(dim=1).values
 
 
-def _check_square(x: Tensor, norm: str, eps: float, queries: int, p_init: float) -> None:
+def _check_square(x: Tensor, y: Tensor, norm: str, eps: float, queries: int, p_init: float) -> None:
     """The Square attacks' inputs, checked before the first query."""
     check_images(x, "images to attack")
+    check_labels(y, x)
     ThreatModel(norm, eps)  # validates eps
     if queries < 1 or not 0 < p_init <= 1:
         raise AttackConfigError(f"queries must be positive and p_init in (0, 1], got {queries}, {p_init}")
@@ -286,7 +288,7 @@ def square_linf(model: nn.Module, x: Tensor, y: Tensor, eps: float, *, queries: 
     position (shared by the batch, as the reference), clipped to the ball and the box, and keeps it for
     the samples whose margin fell. Stops querying a sample once it is misclassified. No gradients.
     """
-    _check_square(x, "linf", eps, queries, p_init)
+    _check_square(x, y, "linf", eps, queries, p_init)
     x, y = x.detach(), y.detach()
     n, c, h, w = x.shape
     device = x.device
@@ -350,7 +352,7 @@ def square_l2(model: nn.Module, x: Tensor, y: Tensor, eps: float, *, queries: in
     reference's too) but drawn from ``generator``; the rescaling adds a tiny constant only to divisors, like the
     reference; a sample stops being queried once misclassified.
     """
-    _check_square(x, "l2", eps, queries, p_init)
+    _check_square(x, y, "l2", eps, queries, p_init)
     x, y = x.detach(), y.detach()
     n, c, h, w = x.shape
     device, dtype = x.device, x.dtype

@@ -77,6 +77,18 @@ def test_apgd_rejects_bad_settings(digits_model):
         apgd(model, x, y, ThreatModel("linf", 0.01), restarts=0)
 
 
+@pytest.mark.parametrize("attack", ["pgd", "apgd", "square_linf", "square_l2"])
+def test_labels_that_do_not_fit_the_images_are_refused_before_the_first_query(digits_model, attack):
+    model, x, y = digits_model
+    run = {"pgd": lambda labels: pgd(model, x[:4], labels, ThreatModel("linf", 0.01, steps=2)),
+           "apgd": lambda labels: apgd(model, x[:4], labels, ThreatModel("linf", 0.01, steps=2)),
+           "square_linf": lambda labels: square_linf(model, x[:4], labels, 0.01, queries=2),
+           "square_l2": lambda labels: square_l2(model, x[:4], labels, 0.5, queries=2)}[attack]
+    for labels in (y[:3], y[:4].float(), y[:4, None]):
+        with pytest.raises(ValueError, match=r"labels must be an integer tensor of shape \(4,\), one class index per image"):
+            run(labels)
+
+
 @pytest.mark.parametrize("norm,eps", [("linf", 4 / 255), ("l2", 0.5)])
 def test_apgd_agrees_with_torchattacks(digits_model, norm, eps):
     """Same model and 96 images: APGD-CE and APGD-T robust accuracies within 1 point of torchattacks 3.5.1
