@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 
 from .config import InvertConfig, load_preset
 from .graphs import capture_cuda_graph
-from .modules import evaluation
+from .modules import evaluation, memory_format
 from .objectives import LpPrior, Objective, TotalVariation, TransformRobust
 from .params import Parametrization, make_parametrization
 from .steps import Stepper, make_stepper, select_state
@@ -214,9 +214,8 @@ class Engine:
         )
         curve_steps = list(range(0, cfg.steps, cfg.log_every)) + [cfg.steps]
 
-        with evaluation(objective, freeze_parameters=True), hot_loop(), torch.no_grad(), _cudnn_mode(device, cfg.deterministic):
-            if cfg.channels_last:
-                objective.to(memory_format=torch.channels_last)
+        with (evaluation(objective, freeze_parameters=True), memory_format(objective, torch.channels_last if cfg.channels_last else None),
+              hot_loop(), torch.no_grad(), _cudnn_mode(device, cfg.deterministic)):
             loss_fn = torch.compile(objective, dynamic=True, mode=cfg.compile_mode) if cfg.compile else objective
             runner = _Runner(cfg, loss_fn, parametrization, stepper, device, use_bf16, _graph_mode(cfg, device))
             micro_batch = self._micro_batch_size(runner, init)

@@ -1,5 +1,5 @@
-"""Small helpers for running someone else's nn.Module: eval mode with frozen weights, the device a module
-lives on, and the slices that cut a batch into chunks. Every package uses these (they live on the lowest floor)."""
+"""Small helpers for running someone else's nn.Module: eval mode with frozen weights, a memory format for the
+duration of a run, the device a module lives on, and the slices that cut a batch into chunks. Every package uses these (they live on the lowest floor)."""
 from __future__ import annotations
 
 import contextlib
@@ -48,3 +48,32 @@ def evaluation(module: nn.Module, freeze_parameters: bool = False) -> Iterator[n
             m.training = mode
         for parameter, flag in requires_grad.items():
             parameter.requires_grad_(flag)
+
+
+@contextlib.contextmanager
+def memory_format(module: nn.Module, fmt: torch.memory_format | None) -> Iterator[nn.Module]:
+    """Lay ``module``'s 4-D parameters and buffers out in ``fmt`` (e.g. ``torch.channels_last``) for the duration,
+    then give each the layout it had: the caller's model comes back as it went in. ``None`` changes nothing.
+
+    ``Module.to(memory_format=...)`` alone would convert the caller's weights for good, and a later
+    computation with them (the next chunk's target features, say) would round differently from the same
+    computation in a fresh process, so resumed and sharded runs would no longer equal a single run.
+    """
+    if fmt is None:
+        yield module
+        return
+    contiguous = {(owner, kind, name): tensor.is_contiguous()
+                  for owner in module.modules() for kind in ("_parameters", "_buffers")
+                  for name, tensor in getattr(owner, kind).items() if tensor is not None}
+    module.to(memory_format=fmt)
+    try:
+        yield module
+    finally:
+        for (owner, kind, name), was_contiguous in contiguous.items():
+            tensor = getattr(owner, kind).get(name)
+            if tensor is None or not was_contiguous or tensor.is_contiguous():
+                continue
+            if kind == "_parameters":
+                tensor.data = tensor.data.contiguous()  # the same Parameter object: optimisers keep their references
+            else:
+                owner._buffers[name] = tensor.contiguous()

@@ -110,6 +110,21 @@ def test_every_stepper_and_parametrization_makes_progress(inversion, settings):
     assert result.images.min() >= 0 and result.images.max() <= 1
 
 
+def test_channels_last_leaves_the_callers_model_as_it_was(tiny_representation, wave_images):
+    """The run converts the weights for its duration only: a later chunk's targets, computed with the caller's
+    model, are then what a fresh process computes (resumed and sharded sets equal a single run)."""
+    representation = tiny_representation()
+    layouts = {name: t.is_contiguous() for name, t in list(representation.named_parameters()) + list(representation.named_buffers())}
+    assert any(t.dim() == 4 for t in representation.parameters())
+    targets, seeds = wave_images(4), noise_images(4, (3, 16, 16), seed=1)
+    fresh = invert_batch(InversionLoss(tiny_representation(), targets[2:]), seeds[2:], steps=5, channels_last=True, **QUICK)
+    invert_batch(InversionLoss(representation, targets[:2]), seeds[:2], steps=5, channels_last=True, **QUICK)
+    after = {name: t.is_contiguous() for name, t in list(representation.named_parameters()) + list(representation.named_buffers())}
+    assert after == layouts
+    second = invert_batch(InversionLoss(representation, targets[2:]), seeds[2:], steps=5, channels_last=True, **QUICK)
+    assert torch.equal(second.images, fresh.images) and torch.equal(second.best_loss, fresh.best_loss)
+
+
 class _Linear(Objective):
     """<a, x> per item: a constant gradient, so L2 steps are collinear and their lengths add up."""
 
