@@ -20,10 +20,12 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; published files follow the umask
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        # mkstemp makes 0600 files, and some writers (safetensors) replace the file they are given: published
+        # files follow the umask, set once the writer is done.
+        os.chmod(tmp_path, 0o666 & ~_umask())
         with open(tmp_path, "rb+") as f:  # make the bytes durable before the rename
             os.fsync(f.fileno())
         os.replace(tmp_path, path)

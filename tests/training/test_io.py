@@ -1,0 +1,37 @@
+"""Atomic writes: published files follow the umask, whatever the writer does with its temporary file."""
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+import torch
+
+from training.checkpoints import save_checkpoint
+from training.io import atomic_save, atomic_write_json
+from training.models import build_model
+
+
+@pytest.fixture
+def umask_022():
+    previous = os.umask(0o022)
+    yield
+    os.umask(previous)
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_published_files_follow_the_umask_even_when_the_writer_replaces_its_file(tmp_path, umask_022):
+    def replacing_writer(tmp):  # as safetensors' save_file does: a file of its own moved over the given one
+        other = tmp_path / "writer-own.tmp"
+        other.write_bytes(b"weights")
+        os.chmod(other, 0o600)
+        os.replace(other, tmp)
+
+    assert _mode(atomic_save(tmp_path / "a.bin", replacing_writer)) == 0o644
+    assert _mode(atomic_write_json(tmp_path / "a.json", {"x": 1})) == 0o644
+    assert _mode(save_checkpoint(build_model("small_cnn", "digits", width=4), tmp_path / "m.safetensors")) == 0o644
+    assert _mode(atomic_save(tmp_path / "m.pt", lambda tmp: torch.save({"w": torch.zeros(1)}, tmp))) == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin", "a.json", "m.pt", "m.safetensors"]  # no temporaries left
