@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -186,6 +187,12 @@ def parse_overrides(arguments: Sequence[str]) -> list:
     return OverridesParser.create().parse_overrides([a for a in arguments if not a.startswith("-")])
 
 
+def quoted(value) -> str:
+    """``value`` as a single-quoted Hydra override value, read back verbatim: a path with ``=``, ``,`` (a sweep
+    unquoted), ``~``, spaces or quotes. Backslashes are doubled only where Hydra unescapes them (before a quote)."""
+    return "'" + re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), str(value)) + "'"
+
+
 def check_overrides(config_name: str, arguments: Sequence[str]) -> DictConfig:
     """Compose ``config_name`` with command-line ``arguments`` (sweeps take their first value) and return
     it; a key that does not exist is refused as :class:`ConfigError` naming the close and the valid keys.
@@ -193,8 +200,6 @@ def check_overrides(config_name: str, arguments: Sequence[str]) -> DictConfig:
     Meant to run before ``@hydra.main``: Hydra answers ``train.epoch=1`` with "To append to your config
     use +train.epoch=1", which would start a run that ignores the value.
     """
-    import re
-
     from hydra.errors import ConfigCompositionException
 
     overrides = [_sweep_free(o) for o in parse_overrides(arguments)]

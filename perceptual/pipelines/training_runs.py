@@ -8,7 +8,7 @@ from typing import Mapping
 
 from omegaconf import DictConfig
 
-from training.config import check_overrides, check_train_config
+from training.config import check_overrides, check_train_config, quoted
 from training.run import RunDirectory
 from training.trainer import train
 
@@ -21,9 +21,9 @@ def training_config(*, model: str, model_kwargs: Mapping, data: Mapping, recipe:
         f"model={model}",
         *[f"++model.kwargs.{key}={value}" for key, value in model_kwargs.items()],
         f"data={data['name']}",
-        *([f"data.root={data['root']}"] if data.get("root") else []),
+        *([f"data.root={quoted(data['root'])}"] if data.get("root") else []),  # paths verbatim: '=', ',' or '~' in them
         f"train={recipe}",
-        f"run_dir={run_dir}",
+        f"run_dir={quoted(run_dir)}",
         "resume=true",
         f"seed={seed}",
         f"device={device}",
