@@ -141,12 +141,13 @@ def survey_command(cfg: DictConfig) -> dict:
     labels = list(cfg.labels) if cfg.labels else [load_set(s).parameters.get("model", {}).get("name") or Path(s).name for s in sets]
     if len(labels) != len(sets) or len(set(labels)) != len(labels):
         raise ValueError(f"labels {labels} must name each of the {len(sets)} sets once: pass labels=[...] with distinct names")
+    out = job_path(cfg.out)  # in a multirun, a package per job
     manifest = build_survey(
-        dict(zip(labels, sets)), cfg.out, tasks=list(cfg.tasks), trials_per_survey=cfg.trials_per_survey, attention_rate=cfg.attention_rate,
+        dict(zip(labels, sets)), out, tasks=list(cfg.tasks), trials_per_survey=cfg.trials_per_survey, attention_rate=cfg.attention_rate,
         seed=cfg.seed, distance=cfg.distance, title=cfg.title, base_url=cfg.base_url, minutes=cfg.minutes, overwrite=cfg.overwrite,
     )
     logger.info("%d surveys, %d trials, package %s at %s (serve it and put input.csv on the platform; keep manifest.json private)",
-                len(manifest["surveys"]), len(manifest["trials"]), manifest["fingerprint"], cfg.out)
+                len(manifest["surveys"]), len(manifest["trials"]), manifest["fingerprint"], out)
     return manifest
 
 

@@ -33,6 +33,7 @@ from training.config import dataset_from_config, resolve_device
 from training.data import NUM_CLASSES
 from training.io import atomic_write_json, atomic_write_text
 from training.models.defences import load_factory  # noqa: F401  (re-exported: the factory loader the audit documents)
+from training.sweeps import job_path
 
 from ..audit import (
     alignment_position,
@@ -230,6 +231,9 @@ def run(cfg: DictConfig) -> dict:
 
 @hydra.main(config_path="pkg://conf", config_name="audit", version_base=None)
 def main(cfg: DictConfig) -> None:
+    if not cfg.get("reference_dir"):  # a multirun's jobs share the references trained beside the sweep's out
+        cfg.reference_dir = str(Path(cfg.out).parent / "references")
+    cfg.out = str(job_path(cfg.out))  # and report in folders of their own
     result = run(cfg)
     print(f"verdict: {result['verdict']}\nreport: {result['out']}/audit.md (and audit.html)")
 

@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from training.config import resolve_device
 from training.io import atomic_write_json, atomic_write_text
+from training.sweeps import job_path
 
 from .. import humans
 from ..measure import load_report, make_panel, write_report
@@ -53,6 +54,8 @@ def run(cfg: DictConfig) -> dict:
 
 @hydra.main(config_path="pkg://conf", config_name="humans", version_base=None)
 def main(cfg: DictConfig) -> None:
+    if cfg.out:
+        cfg.out = str(job_path(cfg.out))  # a multirun's jobs report in folders of their own
     data = run(cfg)
     print(humans.markdown_summary(data))
     out = Path(cfg.out) if cfg.out else Path(cfg.package) / "results"

@@ -1,0 +1,42 @@
+"""In a multirun, audit, humans and stimuli survey put each job in a folder of its own (training.sweeps.job_path)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+import perceptual.pipelines.audit as audit_command
+import perceptual.pipelines.humans as humans_command
+import stimuli.commands as stimuli_commands
+
+
+def _job_path(base):
+    return Path(base) / "eot=2"
+
+
+def test_audit_jobs_report_apart_and_share_the_sweeps_references(monkeypatch, tmp_path):
+    seen = {}
+    monkeypatch.setattr(audit_command, "job_path", _job_path)
+    monkeypatch.setattr(audit_command, "run", lambda cfg: seen.update(cfg=cfg) or {"verdict": "v", "out": cfg.out})
+    audit_command.main.__wrapped__(OmegaConf.create({"out": str(tmp_path / "audit"), "reference_dir": None}))
+    assert seen["cfg"].out == str(tmp_path / "audit" / "eot=2")
+    assert seen["cfg"].reference_dir == str(tmp_path / "references")  # where a single run keeps them
+
+
+def test_humans_jobs_report_apart(monkeypatch, tmp_path):
+    seen = {}
+    monkeypatch.setattr(humans_command, "job_path", _job_path)
+    monkeypatch.setattr(humans_command, "run", lambda cfg: seen.update(out=cfg.out) or {})
+    monkeypatch.setattr(humans_command.humans, "markdown_summary", lambda data: "")
+    humans_command.main.__wrapped__(OmegaConf.create({"out": str(tmp_path / "humans"), "package": "p", "measure_report": None}))
+    assert seen["out"] == str(tmp_path / "humans" / "eot=2")
+
+
+def test_survey_jobs_build_packages_apart(monkeypatch, tmp_path):
+    seen = {}
+    monkeypatch.setattr(stimuli_commands, "job_path", _job_path)
+    monkeypatch.setattr(stimuli_commands, "build_survey", lambda sets, out, **kw: seen.update(out=out) or {"surveys": [], "trials": [], "fingerprint": "f"})
+    cfg = OmegaConf.create({"sets": ["a", "b"], "labels": ["x", "y"], "out": str(tmp_path / "survey"), "tasks": ["2afc"], "trials_per_survey": 10,
+                            "attention_rate": 0.1, "seed": 0, "distance": "lpips", "title": "t", "base_url": "", "minutes": 5, "overwrite": False})
+    stimuli_commands.survey_command(cfg)
+    assert seen["out"] == tmp_path / "survey" / "eot=2"
