@@ -206,8 +206,8 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: node}
 
 
-def _check_same_run(saved_yaml: str | None, cfg: DictConfig, run_dir: Path) -> None:
-    """Refuse to resume a run under a config that changes what is being trained."""
+def check_same_run(saved_yaml: str | None, cfg: DictConfig, run_dir: Path) -> None:
+    """Refuse to resume (or reuse) a run under a config that changes what is being trained."""
     if saved_yaml is None:
         return
     saved = _flatten(OmegaConf.to_container(OmegaConf.create(saved_yaml), resolve=False))
@@ -422,7 +422,7 @@ def _resume_or_start(run: RunDirectory, cfg: DictConfig, recipe: Recipe, optimiz
             f"{run.path} already holds a run (checkpoint of epoch {ref.epoch}). Pass resume=true to continue it, "
             f"or choose another run_dir=..."
         )
-    _check_same_run(run.read_config_text(), cfg, run.path)
+    check_same_run(run.read_config_text(), cfg, run.path)
     load_into(recipe.model, ref.weights)
     state = run.load_state(ref)
     optimizer.load_state_dict(state["optimizer"])
@@ -566,4 +566,4 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Distributed", "TrainResult", "format_summary", "train"]
+__all__ = ["Distributed", "TrainResult", "check_same_run", "format_summary", "train"]

@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 
 from training.config import check_overrides, check_train_config, quoted
 from training.run import RunDirectory
-from training.trainer import train
+from training.trainer import check_same_run, train
 
 
 def training_config(*, model: str, model_kwargs: Mapping, data: Mapping, recipe: str, run_dir: str | Path, seed: int, device: str,
@@ -43,11 +43,15 @@ def finished_weights(run_dir: str | Path) -> Path | None:
 
 
 def train_models(configs: Mapping[str, DictConfig], log=print) -> dict[str, Path]:
-    """Train (or resume) each model, reusing a completed run untouched; returns label -> its weight file."""
+    """Train (or resume) each model, reusing a completed run untouched; returns label -> its weight file.
+
+    A completed run trained under other settings (model, data, recipe, seed) is refused, not reused, as the
+    trainer refuses to resume one."""
     weights = {}
     for label, config in configs.items():
         done = finished_weights(config.run_dir)
         if done is not None:
+            check_same_run(RunDirectory(config.run_dir).read_config_text(), config, Path(config.run_dir))
             weights[label] = done
             log(f"{label:>8}: reusing {config.run_dir}")
             continue
