@@ -200,11 +200,14 @@ def check_overrides(config_name: str, arguments: Sequence[str]) -> DictConfig:
     Meant to run before ``@hydra.main``: Hydra answers ``train.epoch=1`` with "To append to your config
     use +train.epoch=1", which would start a run that ignores the value.
     """
+    from importlib.resources import files
+
     from hydra.errors import ConfigCompositionException
 
-    overrides = [_sweep_free(o) for o in parse_overrides(arguments)]
+    parsed = parse_overrides(arguments)
+    overrides = [_sweep_free(o) for o in parsed]
     try:
-        return compose(config_name, overrides)
+        config = compose(config_name, overrides)
     except ConfigCompositionException as err:
         found = re.search(r"Could not override '([^']+)'", str(err))
         if not found:
@@ -215,6 +218,16 @@ def check_overrides(config_name: str, arguments: Sequence[str]) -> DictConfig:
         known = flat_keys(base)
         known += [k.rsplit(".", i)[0] for k in known for i in range(1, k.count(".") + 1)]
         raise ConfigError(unknown_key_message(key, known, f"conf/{config_name}.yaml")) from None
+    # '+key=value' adds a key Hydra accepts and no command reads: a top-level one (not a config group) is a typo.
+    added = {o.key_or_group for o in parsed if o.is_add() or o.is_force_add()}
+    top_level = {k for k in added if "." not in k and "/" not in k and not (files("conf") / k).is_dir()}
+    if top_level:
+        base = compose(config_name, [line for o, line in zip(parsed, overrides) if o.key_or_group not in top_level])
+        unknown = sorted(top_level - set(base))
+        if unknown:
+            raise ConfigError(unknown_key_message(unknown[0], flat_keys(base) + list(base), f"conf/{config_name}.yaml")
+                              + f" ('+{unknown[0]}=...' would add a key that {config_name} never reads)")
+    return config
 
 
 def run_checked(config_name: str, arguments: Sequence[str]) -> None:

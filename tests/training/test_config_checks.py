@@ -23,6 +23,16 @@ def test_a_misspelt_override_is_refused_with_the_close_key_and_no_plus_hint():
     assert cfg.train.beta == 1 and cfg.train.name == "trades"
 
 
+def test_a_top_level_key_added_with_plus_is_refused_by_every_command():
+    """Hydra accepts '+n_target=2' and the command would run its default 100 targets."""
+    with pytest.raises(ConfigError, match=r"unknown config key 'n_target' in conf/stimuli_invert.yaml.*Did you mean n_targets"):
+        check_overrides("stimuli_invert", ["+n_target=2"])
+    with pytest.raises(ConfigError, match=r"'\+sed=\.\.\.' would add a key that measure never reads"):
+        check_overrides("measure", ["-m", "++sed=1,2"])
+    # an existing key forced with ++, model kwargs and config groups pass
+    assert check_overrides("stimuli_invert", ["++n_targets=2", "+model.kwargs.width=8"]).n_targets == 2
+
+
 def test_a_key_added_with_plus_is_refused_before_training(tmp_path):
     cfg = compose("train", ["+train.epoch=1", f"run_dir={tmp_path}"])
     with pytest.raises(ConfigError, match=r"unknown config key 'train.epoch' in the standard recipe.*Did you mean train.epochs"):
