@@ -193,6 +193,20 @@ def quoted(value) -> str:
     return "'" + re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), str(value)) + "'"
 
 
+def _first_unknown_subkey(key: str, parsed: Sequence, known: Sequence[str]) -> str:
+    """For a dict value (``train.schedule={name:step,milestone:[5]}``) the first of its keys that the node lacks,
+    dotted (``train.schedule.milestone``); ``key`` itself otherwise."""
+    for override in parsed:
+        value = override.value() if override.key_or_group == key and not override.is_sweep_override() else None
+        if isinstance(value, Mapping):
+            for leaf in flat_keys(OmegaConf.create(dict(value)), f"{key}."):
+                for depth in range(leaf.count(".") - key.count(".")):
+                    candidate = leaf.rsplit(".", depth)[0] if depth else leaf
+                    if candidate not in known and candidate.rsplit(".", 1)[0] in known + [key]:
+                        return candidate
+    return key
+
+
 def check_overrides(config_name: str, arguments: Sequence[str]) -> DictConfig:
     """Compose ``config_name`` with command-line ``arguments`` (sweeps take their first value) and return
     it; a key that does not exist is refused as :class:`ConfigError` naming the close and the valid keys.
@@ -217,6 +231,7 @@ def check_overrides(config_name: str, arguments: Sequence[str]) -> DictConfig:
         base = compose(config_name, rest)
         known = flat_keys(base)
         known += [k.rsplit(".", i)[0] for k in known for i in range(1, k.count(".") + 1)]
+        key = _first_unknown_subkey(key, parsed, known)
         raise ConfigError(unknown_key_message(key, known, f"conf/{config_name}.yaml")) from None
     # '+key=value' adds a key Hydra accepts and no command reads: a top-level one (not a config group) is a typo.
     added = {o.key_or_group for o in parsed if o.is_add() or o.is_force_add()}

@@ -23,6 +23,14 @@ def test_a_misspelt_override_is_refused_with_the_close_key_and_no_plus_hint():
     assert cfg.train.beta == 1 and cfg.train.name == "trades"
 
 
+def test_a_misspelt_key_inside_a_dict_value_is_named():
+    with pytest.raises(ConfigError, match=r"unknown config key 'train.schedule.milestone'.*Did you mean train.schedule.milestones"):
+        check_overrides("train", ["train.schedule={name:step,milestone:[5]}"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'threat.stpes'.*Did you mean threat.steps"):
+        check_overrides("measure", ["threat={norm:linf,eps:0.0157,stpes:10}"])
+    assert check_overrides("measure", ["threat={norm:linf,eps:0.0157,steps:10}"]).threat.steps == 10
+
+
 def test_a_top_level_key_added_with_plus_is_refused_by_every_command():
     """Hydra accepts '+n_target=2' and the command would run its default 100 targets."""
     with pytest.raises(ConfigError, match=r"unknown config key 'n_target' in conf/stimuli_invert.yaml.*Did you mean n_targets"):
