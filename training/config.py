@@ -96,17 +96,17 @@ def representation_from_config(model: Classifier, model_cfg) -> Representation:
 # ------------------------------------------------------------------------------------------ checks
 
 
-def compose(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
+def compose(config_name: str, overrides: Sequence[str] = (), *, with_hydra: bool = False) -> DictConfig:
     """Compose ``conf/<config_name>.yaml`` with overrides, inside a running Hydra app (which already
-    searches ``pkg://conf``) or outside one."""
+    searches ``pkg://conf``) or outside one; ``with_hydra`` keeps the ``hydra`` node (launcher, sweeper, ...)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
     if GlobalHydra.instance().is_initialized():
-        return hydra_compose(config_name=config_name, overrides=list(overrides))
+        return hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=with_hydra)
     with initialize_config_module(config_module="conf", version_base=None):
-        return hydra_compose(config_name=config_name, overrides=list(overrides))
+        return hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=with_hydra)
 
 
 def flat_keys(node: Any, prefix: str = "") -> list[str]:
@@ -228,11 +228,12 @@ def check_overrides(config_name: str, arguments: Sequence[str]) -> DictConfig:
             raise
         key = found.group(1)
         rest = [o for o in overrides if not o.lstrip("+~").startswith(key + "=")]
-        base = compose(config_name, rest)
-        known = flat_keys(base)
+        base = compose(config_name, rest, with_hydra=key.startswith("hydra."))  # hydra.launcher.* keys live there
+        known = [k for k in flat_keys(base) if k.startswith("hydra.") == key.startswith("hydra.")]
         known += [k.rsplit(".", i)[0] for k in known for i in range(1, k.count(".") + 1)]
         key = _first_unknown_subkey(key, parsed, known)
-        raise ConfigError(unknown_key_message(key, known, f"conf/{config_name}.yaml")) from None
+        where = "Hydra's config (the chosen hydra/launcher and hydra/sweeper)" if key.startswith("hydra.") else f"conf/{config_name}.yaml"
+        raise ConfigError(unknown_key_message(key, known, where)) from None
     # '+key=value' adds a key Hydra accepts and no command reads: a top-level one (not a config group) is a typo.
     added = {o.key_or_group for o in parsed if o.is_add() or o.is_force_add()}
     top_level = {k for k in added if "." not in k and "/" not in k and not (files("conf") / k).is_dir()}
@@ -246,7 +247,8 @@ def check_overrides(config_name: str, arguments: Sequence[str]) -> DictConfig:
 
 
 def run_checked(config_name: str, arguments: Sequence[str]) -> None:
-    """Exit with the message of :func:`check_overrides` (status 2) when an override names no key."""
+    """Exit with the message of :func:`check_overrides` (status 1, as ``sys.exit`` with a message gives) when an override
+    names no key."""
     import sys
 
     if any(a.startswith("-") and a not in ("-m", "--multirun") for a in arguments):

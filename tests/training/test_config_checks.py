@@ -31,6 +31,13 @@ def test_a_misspelt_key_inside_a_dict_value_is_named():
     assert check_overrides("measure", ["threat={norm:linf,eps:0.0157,steps:10}"]).threat.steps == 10
 
 
+def test_a_misspelt_launcher_key_is_named_with_the_launchers_keys():
+    with pytest.raises(ConfigError, match=r"'hydra.launcher.partiton' in Hydra's config.*Did you mean hydra.launcher.partition") as info:
+        check_overrides("stimuli_invert", ["-m", "hydra/launcher=slurm_gpu", "hydra.launcher.partiton=gpu", "shard=0,1", "n_shards=2"])
+    assert "hydra.launcher.timeout_min" in str(info.value)
+    assert check_overrides("stimuli_invert", ["hydra/launcher=slurm_gpu", "hydra.launcher.timeout_min=60"]).n_targets > 0
+
+
 def test_a_top_level_key_added_with_plus_is_refused_by_every_command():
     """Hydra accepts '+n_target=2' and the command would run its default 100 targets."""
     with pytest.raises(ConfigError, match=r"unknown config key 'n_target' in conf/stimuli_invert.yaml.*Did you mean n_targets"):
