@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 import pytest
 import torch
@@ -225,9 +226,11 @@ def bare_resnet18():
 
 @pytest.fixture
 def factory_module(tmp_path, monkeypatch):
-    (tmp_path / "my_defences.py").write_text(FACTORY_MODULE)
+    name = "checkpoint_test_defences"  # a name no other test's module takes: sys.modules would hand back that one
+    (tmp_path / f"{name}.py").write_text(FACTORY_MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
-    yield "my_defences"
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    yield name
 
 
 @pytest.mark.parametrize("prefix", ["", "module."])
