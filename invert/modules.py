@@ -1,5 +1,6 @@
 """Small helpers for running someone else's nn.Module: eval mode with frozen weights, a memory format for the
-duration of a run, the device a module lives on, and the slices that cut a batch into chunks. Every package uses these (they live on the lowest floor)."""
+duration of a run, the device a module lives on, and the slices that cut a batch into chunks. Every package uses
+these (they live on the lowest floor)."""
 from __future__ import annotations
 
 import contextlib

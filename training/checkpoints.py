@@ -186,8 +186,8 @@ def _is_classifier_layout(keys) -> bool:
 def _fitting_layout(raw: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
     """The file's keys laid out for ``own``: Classifier keys for a Classifier; for any other module (a
     ``defence.factory`` model) the candidate layout that fits its keys best: as saved, the Classifier keys without
-    ``net.`` (which also maps a ``robustness`` checkpoint onto the bare network), or without wrapper prefixes (a
-    submodule called ``model`` is a prefix only where stripping it fits)."""
+    ``net.`` (which also maps a ``robustness`` checkpoint onto the bare network), the Classifier keys, or without
+    wrapper prefixes (a submodule called ``model`` is a prefix only where stripping it fits)."""
     canonical = canonical_state_dict(raw, source=source)
     if _is_classifier_layout(own):
         return canonical

@@ -199,10 +199,11 @@ def _first_unknown_subkey(key: str, parsed: Sequence, known: Sequence[str]) -> s
     for override in parsed:
         value = override.value() if override.key_or_group == key and not override.is_sweep_override() else None
         if isinstance(value, Mapping):
-            for leaf in flat_keys(OmegaConf.create(dict(value)), f"{key}."):
-                for depth in range(leaf.count(".") - key.count(".")):
-                    candidate = leaf.rsplit(".", depth)[0] if depth else leaf
-                    if candidate not in known and candidate.rsplit(".", 1)[0] in known + [key]:
+            for leaf in flat_keys(OmegaConf.create(dict(value))):
+                parts = leaf.split(".")
+                for depth in range(1, len(parts) + 1):  # the shortest unknown prefix: a misspelt node, not its leaves
+                    candidate = ".".join([key, *parts[:depth]])
+                    if candidate not in known:
                         return candidate
     return key
 
