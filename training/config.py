@@ -208,6 +208,25 @@ def _first_unknown_subkey(key: str, parsed: Sequence, known: Sequence[str]) -> s
     return key
 
 
+def _composition_message(err: Exception) -> str:
+    """Hydra's composition error without its config search path; an unknown group choice (``invert=papr``) with
+    the close and the valid choices."""
+    from hydra.errors import MissingConfigException
+
+    if isinstance(err, MissingConfigException) and err.options and err.missing_cfg_file:
+        group, _, choice = err.missing_cfg_file.rpartition("/")
+        options = sorted(err.options)
+        close = difflib.get_close_matches(choice, options, n=3, cutoff=0.5)
+        hint = f" Did you mean {' or '.join(f'{group}={c}' for c in close)}?" if close else ""
+        return (f"unknown {group} config {choice!r} ({group}={choice}: no {group}/{choice}.yaml on the config search path).{hint}"
+                f" Valid choices: {', '.join(options)}")
+    message = str(err).split("\nConfig search path:")[0].strip()
+    twice = re.match(r"(\S+) appears more than once in the final defaults list", message)
+    if twice:  # '+invert=fast' adds a second invert config to the one the command already chooses
+        message += f": choose another with {twice.group(1)}=NAME (no +)"
+    return message
+
+
 def check_overrides(config_name: str, arguments: Sequence[str]) -> DictConfig:
     """Compose ``config_name`` with command-line ``arguments`` (sweeps take their first value) and return
     it; a key that does not exist is refused as :class:`ConfigError` naming the close and the valid keys.
@@ -217,16 +236,19 @@ def check_overrides(config_name: str, arguments: Sequence[str]) -> DictConfig:
     """
     from importlib.resources import files
 
-    from hydra.errors import ConfigCompositionException
+    from hydra.errors import ConfigCompositionException, OverrideParseException
 
-    parsed = parse_overrides(arguments)
+    try:
+        parsed = parse_overrides(arguments)
+    except OverrideParseException as err:
+        raise ConfigError(f"cannot read the override {err.override!r}: {err.message}") from None
     overrides = [_sweep_free(o) for o in parsed]
     try:
         config = compose(config_name, overrides)
     except ConfigCompositionException as err:
         found = re.search(r"Could not override '([^']+)'", str(err))
         if not found:
-            raise
+            raise ConfigError(_composition_message(err)) from None
         key = found.group(1)
         rest = [o for o in overrides if not o.lstrip("+~").startswith(key + "=")]
         base = compose(config_name, rest, with_hydra=key.startswith("hydra."))  # hydra.launcher.* keys live there

@@ -86,3 +86,23 @@ def test_paths_expand_home_and_environment_variables(monkeypatch, tmp_path):
 
     with pytest.raises(DataNotFoundError, match=str(tmp_path / "data")):
         dataset_from_config(cfg.data, "test")
+
+
+def test_an_unknown_config_group_choice_is_refused_with_the_valid_choices():
+    """Hydra raises these with a traceback and its search path; the pre-check names the close choice."""
+    with pytest.raises(ConfigError, match=r"unknown invert config 'papr' .*Did you mean invert=paper\?.*Valid choices: default, fast, paper$"):
+        check_overrides("measure", ["invert=papr"])
+    with pytest.raises(ConfigError, match=r"unknown train config 'tradse'.*Did you mean train=trades\?") as info:
+        check_overrides("train", ["-m", "train=tradse,pgd"])
+    assert "Config search path" not in str(info.value)
+    with pytest.raises(ConfigError, match=r"invert appears more than once .*choose another with invert=NAME \(no \+\)"):
+        check_overrides("measure", ["+invert=fast"])
+    with pytest.raises(ConfigError, match=r"cannot read the override 'invert.steps=\[1,2'"):
+        check_overrides("measure", ["invert.steps=[1,2"])
+
+
+def test_a_bad_group_choice_exits_with_one_line_and_no_traceback(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "training", "train=pdg", f"run_dir={tmp_path}"], capture_output=True, text=True,
+                          cwd=REPO_ROOT, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("error: unknown train config 'pdg'") and "train=pgd" in done.stderr
