@@ -239,7 +239,8 @@ def measure_models(
     folder) puts a model's sets and caches elsewhere than ``out/models/<label>``, e.g. in a folder several reports
     share (``reproduce`` measures a model once for every preset that needs it). ``noise_kind`` is the noise seeds'
     distribution (:data:`invert.NOISE_KINDS`; ``super`` and ``light`` are the authors' seeds). ``chunk_size``: items
-    per engine call and resumable part of every set (None: a whole set per call; see the module docstring)."""
+    per engine call and resumable part of every set (None: a whole set per call; see the module docstring). ``config``
+    (the command's config) goes into every set's manifest and into report.json."""
     out = Path(out)
     device = resolve_device(device)
     engine = validate_inputs(specs, n_targets=n_targets, seed_types=seed_types, tasks=tasks, engine=engine, controversial=controversial,
@@ -305,6 +306,8 @@ def measure_models(
         "not_converged": [label for label, r in results.items() if not r["converged"]],
         "models": results,
     }
+    if config is not None:  # the command's whole config (engine, training schedule, ...), to rerun or compare reports
+        report_data["config"] = dict(config)
     report_data["statistics"] = measurement_statistics(results, tasks, seed=seed)
     if controversial:
         report_data["controversial"] = measure_controversial(classifiers, test, panel, out, controversial, engine, seed, device, judge_8bit, config,

@@ -37,11 +37,14 @@ def run_pipeline(out, checkpoints, **kwargs):
 
 def test_pipeline_end_to_end_writes_every_number_and_figure(tmp_path, tiny_checkpoints):
     out = tmp_path / "report"
-    data = run_pipeline(out, tiny_checkpoints, controversial={"model_a": "narrow", "model_b": "wide", "n_origins": 2, "restarts": 2})
+    controversial = {"model_a": "narrow", "model_b": "wide", "n_origins": 2, "restarts": 2}
+    config = {"invert": ENGINE, "n_targets": 4, "controversial": controversial}
+    data = run_pipeline(out, tiny_checkpoints, controversial=controversial, config=config)
     for name in ("report.json", "report.md", "report.html", "grid.png", "scatter_2afc.png", "scatter_clustering.png"):
         assert (out / name).is_file(), name
     saved = json.loads((out / "report.json").read_text())
     assert saved["models"].keys() == {"narrow", "wide"} and saved["observers"] == ["pixel-l2", "ssim"]
+    assert saved["config"] == config  # the settings behind the numbers travel with them
     narrow = saved["models"]["narrow"]
     for task in ("2afc", "clustering", "clustering_hard"):
         assert set(narrow[task]["observers"]) == {"pixel-l2", "ssim"}
