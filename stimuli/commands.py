@@ -21,7 +21,7 @@ from training.sweeps import job_path
 
 from .distances import set_trials
 from .generate import ModelRef, make_controversial_set, make_inversion_set
-from .sets import StimulusSet, find_shards, load_set, merge_sets, shard_path
+from .sets import TRIALS_DIR, StimulusSet, find_shards, load_set, merge_sets, shard_path
 from .sources import Targets, gaussian_targets, select_targets, stream_seed
 from .survey import build_survey
 
@@ -118,7 +118,7 @@ def controversial_command(cfg: DictConfig) -> StimulusSet:
 def trials_command(cfg: DictConfig) -> tuple[Path, pd.DataFrame]:
     stimulus_set = load_set(cfg.set)
     table = set_trials(stimulus_set, cfg.task, seed=cfg.seed, attention_rate=cfg.attention_rate, n_trials=cfg.n_trials, distance=cfg.distance)
-    out = Path(cfg.out) if cfg.out else Path(cfg.set) / "trials" / f"{cfg.task}-seed{cfg.seed}.csv"
+    out = Path(cfg.out) if cfg.out else Path(cfg.set) / TRIALS_DIR / f"{cfg.task}-seed{cfg.seed}.csv"
     out = job_path(out.parent) / out.name
     atomic_write_text(out, table.to_csv(index=False))
     n_trials = table["trial"].nunique()

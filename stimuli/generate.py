@@ -28,7 +28,7 @@ How a run is organised
 
     A run refuses to continue parts or overwrite a set made with different parameters (the
     parameters' fingerprint covers targets, seeds, models and their weights, the objective, the
-    engine config and the chunk size), unless ``overwrite=True`` (which deletes it) or
+    engine config and the chunk size), unless ``overwrite=True`` (which deletes it and the trial tables in its ``trials/``) or
     ``overwrite="archive"`` (which moves it aside to ``<out>.replaced-<k>``, nothing lost: what the
     measurement pipelines do with the sets they keep as caches, so a rerun after a settings or code
     change measures afresh instead of stopping).
@@ -550,6 +550,7 @@ def _prepare(out: Path, fingerprint: str, shard_info: dict | None, n_chunks: int
         raise ValueError(f"overwrite must be false, true or 'archive', got {overwrite!r}")
     if out.exists() and not out.is_dir():
         raise StimulusSetError(f"{out} is a file: give a directory for the stimulus set")
+    cleared = False  # a set this run replaced: what else its folder holds stays, and the new set joins it
     if is_complete_set(out):
         try:
             info = read_manifest(out)
@@ -567,6 +568,7 @@ def _prepare(out: Path, fingerprint: str, shard_info: dict | None, n_chunks: int
             )
         else:
             remove_set(out)
+            cleared = True
     plan_file = out / PARTS_DIR / "plan.json"
     if plan_file.is_file():
         try:
@@ -583,7 +585,7 @@ def _prepare(out: Path, fingerprint: str, shard_info: dict | None, n_chunks: int
                 )
             else:
                 remove_set(out)
-    elif out.is_dir() and any(out.iterdir()) and not (out / PARTS_DIR).is_dir():
+    elif out.is_dir() and any(out.iterdir()) and not (out / PARTS_DIR).is_dir() and not cleared:
         if overwrite:
             raise StimulusSetError(f"{out} is not empty and not a stimulus set: refusing to delete it; choose another out")
         raise StimulusSetError(f"{out} is not empty and not a stimulus set: choose a new or empty directory")

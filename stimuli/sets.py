@@ -46,6 +46,7 @@ TENSORS = "tensors.safetensors"
 IMAGES_DIR = "images"
 PREVIEW = "preview.png"
 PARTS_DIR = "parts"
+TRIALS_DIR = "trials"  # `python -m stimuli trials` writes a set's trial tables here by default
 QUANTISATION = "uint8 = round(clamp(x, 0, 1) * 255), round half to even (torch.round)"
 ROLES = ("target", "seed", "result", "origin", "option", "query")
 
@@ -508,12 +509,13 @@ def is_complete_set(path: str | Path) -> bool:
 
 
 def remove_set(path: str | Path) -> None:
-    """Delete what a stimulus set (complete or unfinished) consists of, and the directory if it is
-    then empty. Refuses a directory that holds other things and no set."""
+    """Delete what a stimulus set (complete or unfinished) consists of, with the trial tables made from it
+    (``trials/``: they name its images), and the directory if it is then empty; other files are kept. Refuses a
+    directory that holds other things and no set."""
     path = Path(path)
     if not path.exists():
         return
-    ours = [MANIFEST, TENSORS, IMAGES_DIR, PREVIEW, PARTS_DIR]
+    ours = [MANIFEST, TENSORS, IMAGES_DIR, PREVIEW, PARTS_DIR, TRIALS_DIR]
     if not any((path / name).exists() for name in (MANIFEST, PARTS_DIR)):
         raise StimulusSetError(f"{path} exists and is not a stimulus set: refusing to delete it; choose another out")
     for name in ours:

@@ -135,6 +135,22 @@ def test_resuming_with_other_parameters_is_refused_unless_overwrite(tmp_path, di
         invert(out, digits, engine=CountingEngine(steps=3))
 
 
+def test_overwrite_replaces_a_set_that_has_trial_tables_and_keeps_other_files(tmp_path, digits):
+    """`python -m stimuli trials` writes into <set>/trials/: overwrite=true deleted the set and then refused the
+    folder as 'not a stimulus set', so the old set was gone and no new one was written."""
+    out = tmp_path / "set"
+    first = invert(out, digits)
+    table = set_trials(first, "2afc", seed=0)
+    (out / "trials").mkdir()
+    table.to_csv(out / "trials" / "2afc-seed0.csv", index=False)
+    (out / "notes.txt").write_text("mine")
+    again = invert(out, digits, overwrite=True)  # the same parameters, made afresh
+    assert again.fingerprint == first.fingerprint and not (out / "trials").exists()  # its trials named the old images
+    second = invert(out, digits, seed_types=["noise", "gray"], overwrite=True)
+    assert load_set(out).fingerprint == second.fingerprint != first.fingerprint
+    assert (out / "notes.txt").read_text() == "mine"
+
+
 def test_archive_moves_an_out_of_date_set_or_its_parts_aside_and_starts_afresh(tmp_path, digits):
     """What the measurement pipelines do with their cached sets: nothing is deleted, nothing is refused."""
     out = tmp_path / "set"
