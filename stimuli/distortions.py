@@ -108,7 +108,7 @@ def gaussian_blur(images: Tensor, sigma: float, cval: float = MVH_GREY) -> Tenso
     if sigma == 0:
         return images.clone()
     if math.isinf(sigma):
-        raise ValueError("sigma = inf is not a blur; high_pass handles sigma = inf as its limit")
+        raise ValueError("sigma = inf is not a blur; high_pass takes sigma = inf as the unfiltered image")
     n, c, h, w = images.shape
     kernel = gaussian_kernel1d(sigma).to(device=images.device, dtype=images.dtype)
     radius = (kernel.numel() - 1) // 2
@@ -127,13 +127,16 @@ def low_pass(images: Tensor, sigma: float, background: float = MVH_GREY) -> Tens
 def high_pass(images: Tensor, sigma: float, background: float = MVH_GREY) -> Tensor:
     """x − G_σ(x), shifted so that each image's mean is 0.4423, clipped (``high_pass_filter``, 2018).
 
-    ``sigma = inf`` is the filter's limit: an infinitely wide Gaussian is flat, so x − G_∞(x) is x minus a
-    constant and the shift leaves x − mean(x) + 0.4423 (the reference code cannot take sigma = inf).
+    ``sigma = inf`` is the benchmark's unfiltered condition, the original image (Geirhos et al. 2018, appendix:
+    "inf (original image)"; its humans score there as on the other originals). It is not the filter's limit
+    x − mean(x) + 0.4423, which shifts the brightness and clips.
     The mean is taken per image and channel (the reference filters one greyscale channel).
     """
     check_images(images, "images")
     sigma = _check_nonnegative(sigma, "sigma")
-    detail = images if math.isinf(sigma) else images - gaussian_blur(images, sigma, background)
+    if math.isinf(sigma):
+        return images.clone()
+    detail = images - gaussian_blur(images, sigma, background)
     return (detail + (background - detail.mean(dim=(2, 3), keepdim=True))).clamp(0, 1)
 
 
@@ -293,7 +296,7 @@ for _spec_ in (
                   validate=lambda p: (_require(p >= 0, f"low_pass parameter must be >= 0, got {p}"),
                                       _require(not math.isinf(p), "low_pass sigma must be finite"))),
     GeneratorSpec("high_pass", (math.inf, 3, 1.5, 1, 0.7, 0.55, 0.45, 0.4), True, "x − G_sigma(x) shifted to mean 0.4423, sigma in px at 224 px",
-                  apply=lambda d, x, ids, seed: high_pass(x, d.pixel_sigma(x.shape[-1])), uses_pixel_sigma=True,
+                  apply=lambda d, x, ids, seed: high_pass(x, d.pixel_sigma(x.shape[-1])), uses_pixel_sigma=True, identity=(math.inf,),
                   validate=lambda p: (_require(p >= 0, f"high_pass parameter must be >= 0, got {p}"),
                                       _require(p != 0, "high_pass sigma must be > 0 (sigma = 0 would remove the whole image); use inf for no filtering"))),
     GeneratorSpec("phase_noise", (0, 30, 60, 90, 120, 150, 180), True, "uniform phase shifts of ±w degrees",
@@ -338,7 +341,7 @@ def format_parameter(value: Any) -> str:
 def _parse_parameter(generator: str, value: Any) -> Any:
     spec = _spec(generator)
     if isinstance(spec.grid[0], str):
-        value = str(value)
+        value = str(value).lower() if isinstance(value, bool) else str(value)  # YAML reads `true` as a bool
         if value not in spec.grid:
             raise ValueError(f"{generator} takes one of {list(spec.grid)}, got {value!r}")
         return value

@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 from scipy.ndimage import gaussian_filter
 from skimage.color import lab2rgb, rgb2gray, rgb2lab
 
@@ -76,11 +77,12 @@ def test_high_pass_matches_reference(images, sigma_224):
     np.testing.assert_allclose(out[:, 0].double().numpy(), np.array(expected), atol=1e-5)
 
 
-def test_high_pass_infinite_sigma_is_the_mean_shifted_image(images):
+def test_high_pass_infinite_sigma_is_the_original_greyscale_image(images):
+    """The benchmark's 'inf (original image)' (Geirhos et al. 2018), like low_pass=0: not x − mean(x) + 0.4423."""
     out = Distortion("high_pass", "inf")(images, IDS)
-    g = grey_np(images)
-    expected = np.clip(g - g.mean(axis=(1, 2), keepdims=True) + 0.4423, 0, 1)
-    np.testing.assert_allclose(out[:, 0].double().numpy(), expected, atol=1e-6)
+    np.testing.assert_array_equal(out[:, 0].numpy(), Distortion("low_pass", 0)(images, IDS)[:, 0].numpy())
+    np.testing.assert_allclose(out[:, 0].double().numpy(), grey_np(images), atol=1e-6)
+    assert torch.equal(C.high_pass(images, math.inf), images)
 
 
 def test_uniform_noise_matches_reference_and_is_keyed_by_image_not_batch(images):
@@ -156,6 +158,9 @@ def test_opponent_colour_matches_skimage_lab(images):
         expected = np.clip(lab2rgb(lab), 0, 1)
         np.testing.assert_allclose(result.permute(1, 2, 0).double().numpy(), expected, atol=2e-3)
     assert torch.equal(Distortion("opponent_colour", "true")(images, IDS), images)
+    # a YAML config's `params: [true, opponent]` gives the bool True
+    yaml = OmegaConf.to_container(OmegaConf.create("- {generator: opponent_colour, params: [true, opponent]}"))
+    assert [d.name for d in parse_conditions(yaml)] == ["opponent_colour=true", "opponent_colour=opponent"]
 
 
 def test_colour_condition_keeps_colour_or_converts_to_greyscale(images):
