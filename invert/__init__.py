@@ -19,6 +19,8 @@ from .objectives import (
     TotalVariation,
     TransformRobust,
     TwoWayControversialLoss,
+    check_push_weight,
+    check_sharpness,
     compute_features,
 )
 from .params import Fourier, Pixel, Sigmoid, make_parametrization
@@ -42,7 +44,7 @@ __all__ = [
     "Fourier", "InversionLoss", "InversionResult", "InvertConfig", "L2Step", "LinfStep", "LpPrior",
     "NOISE_KINDS", "NonFiniteLossError", "Objective", "Pixel", "Sigmoid", "SumObjective", "TotalVariation", "TransformRobust",
     "TwoWayControversialLoss",
-    "check_images", "clamp01", "compute_features", "hashed_uniform", "hot_loop", "invert_batch", "item_generator",
+    "check_images", "check_push_weight", "check_sharpness", "clamp01", "compute_features", "hashed_uniform", "hot_loop", "invert_batch", "item_generator",
     "load_preset", "make_parametrization", "make_stepper", "noise_images", "per_sample_norm", "preset_names",
     "project_l2", "project_linf", "random_start_l2", "random_start_linf", "resolve_engine", "batch_slices", "module_device",
     "stream_seed",

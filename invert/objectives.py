@@ -19,6 +19,7 @@ References: Nanda et al., "Do Invariances in Deep Neural Networks Align with Hum
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Sequence, Union
 
@@ -44,6 +45,26 @@ def rows(buffer: Tensor, items: Tensor | None, n: int, name: str) -> Tensor:
             )
         return buffer
     return buffer.index_select(0, items)
+
+
+def check_push_weight(lam: float) -> float:
+    """Eq. 2's ``lambda`` as a float: finite and >= 0 (a negative weight pulls model B's representation towards
+    the origin instead of pushing it away)."""
+    lam = float(lam)
+    if not (math.isfinite(lam) and lam >= 0):
+        raise ValueError(f"lambda (the weight of the push-away term, Nanda et al. Eq. 2) must be a finite number >= 0, got {lam}: "
+                         "a negative lambda pulls the pushed model's representation towards the origin")
+    return lam
+
+
+def check_sharpness(alpha: float) -> float:
+    """The class-controversial smooth minimum's ``alpha`` as a float: finite and > 0 (alpha < 0 makes it a smooth
+    maximum, so that one model giving its class is enough; alpha = 0 divides by zero)."""
+    alpha = float(alpha)
+    if not (math.isfinite(alpha) and alpha > 0):
+        raise ValueError(f"alpha (the sharpness of the class-controversial smooth minimum) must be a finite number > 0, got {alpha}: "
+                         "alpha < 0 turns the minimum into a maximum, alpha = 0 divides by zero")
+    return alpha
 
 
 class Objective(nn.Module):
@@ -194,7 +215,7 @@ class ControversialLoss(Objective):
         chunk_size: int = 256,
     ):
         super().__init__()
-        self.lam = lam
+        self.lam = check_push_weight(lam)
         self.keep = InversionLoss(g1, origins, chunk_size=chunk_size)
         if isinstance(g2, Distance):
             self.push: Objective = DistanceToReferences(g2.fn, origins)
@@ -231,7 +252,7 @@ class TwoWayControversialLoss(Objective):
                 f"first_keeps must be a bool tensor with one entry per origin ({origins.shape[0]},), got "
                 f"{first_keeps.dtype} {tuple(first_keeps.shape)}"
             )
-        self.lam = lam
+        self.lam = check_push_weight(lam)
         self.d1 = InversionLoss(g1, origins, chunk_size=chunk_size)
         self.d2 = InversionLoss(g2, origins, chunk_size=chunk_size)
         self.register_buffer("first_keeps", first_keeps.to(self.d1.target_features.device), persistent=False)
@@ -271,7 +292,7 @@ class ClassControversialLoss(Objective):
         alpha: float = 100.0,
     ):
         super().__init__()
-        self.model1, self.model2, self.alpha = model1, model2, alpha
+        self.model1, self.model2, self.alpha = model1, model2, check_sharpness(alpha)
         self.register_buffer("class1", _class_buffer(class1, "class1"), persistent=False)
         self.register_buffer("class2", _class_buffer(class2, "class2"), persistent=False)
 

@@ -40,7 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 import stimuli
-from invert import NOISE_KINDS, Engine, resolve_engine
+from invert import NOISE_KINDS, Engine, check_push_weight, resolve_engine
 from training import build_model
 from training.attacks import ThreatModel
 from training.config import dataset_from_config, resolve_device
@@ -359,6 +359,7 @@ def validate_inputs(specs: Sequence[ModelSpec], *, n_targets: int, seed_types: S
             raise ValueError("controversial restarts must be at least 2: the score compares the results of one origin")
         if int(controversial.get("n_origins", 10)) < 1:
             raise ValueError("controversial n_origins must be at least 1")
+        check_push_weight(controversial.get("lambda_", 0.1))
         objective = controversial.get("objective") or "controversial"
         if objective not in stimuli.CONTROVERSIAL_OBJECTIVES:
             raise ValueError(f"controversial objective={objective!r}: use one of {list(stimuli.CONTROVERSIAL_OBJECTIVES)}")

@@ -59,6 +59,8 @@ from invert import (
     InversionLoss,
     InvertConfig,
     TwoWayControversialLoss,
+    check_push_weight,
+    check_sharpness,
     module_device,
     resolve_engine,
 )
@@ -795,8 +797,7 @@ def make_controversial_set(
         raise ValueError(f"start must be one of {CONTROVERSIAL_STARTS}, got {start!r}")
     if start == "origin" and not (math.isfinite(start_sigma) and start_sigma > 0):
         raise ValueError(f"start=origin needs start_sigma > 0 (Eq. 2 has no gradient at the origin itself), got {start_sigma}")
-    if objective == "controversial" and not math.isfinite(lam):
-        raise ValueError(f"lambda must be finite, got {lam}")
+    lam, alpha = check_push_weight(lam), check_sharpness(alpha)
     needed = "representation" if objective == "controversial" else "classifier"
     for m in (model_a, model_b):
         m.module(needed)

@@ -13,6 +13,7 @@ from invert.objectives import (
     LpPrior,
     TotalVariation,
     TransformRobust,
+    TwoWayControversialLoss,
 )
 from invert.rng import hashed_uniform, noise_images
 
@@ -167,3 +168,18 @@ def test_error_messages(tiny_representation, wave_images):
         loss(wave_images(2))
     with pytest.raises(ValueError, match="samples must be at least 1"):
         TransformRobust(loss, samples=0)
+
+
+def test_controversial_weights_that_reverse_the_objective_are_refused(tiny_representation, tiny_classifier, wave_images):
+    """A negative lambda pulls model 2 towards the origin (Eq. 2 pushes it away); alpha <= 0 is no smooth minimum."""
+    rep, origins = tiny_representation(), wave_images(2)
+    for lam in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="lambda .* must be a finite number >= 0"):
+            ControversialLoss(rep, rep, origins, lam=lam)
+        with pytest.raises(ValueError, match="lambda .* must be a finite number >= 0"):
+            TwoWayControversialLoss(rep, rep, origins, torch.tensor([True, False]), lam=lam)
+    assert ControversialLoss(rep, rep, origins, lam=0).lam == 0.0
+    model = tiny_classifier()
+    for alpha in (0, -10, float("inf")):
+        with pytest.raises(ValueError, match="alpha .* must be a finite number > 0"):
+            ClassControversialLoss(model, model, 0, 1, alpha=alpha)

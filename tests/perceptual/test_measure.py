@@ -110,11 +110,12 @@ def test_pipeline_refusals(tmp_path, tiny_checkpoints):
 @pytest.mark.parametrize("change, message", [
     ({"controversial": {"model_a": "narrow", "model_b": "robustt"}}, r"model_b='robustt' is not among the measured models \['narrow', 'wide'\]"),
     ({"controversial": {"model_a": "narrow", "model_b": "wide", "lambda": 0.1}}, r"unknown controversial key\(s\) \['lambda'\]"),
+    ({"controversial": {"model_a": "narrow", "model_b": "wide", "lambda_": -0.1}}, r"lambda .* must be a finite number >= 0, got -0.1"),
     ({"n_targets": 2}, "n_targets=2 is too few: clustering, clustering_hard needs at least 3 targets"),
     ({"engine": {"steps": 2, "step": 3}}, r"unknown invert config keys \['step'\]; valid keys are"),
     ({"seed_types": ["noise", "trian"]}, "seed_types must be a non-empty list of"),
     ({"noise_kind": "normal"}, r"unknown noise_kind 'normal': use one of \['gaussian', 'light', 'super', 'uniform'\]"),
-], ids=["controversial-label", "controversial-key", "too-few-targets", "engine-key", "seed-type", "noise-kind"])
+], ids=["controversial-label", "controversial-key", "controversial-lambda", "too-few-targets", "engine-key", "seed-type", "noise-kind"])
 def test_bad_measure_inputs_are_refused_before_any_model_is_built(tmp_path, tiny_checkpoints, change, message):
     specs = [ModelSpec("small_cnn", str(tiny_checkpoints["narrow"]), "narrow", kwargs={"width": 8}),
              ModelSpec("small_cnn", str(tiny_checkpoints["wide"]), "wide", kwargs={"width": 12})]

@@ -366,3 +366,8 @@ def test_controversial_starts_near_the_origin_are_the_origin_plus_keyed_noise(tm
         S.make_controversial_set(tmp_path / "x", model, model, origins, start="zeros")
     with pytest.raises(ValueError, match="start_sigma > 0"):
         S.make_controversial_set(tmp_path / "y", model, model, origins, start="origin", start_sigma=0.0)
+    with pytest.raises(ValueError, match="lambda .* must be a finite number >= 0, got -1.0"):
+        S.make_controversial_set(tmp_path / "z", model, model, origins, lam=-1)
+    with pytest.raises(ValueError, match="alpha .* must be a finite number > 0, got -10.0"):
+        S.make_controversial_set(tmp_path / "z", model, model, origins, objective="class_controversial", alpha=-10)
+    assert not (tmp_path / "z").exists()  # refused before any work
