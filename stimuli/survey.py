@@ -28,9 +28,6 @@ import io
 import json
 import logging
 import math
-import os
-import shutil
-import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -38,6 +35,8 @@ from typing import Mapping, Sequence
 import jinja2
 import numpy as np
 import pandas as pd
+
+from training.io import atomic_directory
 
 from .distances import set_trials
 from .sets import StimulusSet, canonical_json, load_set
@@ -158,28 +157,25 @@ def _deal(records: list[dict], n_surveys: int, rng: np.random.Generator) -> list
     """Split trials into ``n_surveys`` hands with a balanced mix of models (real trials and checks separately); no
     hand holds more than ceil(len(records) / n_surveys) trials."""
 
-    def round_robin(checks: bool) -> list[dict]:
+    def interleaved(checks: bool) -> list[dict]:
+        """Every model's trials (in random order) spread evenly over one sequence: its i-th of n trials sits at
+        (i + 1/2) / n. Equal counts give a round robin; a model with fewer trials still reaches every part."""
         by_model: dict[str, list[dict]] = {}
         for r in records:
             if r["attention_check"] == checks:
                 by_model.setdefault(r["model"], []).append(r)
-        queues = [list(rng.permutation(len(v))) for v in by_model.values()]
-        lists = list(by_model.values())
-        order = []
-        while any(queues):
-            for model_trials, queue in zip(lists, queues):
-                if queue:
-                    order.append(model_trials[queue.pop()])
-        return order
+        placed = [((i + 0.5) / len(trials), m, trials[j])
+                  for m, trials in enumerate(by_model.values()) for i, j in enumerate(rng.permutation(len(trials)))]
+        return [r for _, _, r in sorted(placed, key=lambda p: p[:2])]
 
     hands: list[list[dict]] = [[] for _ in range(n_surveys)]
-    real = round_robin(checks=False)
-    # Contiguous pieces of the round-robin order: each hand gets every model in turn (dealing card by card
+    real = interleaved(checks=False)
+    # Contiguous pieces of the interleaved order: each hand gets every model in its share (dealing card by card
     # would give hand k only the models at positions k, k + n_surveys, ...).
     for hand, piece in zip(hands, np.array_split(np.arange(len(real)), n_surveys)):
         hand.extend(real[i] for i in piece)
     # Each check to the shortest hand: splitting checks on their own could put one trial too many in a hand.
-    for check in round_robin(checks=True):
+    for check in interleaved(checks=True):
         min(hands, key=len).append(check)
     return [[hand[i] for i in rng.permutation(len(hand))] for hand in hands]
 
@@ -233,17 +229,9 @@ def build_survey(
         for k, hand in enumerate(_deal(records, n_surveys, rng)):
             surveys.append({"survey_id": f"{task}-{k:03d}", "task": task, "trials": hand})
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_directory(out) as staging:  # a package replaced only once the new one is complete; served as the umask says
         manifest = _write_package(staging, loaded, surveys, tasks=list(tasks), trials_per_survey=trials_per_survey,
                                   attention_rate=attention_rate, seed=seed, title=title, base_url=base_url, minutes=minutes, rng=rng)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     logger.info("survey package with %d surveys (%d trials) written to %s", len(surveys), len(manifest["trials"]), out)
     return manifest
 

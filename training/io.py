@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -32,6 +33,28 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty staging directory beside ``path``; on success it takes ``path``'s place (a directory that was
+    there is moved aside first and deleted only after the swap), with the umask's mode rather than mkdtemp's 0700.
+    On an error the staging directory goes and ``path`` is left as it was."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield staging
+        os.chmod(staging, 0o777 & ~_umask())
+        old = None
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".old", dir=path.parent))
+            os.replace(path, old / path.name)
+        os.replace(staging, path)
+        if old is not None:
+            shutil.rmtree(old)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _umask() -> int:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from training.checkpoints import save_checkpoint
-from training.io import atomic_save, atomic_write_json
+from training.io import atomic_directory, atomic_save, atomic_write_json
 from training.models import build_model
 
 
@@ -35,3 +35,18 @@ def test_published_files_follow_the_umask_even_when_the_writer_replaces_its_file
     assert _mode(save_checkpoint(build_model("small_cnn", "digits", width=4), tmp_path / "m.safetensors")) == 0o644
     assert _mode(atomic_save(tmp_path / "m.pt", lambda tmp: torch.save({"w": torch.zeros(1)}, tmp))) == 0o644
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin", "a.json", "m.pt", "m.safetensors"]  # no temporaries left
+
+
+def test_a_directory_is_published_whole_with_the_umask_or_not_at_all(tmp_path, umask_022):
+    target = tmp_path / "package"
+    with atomic_directory(target) as staging:
+        (staging / "page.html").write_text("one")
+    assert _mode(target) == 0o755 and (target / "page.html").read_text() == "one"  # not mkdtemp's 0700
+    with pytest.raises(RuntimeError), atomic_directory(target) as staging:
+        (staging / "page.html").write_text("half")
+        raise RuntimeError("interrupted")
+    assert (target / "page.html").read_text() == "one"
+    with atomic_directory(target) as staging:
+        (staging / "new.html").write_text("two")
+    assert sorted(p.name for p in target.iterdir()) == ["new.html"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["package"]  # no staging or old copy left

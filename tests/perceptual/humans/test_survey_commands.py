@@ -210,3 +210,42 @@ def test_no_survey_holds_more_trials_than_asked(real, checks, per_survey):
     assert max(map(len, hands)) <= per_survey
     assert sorted(r["n"] for hand in hands for r in hand) == list(range(real + checks))
     assert max(sum(r["attention_check"] for r in hand) for hand in hands) - min(sum(r["attention_check"] for r in hand) for hand in hands) <= 1
+
+
+@pytest.mark.parametrize("counts", [(6, 24), (3, 12, 12), (10, 10)])
+def test_every_survey_mixes_the_models_when_the_sets_differ_in_size(counts):
+    """Cutting a round robin into pieces left the later surveys with the larger set's model alone."""
+    from stimuli.survey import _deal
+
+    records = [{"model": m, "attention_check": False, "n": (m, i)} for m, count in zip("abc", counts) for i in range(count)]
+    n_surveys = min(counts)
+    hands = _deal(records, n_surveys, np.random.default_rng(0))
+    for hand in hands:
+        assert {r["model"] for r in hand} == set("abc"[:len(counts)])
+        for m, count in zip("abc", counts):  # each model's share of a hand is its share of the trials, to one trial
+            assert abs(sum(r["model"] == m for r in hand) - count / n_surveys) <= 1
+    assert sorted(r["n"] for hand in hands for r in hand) == sorted(r["n"] for r in records)
+
+
+def test_a_package_is_published_with_the_umask_and_replaced_whole(inversion_sets, tmp_path, monkeypatch):
+    """mkdtemp's 0700 made the package folder unreadable to a web server running as another user."""
+    import os
+    import stat
+
+    package = tmp_path / "package"
+    old = os.umask(0o022)
+    try:
+        build_survey(dict(inversion_sets), package, tasks=["2afc"], seed=0)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(package.stat().st_mode) == 0o755
+    before = load_package(package).fingerprint
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("interrupted while writing")
+
+    monkeypatch.setattr("stimuli.survey._write_package", fail)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        build_survey(dict(inversion_sets), package, tasks=["2afc"], seed=1, overwrite=True)
+    assert load_package(package).fingerprint == before  # the old package stays whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["package"]  # no staging folder left behind
