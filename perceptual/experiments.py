@@ -27,7 +27,7 @@ import numpy as np
 from scipy.stats import pearsonr, spearmanr
 
 from .report import alignment_scatter, format_score, markdown_table, save_figure
-from .statistics import paired_difference, per_target_scores
+from .statistics import check_level, paired_difference, per_target_scores, percentile_interval
 
 TASK_TITLES = {"2afc": "2AFC", "clustering": "clustering", "clustering_hard": "hard clustering"}
 RESULTS = ("table", "gaussian", "scatter", "grid")
@@ -137,6 +137,7 @@ def gaussian_result(data: Mapping, variants: Sequence[Variant], tasks: Sequence[
 def correlation_with_interval(x: Sequence[float], y: Sequence[float], *, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
     """Spearman's rho and Pearson's r between ``x`` and ``y`` over models, each with a percentile-bootstrap interval
     resampling models (draws where the correlation is undefined are dropped; see the module docstring)."""
+    check_level(level)
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     keep = np.isfinite(x) & np.isfinite(y)
     x, y = x[keep], y[keep]
@@ -152,8 +153,7 @@ def correlation_with_interval(x: Sequence[float], y: Sequence[float], *, n_boot:
             a, b = x[index], y[index]
             if len(np.unique(index)) >= 3 and np.ptp(a) > 0 and np.ptp(b) > 0:
                 boots.append(float(fn(a, b)))
-        alpha = (1 - level) / 2
-        low, high = (float(np.quantile(boots, alpha)), float(np.quantile(boots, 1 - alpha))) if boots else (math.nan, math.nan)
+        low, high = percentile_interval(boots, level)
         out[name] = {"value": value, "ci_low": low, "ci_high": high, "valid_draws": len(boots)}
     return out
 

@@ -55,7 +55,7 @@ from .class_controversial import class_controversial_score, class_controversial_
 from .convergence import DEFAULT_THRESHOLD, MIN_CONVERGED_FRACTION, convergence_figure, convergence_sentence, convergence_summary, is_converged
 from .decisions import observer_slug
 from .observers import Panel, default_panel, make_observer, quantize_8bit
-from .statistics import measurement_statistics
+from .statistics import measurement_statistics, percentile_interval
 from .tasks import controversial_spread, judge_2afc, judge_clustering, panel_summary, summarize
 
 TASKS = stimuli.TASKS  # the trial kinds of stimuli.trials
@@ -468,7 +468,7 @@ def controversial_favoured(per_observer: Mapping[str, Mapping[str, dict]], keepe
         mean = float(diff.mean())
         if len(diff) > 1:
             boots = diff[rng.integers(0, len(diff), size=(n_boot, len(diff)))].mean(1)
-            low, high = float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975))
+            low, high = percentile_interval(boots, 0.95)
         else:
             low = high = mean
         separated = (low > 0 or high < 0) if len(diff) > 1 else mean != 0

@@ -20,6 +20,22 @@ from scipy.stats import kendalltau
 PerTarget = Mapping[str, Mapping[str, float]]  # observer -> target id -> score
 
 
+def check_level(level: float) -> float:
+    """An interval's coverage as a float in (0, 1); 95 or 0 are refused (0 gave a zero-width interval that 'separated')."""
+    if isinstance(level, bool) or not isinstance(level, (int, float, np.floating, np.integer)) or not 0 < level < 1:
+        raise ValueError(f"level is the interval's coverage, a fraction strictly between 0 and 1 (e.g. 0.95), got {level!r}")
+    return float(level)
+
+
+def percentile_interval(draws: Sequence[float] | np.ndarray, level: float) -> tuple[float, float]:
+    """The central ``level`` percentile interval of bootstrap ``draws`` (NaN, NaN without draws)."""
+    draws = np.asarray(draws, dtype=float)
+    if not draws.size:
+        return math.nan, math.nan
+    tail = (1 - check_level(level)) / 2
+    return float(np.quantile(draws, tail)), float(np.quantile(draws, 1 - tail))
+
+
 def _common(a: PerTarget, b: PerTarget) -> tuple[list[str], list[str]]:
     observers = sorted(set(a) & set(b))
     if not observers:
@@ -36,14 +52,14 @@ def paired_difference(a: PerTarget, b: PerTarget, *, n_boot: int = 2000, seed: i
     ``a`` and ``b`` map observer -> target -> score (e.g. a model's per-target 2AFC credit). Each bootstrap draw
     resamples observers (when there are several) and targets with replacement, keeping pairs intact.
     """
+    check_level(level)
     observers, targets = _common(a, b)
     diff = np.array([[a[o][t] - b[o][t] for t in targets] for o in observers], dtype=float)  # (observers, targets)
     rng = np.random.default_rng(seed)
     obs_draw = rng.integers(0, len(observers), size=(n_boot, len(observers))) if len(observers) > 1 else np.zeros((n_boot, 1), dtype=int)
     tgt_draw = rng.integers(0, len(targets), size=(n_boot, len(targets)))
     boots = np.array([diff[np.ix_(o, t)].mean() for o, t in zip(obs_draw, tgt_draw)])
-    alpha = (1 - level) / 2
-    low, high = float(np.quantile(boots, alpha)), float(np.quantile(boots, 1 - alpha))
+    low, high = percentile_interval(boots, level)
     return {"difference": float(diff.mean()), "ci_low": low, "ci_high": high, "level": level,
             "separated": bool(low > 0 or high < 0), "n_targets": len(targets), "n_observers": len(observers)}
 
@@ -55,6 +71,7 @@ def ranking_agreement(first: Mapping[str, Mapping[str, float]], second: Mapping[
     ``first`` and ``second`` map model -> target -> score; a model's score is its mean over the targets (the same
     targets resampled for both rankings in each draw). Fewer than two models: tau is undefined (NaN).
     """
+    check_level(level)
     models = sorted(set(first) & set(second))
     if len(models) < 2:
         return {"tau": math.nan, "ci_low": math.nan, "ci_high": math.nan, "n_models": len(models), "n_targets": 0}
@@ -70,9 +87,7 @@ def ranking_agreement(first: Mapping[str, Mapping[str, float]], second: Mapping[
 
     rng = np.random.default_rng(seed)
     boots = np.array([tau(rng.integers(0, len(targets), len(targets))) for _ in range(n_boot)])
-    boots = boots[~np.isnan(boots)]
-    alpha = (1 - level) / 2
-    low, high = (float(np.quantile(boots, alpha)), float(np.quantile(boots, 1 - alpha))) if boots.size else (math.nan, math.nan)
+    low, high = percentile_interval(boots[~np.isnan(boots)], level)  # draws with tied means have no tau
     return {"tau": tau(np.arange(len(targets))), "ci_low": low, "ci_high": high, "n_models": len(models), "n_targets": len(targets)}
 
 
@@ -131,4 +146,4 @@ def measurement_statistics(models: Mapping[str, Mapping], tasks: Sequence[str] =
     return out
 
 
-__all__ = ["measurement_statistics", "paired_difference", "per_target_scores", "ranking_agreement"]
+__all__ = ["check_level", "measurement_statistics", "paired_difference", "per_target_scores", "percentile_interval", "ranking_agreement"]

@@ -23,6 +23,7 @@ import pandas as pd
 import torch
 
 from .observers import Observer
+from .statistics import check_level, percentile_interval
 
 TIE_TOLERANCE = 1e-7
 
@@ -81,6 +82,7 @@ def wilson_interval(successes: float, n: int, z: float = 1.959963984540054) -> t
 
 def bootstrap_interval(credit: np.ndarray, clusters: np.ndarray | None = None, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
     """Percentile bootstrap of the mean credit, resampling whole clusters (e.g. targets) when given."""
+    check_level(level)
     rng = np.random.default_rng(seed)
     credit = np.asarray(credit, dtype=float)
     if clusters is None:
@@ -89,9 +91,7 @@ def bootstrap_interval(credit: np.ndarray, clusters: np.ndarray | None = None, n
     sums = np.bincount(inverse, weights=credit, minlength=len(labels))
     counts = np.bincount(inverse, minlength=len(labels))
     draws = rng.integers(0, len(labels), size=(n_boot, len(labels)))
-    means = sums[draws].sum(1) / counts[draws].sum(1)
-    alpha = (1 - level) / 2
-    return (float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha)))
+    return percentile_interval(sums[draws].sum(1) / counts[draws].sum(1), level)
 
 
 def summarize(judged: pd.DataFrame, by: str | None = "seed_type", interval: str = "wilson", seed: int = 0) -> dict:

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
-from perceptual.statistics import measurement_statistics, paired_difference, ranking_agreement
+from perceptual.experiments import correlation_with_interval
+from perceptual.statistics import measurement_statistics, paired_difference, percentile_interval, ranking_agreement
+from perceptual.tasks import bootstrap_interval
 
 
 def test_a_constant_paired_difference_has_a_zero_width_interval():
@@ -59,3 +62,25 @@ def test_measurement_statistics_skips_comparisons_whose_tasks_were_not_measured(
     assert "random vs hard clustering" not in stats["ranking_agreement"]
     assert "2afc: noise vs train seeds" not in stats["ranking_agreement"]  # no per-seed-type scores here
     assert stats["paired_differences"]["2afc"]["a - b"]["difference"] == 0.0
+
+
+@pytest.mark.parametrize("level", [95, 0, 1.0, -0.5, float("nan"), "0.95"])
+def test_an_interval_level_outside_zero_to_one_is_refused(level):
+    """level=95 failed inside numpy; level=0 gave a zero-width interval that called two models 'separated'."""
+    a = {"o": {"t1": 0.5, "t2": 0.7, "t3": 0.2}}
+    b = {"o": {"t1": 0.3, "t2": 0.6, "t3": 0.4}}
+    with pytest.raises(ValueError, match="level is the interval's coverage, a fraction strictly between 0 and 1"):
+        paired_difference(a, b, level=level)
+    with pytest.raises(ValueError, match="level is the interval's coverage"):
+        ranking_agreement({"m": a["o"], "n": b["o"]}, {"m": b["o"], "n": a["o"]}, level=level)
+    with pytest.raises(ValueError, match="level is the interval's coverage"):
+        bootstrap_interval(np.array([0.0, 1.0, 1.0]), level=level)
+    with pytest.raises(ValueError, match="level is the interval's coverage"):
+        correlation_with_interval([1, 2, 3], [1, 3, 2], level=level)
+
+
+def test_percentile_interval_is_the_central_share_of_the_draws():
+    draws = np.arange(1001, dtype=float)
+    assert percentile_interval(draws, 0.95) == pytest.approx((25.0, 975.0))
+    assert percentile_interval(draws, 0.5) == (250.0, 750.0)
+    assert all(math.isnan(v) for v in percentile_interval([], 0.95))
