@@ -71,7 +71,8 @@ def family_zscores(table: pd.DataFrame, metrics: Sequence[str] | None = None, fa
         return out
     grouped = table.groupby(family, sort=False)[names]
     mean, std = grouped.transform("mean"), grouped.transform(lambda v: v.std(ddof=0))
-    out[names] = (table[names] - mean) / std.where(std > 0)
+    spread = grouped.transform("max") - grouped.transform("min")  # not std > 0: rounding leaves [0.1, 0.1, 0.1] a std of 1e-17
+    out[names] = (table[names] - mean) / std.where(spread > 0)
     return out
 
 

@@ -56,6 +56,9 @@ def test_zscores_and_global_vs_average_by_hand():
 def test_constant_metric_and_nan_values_are_left_out():
     table = pd.DataFrame({"family": ["A"] * 4, "m1": [1.0, 1.0, 1.0, 1.0], "m2": [1.0, 2.0, np.nan, 4.0], "m3": [1.0, 3.0, 9.0, 2.0]})
     assert family_zscores(table)["m1"].isna().all()  # constant within its family: no z-score
+    # 0.1 three times has a float standard deviation of about 1e-17, which made every z-score -1
+    tenths = pd.DataFrame({"family": ["A"] * 3 + ["B"] * 3, "m1": [0.1] * 3 + [0.2, 0.5, 0.9]})
+    assert family_zscores(tenths)["m1"].iloc[:3].isna().all() and family_zscores(tenths)["m1"].iloc[3:].notna().all()
     result = metric_correlations(table, ["m2", "m3"])
     # on the three rows where m2 is defined: ranks [1, 2, 3] vs [1, 3, 2], d² = 2, rho = 1 - 6 · 2 / (3 · 8)
     assert result["global"][0, 1] == pytest.approx(0.5)
