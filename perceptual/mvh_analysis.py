@@ -26,6 +26,7 @@ benchmark, and the number of defined values is reported next to them.
 from __future__ import annotations
 
 import logging
+import re
 from itertools import combinations
 from typing import Any, Collection
 
@@ -204,23 +205,32 @@ def shape_bias_per_category(trials: pd.DataFrame, humans: Any = None, dataset: s
     return pd.DataFrame(rows)
 
 
+# The benchmark's order (``datasets/experiments.py``) for its conditions that are not numbers: colour before greyscale,
+# true colour before opponent colour, the original before the equalised power spectrum.
+NAMED_CONDITION_ORDER = ("cr", "bw", "True", "False", "0", "pow")
+
+
 def condition_order(conditions: Collection) -> list:
-    """Conditions in plotting order: numerically where all are numbers (``0.7`` < ``3``), else as strings;
-    eidolon's ``<reach>-<coherence>-<grain>`` by reach."""
+    """Conditions in plotting order: numerically where all are numbers (``0.7`` < ``3``; contrast's ``c05`` by its
+    percentage, so ``c10`` < ``c15`` < ``c100``; eidolon's ``<reach>-<coherence>-<grain>`` by reach), else in the
+    benchmark's order for its named conditions (:data:`NAMED_CONDITION_ORDER`) and then as strings. Numbers ascend,
+    where the benchmark lists contrast and high-pass from the undistorted end."""
     values = [str(c) for c in conditions]
 
     def number(text: str) -> float | None:
+        found = re.fullmatch(r"c(\d+)", text) or re.fullmatch(r"(\d+)-\d+-\d+", text)
         try:
-            return float(text.split("-")[0]) if "-" in text and text.split("-")[0].isdigit() else float(text)
+            return float(found.group(1)) if found else float(text)
         except ValueError:
             return None
 
     if all(number(v) is not None for v in values):
         return sorted(values, key=lambda v: (number(v), v))
-    return sorted(values)
+    rank = {name: i for i, name in enumerate(NAMED_CONDITION_ORDER)}
+    return sorted(values, key=lambda v: (rank.get(v, len(rank)), v))
 
 
 __all__ = [
-    "CUE_CONFLICT", "accuracy_per_subject", "accuracy_summary", "condition_order", "consistency_matrix", "consistency_summary",
+    "CUE_CONFLICT", "NAMED_CONDITION_ORDER", "accuracy_per_subject", "accuracy_summary", "condition_order", "consistency_matrix", "consistency_summary",
     "is_human_test", "pairwise_consistency", "shape_bias_per_category", "shape_bias_table",
 ]

@@ -131,7 +131,10 @@ def test_shape_bias_per_subject_pooled_and_mean():
 def test_condition_order():
     assert condition_order(["3", "0.7", "inf", "1"]) == ["0.7", "1", "3", "inf"]
     assert condition_order(["16-10-10", "2-10-10", "128-10-10"]) == ["2-10-10", "16-10-10", "128-10-10"]
-    assert condition_order(["cr", "bw"]) == ["bw", "cr"]
+    # the benchmark's order for named conditions; contrast by its percentage (as strings c100 sat between c10 and c15)
+    assert condition_order(["bw", "cr"]) == ["cr", "bw"] and condition_order(["False", "True"]) == ["True", "False"]
+    assert condition_order(["pow", "0"]) == ["0", "pow"]
+    assert condition_order(["c100", "c05", "c10", "c15", "c01"]) == ["c01", "c05", "c10", "c15", "c100"]
 
 
 @pytest.fixture(scope="module")
