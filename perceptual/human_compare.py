@@ -1,19 +1,27 @@
 """The compare metric suite with the model-vs-human benchmark's real human trials as the human rows.
 
-``compare`` scores models against simulated observers that all classify the same images. Real subjects of the
-benchmark (Geirhos et al., NeurIPS 2021) do not: within an experiment and condition each subject saw its own draw of
-source images, and two observers are compared on the images they share, as the benchmark's ``analyses.py`` does
-(:func:`perceptual.mvh_analysis.pairwise_consistency`). So every pair metric of :mod:`perceptual.pair_metrics` is
-computed here pair by pair on the shared source images of each (experiment, condition) cell, then averaged over the
-cells (NaN skipped), which gives the same condition-averaged matrices, model-vs-human ranking and Spearman table
-between metrics as ``compare`` reports for its panel.
+``compare`` scores models against simulated observers that all classify the same images. Here the observers are
+the benchmark's subjects (Geirhos et al., NeurIPS 2021) and models that decided on its images, perhaps on part of them,
+so two observers are compared on the source images they share, as the benchmark's ``analyses.py`` does
+(:func:`perceptual.mvh_analysis.pairwise_consistency`; in the shared data every subject of a condition saw the same
+images). Every pair metric of :mod:`perceptual.pair_metrics` is computed pair by pair on the shared source images of
+each (experiment, condition) cell, which gives the same condition-averaged matrices, model-vs-human ranking and
+Spearman table between metrics as ``compare`` reports for its panel.
+
+The benchmark numbers subjects per experiment, so ``subject-01`` of one experiment is not the person of another. The
+models' values are therefore nested as the benchmark nests its own three: mean over an experiment's conditions, then
+over that experiment's humans, then over experiments (:func:`perceptual.metrics.aggregate_trials`; the other metrics
+the same way). ``exclude`` leaves conditions out of the ranking and the mean matrices, as the benchmark's table leaves
+out :data:`perceptual.metrics.MVH_EXCLUDED_CONDITIONS` (``compare humans=`` does by default); the per-condition
+matrices and accuracies keep every cell.
 
 What differs from the panel, deliberately:
 
 * An observer's answer distribution is one-hot on its response (people, and decisions read from CSVs, give no
   softmax), so SOC and SOCE measure agreement of answers rather than of distributions.
 * An unanswered trial (``na``) is answered with an extra 17th "no answer" class: wrong, as in the benchmark, and
-  never agreeing with a wrong class answer of another observer (MA, CLES).
+  never agreeing with a wrong class answer of another observer (MA, CLES). CLES smooths over 16 classes (Xu et al.'s
+  k for model-vs-human) unless one of the pair left a trial of the cell unanswered.
 * CKA is left out: no observer here has a feature space.
 
 Rows are labelled by kind: ``human:subject-01`` and ``model:<name>`` (:func:`system_label`).
@@ -21,7 +29,6 @@ Rows are labelled by kind: ``human:subject-01`` and ``model:<name>`` (:func:`sys
 from __future__ import annotations
 
 import logging
-import math
 from collections import defaultdict
 from itertools import combinations
 from typing import Mapping, Sequence
@@ -30,7 +37,8 @@ import numpy as np
 import pandas as pd
 
 from .human_trials import NO_ANSWER
-from .metrics import SIXTEEN_CLASS_NAMES
+from .metrics import SIXTEEN_CLASS_NAMES, is_excluded
+from .metrics._validation import nanmean
 from .mvh_analysis import condition_order
 from .pair_metrics import PAIR_METRIC_REGISTRY, MetricContext, Responses, metric_correlations, nanmean_matrices, rankings
 
@@ -97,6 +105,11 @@ def pair_matrices_on_trials(trials: pd.DataFrame, systems: Sequence[str], *, cla
         raise ValueError(f"unknown pair metric(s) {unknown}: use any of {list(PAIR_METRIC_REGISTRY)}")
     k = len(classes) + 1  # + "no answer"
     eye = np.eye(k)
+
+    def context(labels: np.ndarray, *answers: np.ndarray) -> MetricContext:
+        unanswered = any((a == len(classes)).any() for a in answers)  # the extra class only where it is used
+        return MetricContext(labels, k if unanswered else len(classes), cles_variant, on_undefined)
+
     out = {}
     cells = dict(list(trials.groupby(["dataset", "condition"], sort=True)))
     ordered = [(d, c) for d in sorted({d for d, _ in cells}) for c in condition_order([c for dd, c in cells if dd == d])]
@@ -112,28 +125,32 @@ def pair_matrices_on_trials(trials: pd.DataFrame, systems: Sequence[str], *, cla
                 continue
             labels = answers[a][1].loc[shared].to_numpy()
             ra, rb = (Responses(answers[s][0].loc[shared].to_numpy(), eye[answers[s][0].loc[shared].to_numpy()]) for s in (a, b))
-            context = MetricContext(labels, k, cles_variant, on_undefined)
+            pair = context(labels, ra.predictions, rb.predictions)
             for m in metrics:
-                matrices[m][i, j] = matrices[m][j, i] = PAIR_METRIC_REGISTRY[m].fn(ra, rb, context)
+                matrices[m][i, j] = matrices[m][j, i] = PAIR_METRIC_REGISTRY[m].fn(ra, rb, pair)
         for i, s in enumerate(systems):
             if s in answers:
                 predictions, labels = (x.to_numpy() for x in answers[s])
                 r = Responses(predictions, eye[predictions])
-                context = MetricContext(labels, k, cles_variant, on_undefined)
+                own = context(labels, predictions)
                 for m in metrics:
-                    matrices[m][i, i] = PAIR_METRIC_REGISTRY[m].fn(r, r, context)
+                    matrices[m][i, i] = PAIR_METRIC_REGISTRY[m].fn(r, r, own)
         out[(dataset, condition)] = matrices
     return out
 
 
-def compare_on_trials(trials: pd.DataFrame, *, cles_variant: str = "paper", on_undefined: str = "nan") -> dict:
+def compare_on_trials(trials: pd.DataFrame, *, cles_variant: str = "paper", on_undefined: str = "nan",
+                      exclude: Mapping[str, Sequence[str]] | None = None) -> dict:
     """``compare``'s behaviour report on labelled trials (:func:`labelled_trials`): the same keys as the panel's.
 
-    ``accuracy`` per ``experiment/condition`` cell and system; ``per_condition`` and ``aggregated`` pair matrices
-    (aggregated: mean over each experiment's conditions, then over experiments, NaN skipped); ``ranking``: the
-    model-vs-human nesting (conditions, humans, experiments; :func:`perceptual.metrics.aggregate_trials`) for accuracy
-    difference, observed and error consistency, the mean over humans of the aggregated matrices for the others, and
-    the mean ranks (consistencies on the images both observers saw, like the matrices); ``spearman_between_metrics`` over the distinct system pairs (Xu et al.).
+    ``accuracy`` per ``experiment/condition`` cell and system, and ``accuracy_mean`` (mean over an experiment's ranked
+    conditions, then over experiments); ``per_condition`` and ``aggregated`` pair matrices (aggregated: mean over each
+    experiment's ranked conditions, then over experiments, NaN skipped); ``ranking``: every metric in the
+    model-vs-human nesting (conditions, then the experiment's humans, then experiments;
+    :func:`perceptual.metrics.aggregate_trials` for accuracy difference, observed and error consistency) and the mean
+    ranks (consistencies on the images both observers saw, like the matrices); ``spearman_between_metrics`` over the
+    distinct system pairs (Xu et al.). ``exclude`` ({experiment: [condition, ...]}, e.g.
+    :func:`perceptual.metrics.mvh_exclusions`): conditions left out of everything but the per-condition entries.
     """
     subjects = sorted(s for s in trials["subject"].unique() if s.startswith(HUMAN_PREFIX))
     models = sorted(s for s in trials["subject"].unique() if s.startswith(MODEL_PREFIX))
@@ -144,29 +161,47 @@ def compare_on_trials(trials: pd.DataFrame, *, cles_variant: str = "paper", on_u
     metrics = trial_pair_metrics()
     per_cell = pair_matrices_on_trials(trials, systems, metrics=metrics, cles_variant=cles_variant, on_undefined=on_undefined)
     per_condition = {f"{d}/{c}": m for (d, c), m in per_cell.items()}
+    ranked = {(d, c): m for (d, c), m in per_cell.items() if not is_excluded(d, c, exclude)}
+    if not ranked:
+        raise ValueError(f"every condition of the experiments {sorted({d for d, _ in per_cell})} is excluded ({dict(exclude or {})}): "
+                         "nothing is left to rank; keep them (compare humans_benchmark_exclusions=false) or add other experiments")
     per_experiment = defaultdict(list)
-    for (dataset, _), matrices in per_cell.items():
+    for (dataset, _), matrices in ranked.items():
         per_experiment[dataset].append(matrices)
-    aggregated = {m: nanmean_matrices([nanmean_matrices([cell[m] for cell in cells]) for cells in per_experiment.values()])
-                  for m in metrics}
-    accuracy = {}
+    by_experiment = {d: {m: nanmean_matrices([cell[m] for cell in cells]) for m in metrics} for d, cells in per_experiment.items()}
+    aggregated = {m: nanmean_matrices([matrices[m] for matrices in by_experiment.values()]) for m in metrics}
+    humans_of = trials.groupby("dataset")["subject"].agg(lambda s: sorted(x for x in set(s) if x.startswith(HUMAN_PREFIX))).to_dict()
+    panel_values = {model: {m: nanmean([nanmean([matrices[m][systems.index(model), systems.index(h)] for h in humans_of[d]])
+                                         for d, matrices in by_experiment.items()]) for m in metrics} for model in models}
+    accuracy, accuracy_by_experiment = {}, defaultdict(lambda: defaultdict(list))
     for dataset, experiment in trials.groupby("dataset", sort=True):
         cells = dict(list(experiment.groupby("condition")))
         for condition in condition_order(cells):  # the benchmark's order: 0.4 < 0.45 < 1 < inf
             accuracy[f"{dataset}/{condition}"] = cells[condition].groupby("subject")["correct"].mean().to_dict()
-    accuracy_mean = {}
-    for s in systems:
-        values = [a[s] for a in accuracy.values() if s in a]
-        accuracy_mean[s] = float(np.mean(values)) if values else math.nan
+            if (dataset, condition) in ranked:
+                for system, value in accuracy[f"{dataset}/{condition}"].items():
+                    accuracy_by_experiment[system][dataset].append(value)
+    accuracy_mean = {s: nanmean([np.mean(v) for v in accuracy_by_experiment[s].values()]) for s in systems}
     return {
         "systems": systems, "models": models, "subjects": subjects,
-        "experiments": sorted(per_experiment),
+        "experiments": sorted({d for d, _ in per_cell}),
+        "excluded_conditions": {d: list(c) for d, c in (exclude or {}).items()},
         "accuracy": accuracy, "accuracy_mean": accuracy_mean,
         "per_condition": per_condition, "aggregated": aggregated,
         "diagonal": {name: PAIR_METRIC_REGISTRY[name].diagonal for name in metrics},
-        "ranking": rankings(trials, aggregated, systems, models, subjects, on_undefined, images="shared"),
+        "ranking": rankings(trials, aggregated, systems, models, subjects, on_undefined, images="shared", exclude=exclude,
+                            panel_values=panel_values),
         "spearman_between_metrics": metric_correlations(aggregated),
     }
+
+
+
+def _exclusion_sentence(excluded: Mapping[str, Sequence[str]]) -> str:
+    if not excluded:
+        return "Every condition is ranked (the benchmark's table would leave out its controls and conditions where humans score under 20 %)."
+    cells = "; ".join(f"{d}: {', '.join(map(str, c))}" for d, c in excluded.items())
+    return (f"As in the benchmark's table, the ranking, the accuracy and the mean matrices leave out its controls and conditions "
+            f"where humans score under 20 % ({cells}); the per-condition table below keeps them.")
 
 
 def summary_markdown(data: Mapping, figures: Sequence[str] = ()) -> str:
@@ -177,12 +212,13 @@ def summary_markdown(data: Mapping, figures: Sequence[str] = ()) -> str:
     metrics = ranking["ranked_metrics"]["all"] + ["soc"]
     lines = ["# Compare report: models against the model-vs-human benchmark's human trials", "",
              f"Experiments: {', '.join(data['experiments'])}; {len(subjects)} human subject ids (the benchmark numbers subjects per "
-             "experiment, so one id is different people in different experiments; the nested metrics never mix them); models: {', '.join(models)}. "
+             f"experiment, so one id is different people in different experiments; the ranking never mixes them); models: {', '.join(models)}. "
              "Observers are compared on the source images both saw in each experiment and condition (one-hot answers: "
              "SOC and SOCE measure answer agreement; no CKA).", "",
              "## Models against the humans", "",
-             "Accuracy difference, observed and error consistency in model-vs-human's nesting (conditions, then humans, then "
-             "experiments); the other metrics: mean over humans of the condition-averaged values. Mean rank 1 is the most human-like.", "",
+             "Every metric in model-vs-human's nesting: mean over an experiment's conditions, then over its humans, then over "
+             "experiments; accuracy: mean over an experiment's conditions, then over experiments. Mean rank 1 is the most human-like.",
+             "", _exclusion_sentence(data.get("excluded_conditions") or {}), "",
              "| Model | accuracy | " + " | ".join(metrics) + " | mean rank (mvh) | mean rank (all) |", "|---" * (len(metrics) + 4) + "|"]
     for m in models:
         lines.append(f"| {m} | {_fmt(data['accuracy_mean'][m])} | " + " | ".join(_fmt(ranking["values"][m].get(k)) for k in metrics)

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from . import metrics as M
+from .metrics._validation import nanmean
 
 
 @dataclass
@@ -135,14 +136,17 @@ def metric_correlations(matrices: Mapping[str, np.ndarray]) -> dict:
 
 
 def rankings(trials: pd.DataFrame, aggregated: Mapping[str, np.ndarray], systems: Sequence[str], models: Sequence[str],
-             subjects: Sequence[str], on_undefined: str, images: str = "same") -> dict:
+             subjects: Sequence[str], on_undefined: str, images: str = "same", exclude: Mapping | None = None,
+             panel_values: Mapping[str, Mapping[str, float]] | None = None) -> dict:
     """Model-vs-observer values (model-vs-human nesting for its three metrics, the panel mean of the aggregated
     matrices for the other registered metrics) and mean ranks (model-vs-human's three metrics; every ranked metric).
-    ``images``: how :func:`perceptual.metrics.aggregate_trials` matches two observers' trials (``same`` or ``shared``)."""
+    ``images``: how :func:`perceptual.metrics.aggregate_trials` matches two observers' trials (``same`` or ``shared``);
+    ``exclude``: conditions left out of the three nested metrics (its argument of that name); ``panel_values`` (model ->
+    metric -> value): the other metrics' values where the caller nests them itself (real subjects per experiment)."""
     values: dict[str, dict[str, float]] = {m: {} for m in models}
     observers_among_themselves = {}
     for metric in NESTED_METRICS:
-        result = M.aggregate_trials(trials, metric, humans=list(subjects), on_undefined=on_undefined, images=images)
+        result = M.aggregate_trials(trials, metric, humans=list(subjects), on_undefined=on_undefined, images=images, exclude=exclude)
         for m in models:
             values[m][metric] = result.models[m]
         observers_among_themselves[metric] = result.humans
@@ -152,7 +156,7 @@ def rankings(trials: pd.DataFrame, aggregated: Mapping[str, np.ndarray], systems
     for metric in panel_metrics:
         block = aggregated[metric][np.ix_(rows, columns)]
         for m, row in zip(models, block):
-            values[m][metric] = _nanmean(row)
+            values[m][metric] = panel_values[m][metric] if panel_values is not None else nanmean(row)
     out = {"values": values, "observers_among_themselves": observers_among_themselves}
     table = np.array([[values[m][name] for name, _ in MVH_RANKING] for m in models], dtype=float)
     out["mean_rank_mvh"] = dict(zip(models, _mean_rank(table, [hib for _, hib in MVH_RANKING])))
@@ -163,12 +167,6 @@ def rankings(trials: pd.DataFrame, aggregated: Mapping[str, np.ndarray], systems
     out["mean_rank_all"] = dict(zip(models, _mean_rank(table, directions)))
     out["ranked_metrics"] = {"mvh": [n for n, _ in MVH_RANKING], "all": all_metrics}
     return out
-
-
-def _nanmean(values) -> float:
-    values = np.asarray(values, dtype=float)
-    values = values[~np.isnan(values)]
-    return float(values.mean()) if values.size else math.nan
 
 
 def _mean_rank(table: np.ndarray, higher_is_better: Sequence[bool]) -> list[float]:

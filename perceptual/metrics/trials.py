@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from types import MappingProxyType
-from typing import Any, Callable, Collection, Hashable
+from typing import Any, Callable, Collection, Hashable, Iterable
 
 import numpy as np
 
@@ -37,6 +37,22 @@ MVH_EXCLUDED_CONDITIONS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "eidolonIII": ("1-0-10", "16-0-10", "32-0-10", "64-0-10", "128-0-10"),
     "uniform-noise": ("0.0", "0.6", "0.9"),
 })
+
+
+def mvh_exclusions(cells: Iterable[tuple[Any, Any]]) -> dict[str, list[str]]:
+    """The conditions of :data:`MVH_EXCLUDED_CONDITIONS` among the (dataset, condition) ``cells`` present (e.g.
+    ``zip(trials["dataset"], trials["condition"])``): the ``exclude`` that reproduces the benchmark's table with
+    :func:`aggregate_trials` on the benchmark's trials, or on part of them."""
+    present = {(str(d), str(c).lower()) for d, c in cells}
+    chosen = {d: [c for c in conditions if (d, c.lower()) in present] for d, conditions in MVH_EXCLUDED_CONDITIONS.items()}
+    return {d: c for d, c in chosen.items() if c}
+
+
+def is_excluded(dataset: Any, condition: Any, exclude: Mapping[Any, Sequence[Any]] | None) -> bool:
+    """Whether ``exclude`` ({dataset: [condition, ...]}) leaves the cell out; condition names compare case-insensitively."""
+    return bool(exclude) and str(condition).lower() in {str(c).lower() for c in exclude.get(str(dataset), ())}
+
+
 _METRIC_NAMES = ("error_consistency", "observed_consistency", "accuracy_difference")
 _METRIC_FUNCTIONS = {error_consistency: "error_consistency", observed_consistency: "observed_consistency",
                      accuracy_difference: "accuracy_difference"}

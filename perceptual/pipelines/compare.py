@@ -87,6 +87,7 @@ from ..human_compare import compare_on_trials, labelled_trials
 from ..human_compare import summary_markdown as human_summary_markdown
 from ..human_trials import classify_image_folder, read_trials, write_trials
 from ..measure import ModelSpec, make_panel
+from ..metrics import mvh_exclusions
 from ..pair_metrics import PAIR_METRIC_REGISTRY, Responses, metric_correlations, nanmean_matrices, pairwise_matrices, rankings
 from ..scores import SCORE_FUNCTIONS, DeepEnsemble, ModelOutputs, make_score, model_outputs
 
@@ -400,7 +401,8 @@ def run_with_humans(container: Mapping) -> dict:
         for (experiment, model), table in models.groupby(["dataset", "subject"]):
             write_trials(table, out / "decisions" / experiment / f"{experiment}_{model}_session_1.csv")
     trials = labelled_trials(humans, models)
-    data = compare_on_trials(trials, cles_variant=metric_cfg["cles_variant"], on_undefined=metric_cfg["on_undefined"])
+    exclude = mvh_exclusions(zip(trials["dataset"], trials["condition"])) if container.get("humans_benchmark_exclusions", True) else None
+    data = compare_on_trials(trials, cles_variant=metric_cfg["cles_variant"], on_undefined=metric_cfg["on_undefined"], exclude=exclude)
     data["reader"] = report.as_dict()
     data["error_alignment"] = write_error_alignment(error_alignment(data["per_condition"], data["systems"]), out)
     atomic_write_text(out / "trials.csv", trials.to_csv(index=False))

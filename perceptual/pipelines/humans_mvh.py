@@ -37,7 +37,7 @@ from training.sweeps import job_path
 
 from ..compare_report import plain
 from ..human_trials import read_trials
-from ..metrics import MVH_EXCLUDED_CONDITIONS, aggregate_trials, mean_rank
+from ..metrics import aggregate_trials, mean_rank, mvh_exclusions
 from ..mvh_analysis import (
     CUE_CONFLICT,
     accuracy_per_subject,
@@ -68,8 +68,7 @@ def _in_condition_order(frame: pd.DataFrame) -> pd.DataFrame:
 def _model_benchmark(trials: pd.DataFrame, models: Sequence[str], on_undefined: str, exclusions: bool) -> dict:
     """The benchmark's three aggregate metrics per model (conditions, then humans, then experiments) and its mean rank;
     with ``exclusions``, over the conditions the benchmark's table keeps (:data:`MVH_EXCLUDED_CONDITIONS` left out)."""
-    present = set(trials["dataset"])
-    excluded = {d: list(c) for d, c in MVH_EXCLUDED_CONDITIONS.items() if d in present} if exclusions else {}
+    excluded = mvh_exclusions(zip(trials["dataset"], trials["condition"])) if exclusions else {}
     metrics = {name: aggregate_trials(trials, name, on_undefined=on_undefined, exclude=excluded)
                for name in ("accuracy_difference", "observed_consistency", "error_consistency")}
     values = {m: {name: result.models.get(m, float("nan")) for name, result in metrics.items()} for m in models}

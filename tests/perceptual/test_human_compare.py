@@ -1,6 +1,6 @@
 """``compare humans=PATH``: the metric suite with real (here: made-up, and the shared) human trials as the human rows.
 
-Hand-computed case (experiment colour, condition cr; categories oven, bear, car, dog, knife):
+Hand-computed case (experiment colour, condition bw (greyscale, a condition the benchmark ranks); categories oven, bear, car, dog, knife):
 
 * subject-01 sees all five images, right on [1, 1, 0, 0, 1]; subject-02 sees the first four, right on [1, 1, 0, 0].
 * model ``alternating`` sees all five, right on [1, 0, 1, 0, 1]; model ``copycat`` answers as subject-01.
@@ -24,6 +24,7 @@ from PIL import Image
 from perceptual.__main__ import main as perceptual_main
 from perceptual.decisions import trial_table
 from perceptual.human_compare import compare_on_trials, labelled_trials, pair_matrices_on_trials
+from perceptual.human_compare import summary_markdown as human_summary_markdown
 from perceptual.human_trials import read_trials, write_trials
 from perceptual.metrics import SIXTEEN_CLASS_NAMES
 from perceptual.pipelines.compare import human_model_decisions
@@ -44,7 +45,7 @@ def human_folder(root):
     people = {"subject-01": [1, 1, 0, 0, 1], "subject-02": [1, 1, 0, 0]}
     (root / "colour").mkdir(parents=True)
     for subject, right in people.items():
-        lines = [f"{subject},1,{t + 1},0.5,{response},{category},cr,{t + 1:04d}_cl_s{subject[-2:]}_cr_{image}"
+        lines = [f"{subject},1,{t + 1},0.5,{response},{category},bw,{t + 1:04d}_cl_s{subject[-2:]}_bw_{image}"
                  for t, ((image, category), response) in enumerate(zip(IMAGES, _answers(right)))]
         (root / "colour" / f"colour_{subject}_session_1.csv").write_text(
             "subj,Session,trial,rt,object_response,category,condition,imagename\n" + "\n".join(lines) + "\n")
@@ -56,7 +57,7 @@ def model_csvs(root):
     labels = [CLASSES.index(c) for _, c in IMAGES]
     paths = []
     for name, right in (("alternating", [1, 0, 1, 0, 1]), ("copycat", [1, 1, 0, 0, 1])):
-        table = trial_table(name, "colour", "cr", ids, labels, [CLASSES.index(a) for a in _answers(right)], CLASSES)
+        table = trial_table(name, "colour", "bw", ids, labels, [CLASSES.index(a) for a in _answers(right)], CLASSES)
         paths.append(write_trials(table, root / "colour" / f"colour_{name}_session_1.csv"))  # the folder names the experiment
     return paths
 
@@ -86,7 +87,7 @@ def test_hand_computed_values_and_ranks(trials):
     systems = data["systems"]
     assert kappa[systems.index("model:alternating"), systems.index("human:subject-01")] == pytest.approx(1 / 6)
     assert kappa[systems.index("model:alternating"), systems.index("human:subject-02")] == pytest.approx(0.0)
-    assert data["accuracy"]["colour/cr"]["human:subject-02"] == pytest.approx(0.5)
+    assert data["accuracy"]["colour/bw"]["human:subject-02"] == pytest.approx(0.5)
     assert set(data["spearman_between_metrics"]["metrics"]) == set(data["aggregated"]) and "cka" not in data["aggregated"]
 
 
@@ -94,7 +95,7 @@ def test_unanswered_trial_is_its_own_wrong_class(trials):
     changed = trials.copy()
     row = (changed["subject"] == "human:subject-02") & (changed["image_id"] == "car_3.png")
     changed.loc[row, "response"] = "na"
-    matrices = pair_matrices_on_trials(changed, ["human:subject-01", "human:subject-02"])[("colour", "cr")]
+    matrices = pair_matrices_on_trials(changed, ["human:subject-01", "human:subject-02"])[("colour", "bw")]
     # Both are wrong on car_3 (still kappa 1), but "na" never agrees with subject-01's "truck".
     assert matrices["error_consistency"][0, 1] == pytest.approx(1.0)
     assert matrices["misclassification_agreement"][0, 1] < 1.0
@@ -102,7 +103,7 @@ def test_unanswered_trial_is_its_own_wrong_class(trials):
 
 def test_model_decisions_must_meet_the_human_images(tmp_path):
     humans, _ = read_trials(human_folder(tmp_path / "raw"))
-    stranger = trial_table("elsewhere", "colour", "cr", ["cat_9.png"], [CLASSES.index("cat")], [CLASSES.index("cat")], CLASSES)
+    stranger = trial_table("elsewhere", "colour", "bw", ["cat_9.png"], [CLASSES.index("cat")], [CLASSES.index("cat")], CLASSES)
     with pytest.raises(ValueError, match="share no source image"):
         labelled_trials(humans, stranger)
     with pytest.raises(ValueError, match="no human trials"):
@@ -145,7 +146,7 @@ def test_image_folder_models_join_the_humans(tmp_path):
     folder.mkdir(parents=True)
     rng = np.random.default_rng(0)
     for t, (image, _) in enumerate(IMAGES):
-        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(folder / f"{t + 1:04d}_cl_dnn_cr_{image}")
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(folder / f"{t + 1:04d}_cl_dnn_bw_{image}")
     from perceptual.measure import ModelSpec
 
     models = human_model_decisions(humans, images=str(tmp_path / "images"), specs=[ModelSpec(name="resnet18", label="r18")],
@@ -166,7 +167,7 @@ def test_image_folder_decisions_round_trip_through_the_command(tmp_path):
     folder.mkdir(parents=True)
     rng = np.random.default_rng(0)
     for t, (image, _) in enumerate(IMAGES):
-        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(folder / f"{t + 1:04d}_cl_dnn_cr_{image}")
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(folder / f"{t + 1:04d}_cl_dnn_bw_{image}")
     out = tmp_path / "out"
     first = compare_run(_config([f"humans={tmp_path / 'raw'}", f"humans_images={tmp_path / 'images'}", "humans_image_size=32",
                                  "models=[{name:resnet18,label:r18}]", f"out={out}", "progress=false"]))["humans"]
@@ -202,3 +203,79 @@ def test_humans_next_to_the_simulated_panel(tmp_path, tiny_digits_checkpoints):
     assert data["panel"]["models"] == ["trained"] and data["humans"]["models"] == ["model:alternating", "model:copycat"]
     assert (out / "metrics.json").exists() and (out / "humans" / "metrics.json").exists()
     assert "humans/summary.md" in (out / "summary.md").read_text()
+
+
+def _shuffled_model(humans: pd.DataFrame) -> pd.DataFrame:
+    """subject-01's trials of every experiment with each cell's answers rotated by one: a model with errors of its own."""
+    first = humans[humans["subject"] == "subject-01"].sort_values(["dataset", "condition", "image_id"])
+    rotated = first.groupby(["dataset", "condition"])["response"].transform(lambda r: np.roll(r.to_numpy(), 1))
+    model = first.assign(subject="rotated", response=rotated)
+    return model.assign(correct=model["response"] == model["category"])
+
+
+def test_the_ranking_nests_every_metric_per_experiment_without_the_benchmarks_excluded_conditions():
+    """The benchmark numbers subjects per experiment: averaging an id over experiments first weighted colour's 4
+    subjects as 1/5 of edge's 10. Its table also leaves out controls (colour: cr) and conditions under 20 %."""
+    if not MVH_RAW.is_dir():
+        pytest.skip(f"shared model-vs-human trials not at {MVH_RAW}")
+    from perceptual.metrics import aggregate_trials, misclassification_agreement, mvh_exclusions
+
+    humans, _ = read_trials(MVH_RAW, experiments=["colour", "edge"])
+    trials = labelled_trials(humans, _shuffled_model(humans))
+    exclude = mvh_exclusions(zip(trials["dataset"], trials["condition"]))
+    assert exclude == {"colour": ["cr"]}
+    data = compare_on_trials(trials, exclude=exclude)
+    values = data["ranking"]["values"]["model:rotated"]
+    subjects = data["subjects"]
+    for metric in ("accuracy_difference", "observed_consistency", "error_consistency"):
+        expected = aggregate_trials(trials, metric, humans=subjects, images="shared", exclude=exclude).models["model:rotated"]
+        assert values[metric] == pytest.approx(expected)
+    assert values["error_consistency"] != pytest.approx(compare_on_trials(trials)["ranking"]["values"]["model:rotated"]["error_consistency"])
+
+    def answers(subject, dataset, condition):
+        cell = trials[(trials["subject"] == subject) & (trials["dataset"] == dataset) & (trials["condition"] == condition)]
+        return cell.set_index("image_id")
+
+    index = {c: i for i, c in enumerate(CLASSES)} | {"na": len(CLASSES)}
+    per_experiment = []
+    for dataset, experiment in trials.groupby("dataset"):
+        conditions = [c for c in experiment["condition"].unique() if c not in exclude.get(dataset, [])]
+        per_human = []
+        for human in sorted(s for s in experiment["subject"].unique() if s.startswith("human:")):
+            per_condition = []
+            for condition in conditions:
+                m, h = answers("model:rotated", dataset, condition), answers(human, dataset, condition)
+                shared = m.index.intersection(h.index)
+                labels, ours, theirs = (frame.loc[shared, column].map(index).to_numpy()
+                                        for frame, column in ((m, "category"), (m, "response"), (h, "response")))
+                per_condition.append(misclassification_agreement(labels, ours, theirs))
+            per_human.append(np.nanmean(per_condition))
+        per_experiment.append(np.nanmean(per_human))
+    assert values["misclassification_agreement"] == pytest.approx(np.mean(per_experiment))
+    assert data["excluded_conditions"] == {"colour": ["cr"]} and "colour/cr" in data["per_condition"]  # kept per condition
+    assert "leave out its controls" in human_summary_markdown(data)
+
+
+def test_cles_smooths_over_sixteen_classes_unless_a_trial_is_unanswered(trials):
+    from perceptual.metrics import class_level_error_similarity
+
+    pair = ["human:subject-01", "model:alternating"]
+    first, model = (trials[trials["subject"] == s].set_index("image_id").sort_index() for s in pair)
+    index = {c: i for i, c in enumerate(CLASSES)}
+    labels = first["category"].map(index).to_numpy()
+
+    def cles(k, model_answers):
+        return class_level_error_similarity(labels, first["response"].map(index).to_numpy(), model_answers, k)
+
+    matrices = pair_matrices_on_trials(trials, pair)[("colour", "bw")]
+    assert matrices["cles"][0, 1] == pytest.approx(cles(16, model["response"].map(index).to_numpy()))
+    changed = trials.copy()
+    changed.loc[(changed["subject"] == "model:alternating") & (changed["image_id"] == "bear_2.png"), "response"] = "na"
+    with_na = np.array(model["response"].map(index))
+    with_na[list(model.index).index("bear_2.png")] = 16
+    assert pair_matrices_on_trials(changed, pair)[("colour", "bw")]["cles"][0, 1] == pytest.approx(cles(17, with_na))
+
+
+def test_excluding_every_condition_is_refused_with_the_way_out(trials):
+    with pytest.raises(ValueError, match=r"every condition .* is excluded .*humans_benchmark_exclusions=false"):
+        compare_on_trials(trials, exclude={"colour": ["bw"]})
