@@ -52,7 +52,8 @@ folders (``humans_images=PATH``: ``<experiment>/dnn/session-1/*.png``) through w
 the 16-class mapping (their decisions are written to ``out/humans/decisions/`` in the benchmark's format). Alone
 (default) no simulated observer runs; with ``humans_with_panel=true`` the panel run above
 is done as well and its report sits next to the human one (the panel classifies the data set's images, the humans the
-benchmark's: the two reference groups share no images, so each ranks the models on its own).
+benchmark's: the two reference groups share no images, so each ranks the models on its own). The ranking leaves out
+the conditions the benchmark's table excludes (``humans_benchmark_exclusions=false`` keeps them).
 
 A rerun skips every finished part (condition sets, model outputs, observer distances, unknown results) and
 recomputes only the metrics and reports, which are cheap. All files are written atomically.
