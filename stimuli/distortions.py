@@ -295,7 +295,9 @@ for _spec_ in (
                   apply=lambda d, x, ids, seed: low_pass(x, d.pixel_sigma(x.shape[-1])), uses_pixel_sigma=True,
                   validate=lambda p: (_require(p >= 0, f"low_pass parameter must be >= 0, got {p}"),
                                       _require(not math.isinf(p), "low_pass sigma must be finite"))),
-    GeneratorSpec("high_pass", (math.inf, 3, 1.5, 1, 0.7, 0.55, 0.45, 0.4), True, "x − G_sigma(x) shifted to mean 0.4423, sigma in px at 224 px",
+    # the description is part of a condition set's fingerprint: its change rebuilds high-pass sets made before inf meant the original
+    GeneratorSpec("high_pass", (math.inf, 3, 1.5, 1, 0.7, 0.55, 0.45, 0.4), True,
+                  "x − G_sigma(x) shifted to mean 0.4423, sigma in px at 224 px; inf: the unfiltered image",
                   apply=lambda d, x, ids, seed: high_pass(x, d.pixel_sigma(x.shape[-1])), uses_pixel_sigma=True, identity=(math.inf,),
                   validate=lambda p: (_require(p >= 0, f"high_pass parameter must be >= 0, got {p}"),
                                       _require(p != 0, "high_pass sigma must be > 0 (sigma = 0 would remove the whole image); use inf for no filtering"))),

@@ -233,6 +233,27 @@ def test_condition_set_is_a_stimulus_set_and_is_reused_when_unchanged(tmp_path, 
         C.make_condition_set(tmp_path / "bad", distortion, images, labels[:2], IDS, **kwargs)
 
 
+def test_a_high_pass_set_made_before_inf_meant_the_original_is_rebuilt(tmp_path, images, monkeypatch):
+    """The generator's description is part of the set's fingerprint: its new wording rebuilds the old sets."""
+    import dataclasses
+
+    labels, kwargs = torch.tensor([0, 1, 2, 1, 0]), dict(classes=["zero", "one", "two"], dataset="toy", split="test")
+    old_spec = dataclasses.replace(C.GENERATORS["high_pass"], description="x − G_sigma(x) shifted to mean 0.4423, sigma in px at 224 px",
+                                   identity=(), apply=lambda d, x, ids, seed: (x - x.mean(dim=(2, 3), keepdim=True) + MVH_GREY).clamp(0, 1))
+    monkeypatch.setitem(C.GENERATORS, "high_pass", old_spec)
+    stale = C.make_condition_set(tmp_path / "set", Distortion("high_pass", "inf"), images, labels, IDS, **kwargs)
+    monkeypatch.undo()
+    rebuilt = C.make_condition_set(tmp_path / "set", Distortion("high_pass", "inf"), images, labels, IDS, **kwargs)
+    assert rebuilt.fingerprint != stale.fingerprint
+    assert torch.equal(rebuilt.images, stimuli_quantised(Distortion("low_pass", 0)(images, IDS)))
+
+
+def stimuli_quantised(images):
+    import stimuli
+
+    return stimuli.quantise(images).float() / 255
+
+
 @pytest.mark.gpu
 def test_distortions_run_on_the_inputs_device_with_the_same_result(images):
     for distortion in parse_conditions(["uniform_noise=0.2", "phase_noise=90", "low_pass=15", "opponent_colour=opponent"]):
