@@ -193,11 +193,11 @@ def quoted(value) -> str:
     return "'" + re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), str(value)) + "'"
 
 
-def _first_unknown_subkey(key: str, parsed: Sequence, known: Sequence[str]) -> str:
+def _first_unknown_subkey(key: str, overrides: Sequence[str], known: Sequence[str]) -> str:
     """For a dict value (``train.schedule={name:step,milestone:[5]}``) the first of its keys that the node lacks,
-    dotted (``train.schedule.milestone``); ``key`` itself otherwise."""
-    for override in parsed:
-        value = override.value() if override.key_or_group == key and not override.is_sweep_override() else None
+    dotted (``train.schedule.milestone``); ``key`` itself otherwise. ``overrides``: the lines composed (no sweeps)."""
+    for override in parse_overrides(overrides):
+        value = override.value() if override.key_or_group == key else None
         if isinstance(value, Mapping):
             for leaf in flat_keys(OmegaConf.create(dict(value))):
                 parts = leaf.split(".")
@@ -227,24 +227,19 @@ def _composition_message(err: Exception) -> str:
     return message
 
 
-def check_overrides(config_name: str, arguments: Sequence[str]) -> DictConfig:
-    """Compose ``config_name`` with command-line ``arguments`` (sweeps take their first value) and return
-    it; a key that does not exist is refused as :class:`ConfigError` naming the close and the valid keys.
-
-    Meant to run before ``@hydra.main``: Hydra answers ``train.epoch=1`` with "To append to your config
-    use +train.epoch=1", which would start a run that ignores the value.
-    """
+def _is_group(key: str) -> bool:
     from importlib.resources import files
 
-    from hydra.errors import ConfigCompositionException, OverrideParseException
+    return "/" in key or (files("conf") / key).is_dir()
+
+
+def _check_composition(config_name: str, overrides: Sequence[str]) -> DictConfig:
+    """``compose(config_name, overrides)`` (no sweeps), with Hydra's composition errors as :class:`ConfigError`: an
+    unknown key named with the close and the valid keys."""
+    from hydra.errors import ConfigCompositionException
 
     try:
-        parsed = parse_overrides(arguments)
-    except OverrideParseException as err:
-        raise ConfigError(f"cannot read the override {err.override!r}: {err.message}") from None
-    overrides = [_sweep_free(o) for o in parsed]
-    try:
-        config = compose(config_name, overrides)
+        return compose(config_name, overrides)
     except ConfigCompositionException as err:
         found = re.search(r"Could not override '([^']+)'", str(err))
         if not found:
@@ -254,12 +249,37 @@ def check_overrides(config_name: str, arguments: Sequence[str]) -> DictConfig:
         base = compose(config_name, rest, with_hydra=key.startswith("hydra."))  # hydra.launcher.* keys live there
         known = [k for k in flat_keys(base) if k.startswith("hydra.") == key.startswith("hydra.")]
         known += [k.rsplit(".", i)[0] for k in known for i in range(1, k.count(".") + 1)]
-        key = _first_unknown_subkey(key, parsed, known)
+        key = _first_unknown_subkey(key, overrides, known)
         where = "Hydra's config (the chosen hydra/launcher and hydra/sweeper)" if key.startswith("hydra.") else f"conf/{config_name}.yaml"
         raise ConfigError(unknown_key_message(key, known, where)) from None
+
+
+def check_overrides(config_name: str, arguments: Sequence[str]) -> DictConfig:
+    """Compose ``config_name`` with command-line ``arguments`` (sweeps take their first value) and return
+    it; a key that does not exist is refused as :class:`ConfigError` naming the close and the valid keys. A sweep's
+    later values are composed too where they can change the keys (config group choices, dict values).
+
+    Meant to run before ``@hydra.main``: Hydra answers ``train.epoch=1`` with "To append to your config
+    use +train.epoch=1", which would start a run that ignores the value.
+    """
+    from hydra.errors import OverrideParseException
+
+    try:
+        parsed = parse_overrides(arguments)
+    except OverrideParseException as err:
+        raise ConfigError(f"cannot read the override {err.override!r}: {err.message}") from None
+    overrides = [_sweep_free(o) for o in parsed]
+    config = _check_composition(config_name, overrides)
+    for i, o in enumerate(parsed):  # later sweep values that can change the config's keys: group choices and dict values
+        if o.is_sweep_override() and (_is_group(o.key_or_group) or any(v.lstrip().startswith("{") for v in o.sweep_string_iterator())):
+            for value in list(o.sweep_string_iterator())[1:]:
+                try:
+                    _check_composition(config_name, overrides[:i] + [f"{o.get_key_element()}={value}"] + overrides[i + 1:])
+                except ConfigError as err:
+                    raise ConfigError(f"{err} (in the sweep's jobs with {o.key_or_group}={value})") from None
     # '+key=value' adds a key Hydra accepts and no command reads: a top-level one (not a config group) is a typo.
     added = {o.key_or_group for o in parsed if o.is_add() or o.is_force_add()}
-    top_level = {k for k in added if "." not in k and "/" not in k and not (files("conf") / k).is_dir()}
+    top_level = {k for k in added if "." not in k and not _is_group(k)}
     if top_level:
         base = compose(config_name, [line for o, line in zip(parsed, overrides) if o.key_or_group not in top_level])
         unknown = sorted(top_level - set(base))

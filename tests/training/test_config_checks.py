@@ -106,3 +106,14 @@ def test_a_bad_group_choice_exits_with_one_line_and_no_traceback(tmp_path):
                           cwd=REPO_ROOT, timeout=120)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("error: unknown train config 'pdg'") and "train=pgd" in done.stderr
+
+
+def test_a_sweeps_later_group_choices_and_dict_values_are_checked_too():
+    """Only the first value was composed: the sweep's other jobs met the bad value after their queue wait."""
+    with pytest.raises(ConfigError, match=r"unknown train config 'tradse'.*Did you mean train=trades\?.*in the sweep's jobs with train=tradse"):
+        check_overrides("train", ["-m", "train=pgd,tradse"])
+    with pytest.raises(ConfigError, match=r"'train.schedule.milestone'.*Did you mean train.schedule.milestones.*jobs with train.schedule="):
+        check_overrides("train", ["-m", "train.schedule={name:step},{name:step,milestone:[5]}"])
+    with pytest.raises(ConfigError, match=r"'train.beta'.*in the sweep's jobs with train=pgd"):  # TRADES' key, not PGD's
+        check_overrides("train", ["-m", "train=trades,pgd", "train.beta=6"])
+    assert check_overrides("train", ["-m", "train=pgd,trades", "train.epochs=1,2,3"]).train.name == "pgd"
