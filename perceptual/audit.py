@@ -192,6 +192,14 @@ def check_smoothing(samples: int, sigma: Optional[float]) -> None:
         raise ValueError(f"smoothing.samples must be 0 (off) or at least 2 and smoothing.sigma null or > 0, got {samples} and {sigma}")
 
 
+def check_budgets(**budgets: int) -> None:
+    """Refuse an attack budget below 1 (``eot=0`` audited a randomised defence with no pass at all, ``n_targets=0`` and
+    ``square_queries=0`` failed only when their attacks started), naming the setting."""
+    for name, value in budgets.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
 def attack_suite(model: nn.Module, norm: str, eps: float, *, steps: int = 50, square_queries: int = 1000, n_targets: int = 3,
                  eot_samples: int = 1, reference: Optional[nn.Module] = None, bpda: Optional[str] = None, seed: int = 0,
                  fgsm_included: bool = True, smoothing_samples: int = 0, smoothing_sigma: Optional[float] = None) -> dict[str, Attack]:
@@ -202,6 +210,7 @@ def attack_suite(model: nn.Module, norm: str, eps: float, *, steps: int = 50, sq
     :func:`training.strong_attacks.smoothed_loss_grad`), Square (gradient-free, Linf or L2) and, with a
     ``reference`` model, the transfer attack (APGD-CE on the reference, evaluated on the defence)."""
     check_smoothing(smoothing_samples, smoothing_sigma)
+    check_budgets(steps=steps, square_queries=square_queries, n_targets=n_targets, eot=eot_samples)
     target = _EOT(model, eot_samples) if eot_samples > 1 else model
 
     def gen(device: torch.device) -> torch.Generator:
@@ -235,16 +244,24 @@ def attack_suite(model: nn.Module, norm: str, eps: float, *, steps: int = 50, sq
     return attacks
 
 
+def module_identity(model: nn.Module, identity=None) -> str:
+    """What a cached result of ``model`` is keyed by: its weights, its repr (the structure and the settings its modules
+    show, e.g. ``Quantise(levels=8)``, which no state_dict holds) and ``identity``, what the caller knows besides
+    (e.g. the defence's config: a factory's kwargs that its repr does not show)."""
+    return cache_key(weights_hash(model), repr(model), identity)
+
+
 def audit_robustness(model: nn.Module, x: Tensor, y: Tensor, norm: str, eps: float, *, steps: int = 50, square_queries: int = 1000,
                      n_targets: int = 3, eot_samples: int = 1, reference: Optional[nn.Module] = None, seed: int = 0,
                      masking_eps: Optional[list[float]] = None, unbounded_steps: int = 50, bpda: Optional[str] = None,
                      sweep_eps: Optional[list[float]] = None, cache_dir: Optional[Path] = None, smoothing_samples: int = 64,
-                     smoothing_sigma: Optional[float] = None) -> RobustnessAudit:
+                     smoothing_sigma: Optional[float] = None, identity=None) -> RobustnessAudit:
     """Attack ``model`` with :func:`attack_suite` at ``eps`` (and at every ``sweep_eps``, for the accuracy-vs-eps
     figure), take the per-sample worst case, then run the masking checks. With ``cache_dir`` every attack's result
-    and the masking report are stored there and reused by a rerun with the same model, images and settings.
-    ``smoothing_samples`` = 0 leaves out the smoothed-gradient attack (and its check)."""
+    and the masking report are stored there and reused by a rerun with the same model (:func:`module_identity` with
+    ``identity``), images and settings. ``smoothing_samples`` = 0 leaves out the smoothed-gradient attack (and its check)."""
     model.eval()
+    check_budgets(steps=steps, square_queries=square_queries, n_targets=n_targets, eot=eot_samples, unbounded_steps=unbounded_steps)
     check_classifier(model, x)
     randomised = is_randomised(model, x[:8])
     warnings = [w for w in [randomness_warning(randomised, eot_samples)] if w]
@@ -252,8 +269,8 @@ def audit_robustness(model: nn.Module, x: Tensor, y: Tensor, norm: str, eps: flo
         log.warning("%s", warning)
     settings = dict(steps=steps, square_queries=square_queries, n_targets=n_targets, eot_samples=eot_samples, reference=reference, bpda=bpda, seed=seed,
                     smoothing_samples=smoothing_samples, smoothing_sigma=smoothing_sigma)
-    key = cache_key(weights_hash(model), reference is not None and weights_hash(reference), tensor_digest(x, y), norm, steps, square_queries,
-                    n_targets, eot_samples, seed, bpda, "audit-v1", *([smoothing_samples, smoothing_sigma] if smoothing_samples else []))
+    key = cache_key(module_identity(model, identity), reference is not None and module_identity(reference), tensor_digest(x, y), norm, steps,
+                    square_queries, n_targets, eot_samples, seed, bpda, "audit-v2", *([smoothing_samples, smoothing_sigma] if smoothing_samples else []))
     predict = _ensemble_predict(model, eot_samples) if randomised else None
 
     def run_at(value: float) -> dict[str, float]:
@@ -276,11 +293,11 @@ def audit_robustness(model: nn.Module, x: Tensor, y: Tensor, norm: str, eps: flo
 
 def reference_accuracy(model: nn.Module, x: Tensor, y: Tensor, norm: str, eps: float, *, cache_dir: Optional[Path] = None, steps: int = 50,
                        square_queries: int = 1000, n_targets: int = 3, seed: int = 0, smoothing_samples: int = 64,
-                       smoothing_sigma: Optional[float] = None) -> dict[str, float]:
+                       smoothing_sigma: Optional[float] = None, identity=None) -> dict[str, float]:
     """A reference model's accuracy per attack and worst case under the audit's attacks (no FGSM, no transfer),
     cached like :func:`audit_robustness`: the robust accuracy of the alignment-vs-robustness figure."""
     model.eval()
-    key = cache_key(weights_hash(model), tensor_digest(x, y), norm, eps, steps, square_queries, n_targets, seed, "reference-v1",
+    key = cache_key(module_identity(model, identity), tensor_digest(x, y), norm, eps, steps, square_queries, n_targets, seed, "reference-v2",
                     *([smoothing_samples, smoothing_sigma] if smoothing_samples else []))
     store = JsonAttackStore(Path(cache_dir) / "attacks" / f"{norm}-eps{eps:.6g}", key) if cache_dir else None
     attacks = attack_suite(model, norm, eps, steps=steps, square_queries=square_queries, n_targets=n_targets, seed=seed, fgsm_included=False,
@@ -401,5 +418,5 @@ def is_flagged(text: str) -> bool:
 
 
 __all__ = ["Check", "DECISION_RULE", "JsonAttackStore", "RobustnessAudit", "alignment_position", "attack_suite", "audit_robustness",
-           "check_classifier", "check_smoothing", "controversial_summary", "is_flagged", "is_randomised", "masking_checks",
-           "randomness_warning", "reference_accuracy", "verdict"]
+           "check_budgets", "check_classifier", "check_smoothing", "controversial_summary", "is_flagged", "is_randomised", "masking_checks",
+           "module_identity", "randomness_warning", "reference_accuracy", "verdict"]

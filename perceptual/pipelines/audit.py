@@ -38,11 +38,13 @@ from training.sweeps import job_path
 from ..audit import (
     alignment_position,
     audit_robustness,
+    check_budgets,
     check_classifier,
     check_smoothing,
     controversial_summary,
     is_flagged,
     is_randomised,
+    module_identity,
     randomness_warning,
     reference_accuracy,
     verdict,
@@ -132,6 +134,8 @@ def run(cfg: DictConfig) -> dict:
     masking_eps = [config_number(e, "masking_eps") for e in cfg.masking_eps] if cfg.get("masking_eps") else None
     smoothing_sigma = config_number(cfg.smoothing.sigma, "smoothing.sigma")
     check_smoothing(int(cfg.smoothing.samples), smoothing_sigma)
+    check_budgets(eot=cfg.eot, n_targets=cfg.n_targets, square_queries=cfg.square_queries, **{"threat.steps": cfg.threat.steps},
+                  unbounded_steps=cfg.unbounded_steps, n_images=cfg.n_images)
 
     # 1. Everything that can be wrong is checked before the first model trains or the first attack runs.
     defence_spec = model_spec(cfg.defence, cfg.defence.get("label") or "defence", "defence")
@@ -173,9 +177,11 @@ def run(cfg: DictConfig) -> dict:
     settings = dict(steps=int(cfg.threat.steps), square_queries=int(cfg.square_queries), n_targets=int(cfg.n_targets), seed=int(cfg.seed),
                     smoothing_samples=int(cfg.smoothing.samples),
                     smoothing_sigma=smoothing_sigma)
+    # The defence's config is part of its cache keys: a factory's kwargs need not show in its weights or its repr.
+    defence_identity = module_identity(defence, OmegaConf.to_container(cfg.defence, resolve=True))
     audit = audit_robustness(defence, x, y, norm, eps, eot_samples=int(cfg.eot), reference=reference_models["robust"], bpda=cfg.bpda or None,
                              sweep_eps=sweep, masking_eps=masking_eps, unbounded_steps=int(cfg.unbounded_steps), cache_dir=out / "cache" / "defence",
-                             **settings)
+                             identity=defence_identity, **settings)
     print(f"{defence_spec.label}: worst-case accuracy {audit.accuracy['worst_case']:.1%} ({norm} eps {eps:.4g}, {n} images)")
     reference_robust = {label: reference_accuracy(model, x, y, norm, eps, cache_dir=out / "cache" / label, **settings)
                         for label, model in reference_models.items()}
@@ -186,18 +192,22 @@ def run(cfg: DictConfig) -> dict:
     if alignment_on:
         specs = [defence_spec, references["standard"], references["robust"]]
         engine = OmegaConf.to_container(cfg.invert, resolve=True)
-        # One folder per alignment setting: a rerun with other settings measures afresh instead of refusing the old sets.
+        # One folder per alignment setting: a rerun with other settings measures afresh instead of refusing the old sets. In it,
+        # the references' sets are shared; the defence's sets and the report (its controversial sets too) sit in a folder per
+        # defence identity, since a set's fingerprint holds weights only and a changed factory setting must not reuse them.
         alignment_dir = out / "alignment" / cache_key(OmegaConf.to_container(cfg.alignment, resolve=True), engine, int(cfg.seed))[:10]
-        data = measure_models(specs, OmegaConf.to_container(cfg.data, resolve=True), alignment_dir, engine=engine,
+        report_dir = alignment_dir / f"{defence_spec.label}-{defence_identity[:10]}"
+        data = measure_models(specs, OmegaConf.to_container(cfg.data, resolve=True), report_dir, engine=engine,
                               n_targets=int(cfg.alignment.n_targets), seed_types=list(cfg.alignment.seed_types), seed=int(cfg.seed),
                               panel=make_panel(cfg.alignment.observers, cfg.alignment.observer_net, device=device), threat=None, accuracy_limit=n,
-                              controversial=controversial, device=device, config={"alignment": OmegaConf.to_container(cfg.alignment, resolve=True)})
+                              controversial=controversial, device=device, config={"alignment": OmegaConf.to_container(cfg.alignment, resolve=True)},
+                              model_dirs={label: alignment_dir / "models" / label for label in ("standard", "robust")})
         robust_of = {defence_spec.label: audit.accuracy["worst_case"], **{label: r["worst_case"] for label, r in reference_robust.items()}}
         models = {label: {**{t: result.get(t) for t in ALIGNMENT_TASKS}, "clean_accuracy": result["clean_accuracy"], "robust_accuracy": robust_of[label],
                           "converged": result["converged"]} for label, result in data["models"].items()}
         means = {label: {t: models[label][t]["mean"] for t in ALIGNMENT_TASKS if models[label].get(t)} for label in models}
         position = alignment_position(means[defence_spec.label], means["standard"], means["robust"])
-        alignment = {"models": models, "position": position, "report": str(alignment_dir / "report.md"),
+        alignment = {"models": models, "position": position, "report": str(report_dir / "report.md"),
                      "converged": {label: bool(m["converged"]) for label, m in models.items()}}
         if "controversial" in data:
             c = data["controversial"]

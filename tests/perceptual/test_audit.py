@@ -15,6 +15,7 @@ from perceptual.audit import (
     controversial_summary,
     is_flagged,
     masking_checks,
+    module_identity,
     verdict,
 )
 from perceptual.audit_report import audit_html, audit_markdown
@@ -186,3 +187,17 @@ def test_controversial_summary_counts_observers():
     assert "controversial stimuli against the robust reference: of 4 observers" in text
     assert text.endswith("no sign of gradient masking, but low alignment predicts stronger attacks may break it") and is_flagged(text)
     assert not is_flagged(verdict(audit, alignment=0.8))
+
+
+def test_a_defence_setting_outside_the_weights_is_not_served_from_the_cache(digits, tmp_path):
+    """InputQuantised's levels is no tensor: keyed by the weights alone, levels=3 was served levels=8's results."""
+    model, x, y = digits
+    kwargs = dict(steps=2, square_queries=5, n_targets=1, masking_eps=[4 / 255], unbounded_steps=2, sweep_eps=[], smoothing_samples=0)
+    eight, three = InputQuantised(model, 8).eval(), InputQuantised(model, 3).eval()
+    first = audit_robustness(eight, x[:16], y[:16], "linf", 4 / 255, cache_dir=tmp_path, **kwargs)
+    cached = audit_robustness(three, x[:16], y[:16], "linf", 4 / 255, cache_dir=tmp_path, **kwargs)
+    fresh = audit_robustness(three, x[:16], y[:16], "linf", 4 / 255, cache_dir=tmp_path / "fresh", **kwargs)
+    assert cached.accuracy == fresh.accuracy and cached.masking == fresh.masking
+    assert fresh.accuracy != first.accuracy  # the two settings do differ on these images
+    # what the caller knows besides (a factory's kwargs) keys the cache too
+    assert module_identity(eight) != module_identity(three) and module_identity(eight, {"k": 1}) != module_identity(eight, {"k": 2})

@@ -62,6 +62,17 @@ def test_audit_command_end_to_end_and_a_rerun_recomputes_nothing(tmp_path, monke
         monkeypatch.setattr(audit_module, name, _refuse)
     monkeypatch.setattr(Engine, "run", _refuse)
     assert run(_cfg(tmp_path, *overrides))["verdict"] == result["verdict"]
+    # Another quantisation is another defence with the same weights: its attacks and its inversions run afresh.
+    monkeypatch.undo()
+    monkeypatch.setattr(measure_module, "measurement_statistics", lambda *args, **kwargs: {})
+    engine_runs, original_run, apgd_runs, original_apgd = [], Engine.run, [], audit_module.apgd
+    monkeypatch.setattr(Engine, "run", lambda self, *args, **kwargs: engine_runs.append(1) or original_run(self, *args, **kwargs))
+    monkeypatch.setattr(audit_module, "apgd", lambda *args, **kwargs: apgd_runs.append(1) or original_apgd(*args, **kwargs))
+    coarser = [o.replace("width: 4}", "width: 4, levels: 2}") if o.startswith("+defence.kwargs") else o for o in overrides]
+    run(_cfg(tmp_path, *coarser))
+    assert apgd_runs and engine_runs
+    again = json.loads((tmp_path / "audit.json").read_text())
+    assert again["alignment"]["report"] != report["alignment"]["report"]  # the defence's own sets, not the 8-level ones
 
 
 def test_references_are_trained_once_and_reused_by_the_next_audit(tmp_path, monkeypatch):
@@ -149,6 +160,10 @@ def test_bad_configs_are_explained(tmp_path):
         run(_cfg(tmp_path, "defence.name=small_cnn", "smoothing.samples=1", *RANDOM_REFERENCES))
     with pytest.raises(FileNotFoundError, match="defence.checkpoint not found"):
         run(_cfg(tmp_path, "defence.name=small_cnn", "defence.checkpoint=missing.safetensors"))
+    for setting in ("eot=0", "n_targets=0", "square_queries=-5"):  # eot=0 was audited with no pass; the others failed mid-attack
+        with pytest.raises(ValueError, match=f"{setting.split('=')[0]} must be an integer >= 1"):
+            run(_cfg(tmp_path, "defence.name=small_cnn", setting))
+    assert not (tmp_path / "audit.json").exists()
 
 
 def test_bpda_option_reaches_the_attacks(tmp_path):
