@@ -230,11 +230,11 @@ def _accuracy(frame: pd.DataFrame, n_boot: int, seed: int) -> dict:
     if frame.empty:
         return {"accuracy": math.nan, "n_answers": 0, "n_workers": 0, "n_trials": 0}
     credit = frame["correct"].to_numpy(float)
-    units = (frame["trial_id"] + "#" + frame["row"].astype(str)).to_numpy()
     return {
         "accuracy": float(credit.mean()),
         "ci_workers": list(bootstrap_interval(credit, frame["worker_id"].to_numpy(), n_boot=n_boot, seed=seed)),
-        "ci_trials": list(bootstrap_interval(credit, units, n_boot=n_boot, seed=seed)),
+        # whole trials: a clustering trial's rows share its images and are not independent answers
+        "ci_trials": list(bootstrap_interval(credit, frame["trial_id"].to_numpy(), n_boot=n_boot, seed=seed)),
         "n_answers": int(len(frame)), "n_workers": int(frame["worker_id"].nunique()), "n_trials": int(frame["trial_id"].nunique()),
     }
 
@@ -410,15 +410,25 @@ def analyse(package: SurveyPackage, responses: Responses, observers: Sequence[Ob
 
 
 def with_human_columns(measure_report: dict, data: Mapping) -> dict:
-    """A copy of a measurement report whose models carry ``humans`` ({task: accuracy entry}) for the Table 1 Human columns."""
+    """A copy of a measurement report whose models carry ``humans`` ({task: accuracy entry}) for the Table 1 Human columns.
+
+    The columns of an earlier import are removed first, so that one report never mixes two packages. A controversial
+    set's answers (labelled by the set, not by a model of the report) go to ``humans["controversial"]``."""
     out = json.loads(json.dumps(measure_report))
-    unknown = sorted(set(data["models"]) - set(out["models"]))
+    table = {model: {t: e for t, e in tasks.items() if t != "controversial"} for model, tasks in data["models"].items()}
+    unknown = sorted(model for model, tasks in table.items() if tasks and model not in out["models"])
     if unknown:
         raise ValueError(f"survey models {unknown} are not in the measurement report (models {sorted(out['models'])}): "
                          "label the survey's sets as the report labels its models (python -m stimuli survey labels=[...])")
-    for model, tasks in data["models"].items():
-        out["models"][model]["humans"] = dict(tasks)
+    for result in out["models"].values():
+        result.pop("humans", None)
+    for model, tasks in table.items():
+        if tasks:
+            out["models"][model]["humans"] = tasks
     out["humans"] = {"package": data["package"], "kept_submissions": data["kept_submissions"], "excluded_counts": data["excluded_counts"]}
+    controversial = {model: tasks["controversial"] for model, tasks in data["models"].items() if "controversial" in tasks}
+    if controversial:
+        out["humans"]["controversial"] = controversial
     return out
 
 

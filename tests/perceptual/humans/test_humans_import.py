@@ -192,3 +192,42 @@ def test_a_tied_human_vote_favours_no_side():
     right = trial_agreement(units, pd.DataFrame({"trial_id": ["t0", "t1", "t2"], "row": 0, "choice": "right"}))
     assert left["majority"] == pytest.approx((0.5 + 0.5 + 1) / 3) and right["majority"] == pytest.approx((0.5 + 0.5 + 0) / 3)
     assert left["n_tied_units"] == right["n_tied_units"] == 2 and left["n_units"] == 3
+
+
+def test_human_columns_of_an_earlier_package_do_not_survive_a_new_import():
+    """Two packages must not be mixed in one Table 1: the new import names only its own package."""
+    from perceptual.humans import with_human_columns
+
+    report = {"models": {"standard": {"2afc": {"mean": 0.4}}, "robust": {"2afc": {"mean": 0.8}}}}
+    first = with_human_columns(report, {"package": "A", "kept_submissions": 3, "excluded_counts": {},
+                                        "models": {"standard": {"2afc": {"accuracy": 0.1}}, "robust": {"2afc": {"accuracy": 0.2}}}})
+    second = with_human_columns(first, {"package": "B", "kept_submissions": 2, "excluded_counts": {},
+                                        "models": {"robust": {"2afc": {"accuracy": 0.9}}}})
+    assert second["humans"]["package"] == "B" and second["models"]["robust"]["humans"]["2afc"]["accuracy"] == 0.9
+    assert "humans" not in second["models"]["standard"]  # package A's number is gone, not passed off as B's
+    # a controversial set is labelled by itself, not by a model of the report: its answers get a section of their own
+    both = with_human_columns(report, {"package": "C", "kept_submissions": 2, "excluded_counts": {},
+                                       "models": {"standard": {"2afc": {"accuracy": 0.5}},
+                                                  "standard-vs-robust": {"controversial": {"accuracy": 0.7}}}})
+    assert both["humans"]["controversial"] == {"standard-vs-robust": {"accuracy": 0.7}} and both["models"]["standard"]["humans"]
+    with pytest.raises(ValueError, match=r"survey models \['vgg'\] are not in the measurement report"):
+        with_human_columns(report, {"package": "D", "kept_submissions": 1, "excluded_counts": {}, "models": {"vgg": {"2afc": {"accuracy": 0.5}}}})
+
+
+def test_the_interval_over_trials_resamples_whole_clustering_trials(package, tmp_path):
+    """A clustering trial's rows share its images: resampling rows made the interval too narrow."""
+    from perceptual.tasks import bootstrap_interval
+
+    def answer(unit):  # right on whole trials only: every row of a trial right or every row wrong
+        return unit.answer if (unit.attention_check or sum(map(ord, unit.trial_id)) % 2) else _wrong(unit)
+
+    for survey in package.manifest["surveys"]:
+        (tmp_path / f"{survey['survey_id']}.json").write_text(json.dumps(_submission(package, survey["survey_id"], "w1", answer)))
+    responses = read_responses(sorted(tmp_path.glob("*.json")), package)
+    data = human_scores(package, responses, n_boot=400, seed=0)
+    table = scored(responses, package)
+    for model, tasks in data["models"].items():
+        entry = tasks["clustering"]
+        rows = table[(table["model"] == model) & (table["task"] == "clustering") & ~table["attention_check"].astype(bool)]
+        expected = bootstrap_interval(rows["correct"].to_numpy(float), rows["trial_id"].to_numpy(), n_boot=400, seed=0)
+        assert entry["ci_trials"] == pytest.approx(list(expected))
