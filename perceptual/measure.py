@@ -26,6 +26,7 @@ chosen with the panel's first observer, so every observer answers the same trial
 from __future__ import annotations
 
 import json
+import logging
 import math
 import textwrap
 import time
@@ -43,7 +44,7 @@ import stimuli
 from invert import NOISE_KINDS, Engine, check_push_weight, resolve_engine
 from training import build_model
 from training.attacks import ThreatModel
-from training.config import dataset_from_config, resolve_device
+from training.config import dataset_from_config, expand_path, resolve_device
 from training.data import ImageSet, folder_to_imageset
 from training.evaluate import clean_accuracy, robust_accuracy
 from training.io import atomic_write_json, atomic_write_text
@@ -58,6 +59,7 @@ from .observers import Panel, default_panel, make_observer, quantize_8bit
 from .statistics import measurement_statistics, percentile_interval
 from .tasks import controversial_spread, judge_2afc, judge_clustering, panel_summary, summarize
 
+log = logging.getLogger(__name__)
 TASKS = stimuli.TASKS  # the trial kinds of stimuli.trials
 # The pipeline's sets are caches of a measurement: one made with other settings (or by older code) is moved aside
 # to <set>.replaced-<k> and the set is made afresh, so a rerun after an update measures instead of stopping.
@@ -167,17 +169,19 @@ def observe_set(
     id_to_row = {image_id: i for i, image_id in enumerate(stimulus_set.manifest["id"])}
     hard_distance = None
     results: dict[str, dict] = {}
+    fingerprints = {observer.name: observer.fingerprint() for observer in panel}  # name, settings and weights
     for task in tasks:
         if task not in TASKS:
             raise ValueError(f"unknown task {task!r}: use one of {TASKS}")
         if task == "clustering_hard" and hard_distance is None:
             first = panel.observers[0]
             hard_distance = lambda x, o=first: o.matrix(quantize_8bit(x) if judge_8bit else x)  # noqa: E731
-        trial_key = cache_key(stimulus_set.fingerprint, task, seed, attention_rate, panel.observers[0].name if task == "clustering_hard" else None)
+        trial_key = cache_key(stimulus_set.fingerprint, task, seed, attention_rate,
+                              fingerprints[panel.observers[0].name] if task == "clustering_hard" else None)
         trials = stimuli.set_trials(stimulus_set, task, seed=seed, attention_rate=attention_rate, distance=hard_distance or "pixel_l2")
         judge = judge_2afc if task == "2afc" else judge_clustering
         for observer in panel:
-            key = cache_key(trial_key, observer.name, judge_8bit, interval, "summary-v2")  # v2: per-target scores per seed type
+            key = cache_key(trial_key, fingerprints[observer.name], judge_8bit, interval, "summary-v2")  # v2: per-target scores per seed type
             slug = observer_slug(observer.name)
             path = out / "observers" / f"{slug}-{task}.json"
             cached = cached_json(path, key)
@@ -262,7 +266,7 @@ def measure_models(
             model_dir / "set", ref, targets, seed_types=seed_types, noise_kind=noise_kind, train_set=train, seed=seed, engine=engine,
             chunk_size=chunk_size, device=device, config=config, overwrite=SETS_OUT_OF_DATE,
         )
-        accuracy_key = cache_key(ref.provenance()["weights_sha256"], threat and vars(threat), accuracy_limit, dataset)
+        accuracy_key = accuracy_cache_key(ref.provenance()["weights_sha256"], threat, accuracy_limit, data_cfg)
         accuracy = model_accuracy(classifier, test, threat, model_dir, accuracy_key, accuracy_limit)
         convergence = convergence_summary(stimulus_set, convergence_threshold)
         observed = observe_set(stimulus_set, panel, model_dir, tasks=tasks, seed=seed, attention_rate=attention_rate, judge_8bit=judge_8bit,
@@ -271,7 +275,7 @@ def measure_models(
         results[spec.label] = {
             "model": {"name": spec.name, **({"factory": spec.factory} if spec.factory else {}), "checkpoint": spec.checkpoint, "layer": ref.layer,
                       "fake_relu": getattr(ref.representation, "fake_relu", None)},
-            "set": str(model_dir / "set"),
+            "set": str((model_dir / "set").resolve()),  # absolute: humans= and reports read it from any folder
             "median_final_distance": float(final_loss.median()) if len(final_loss) else math.nan,
             "clean_accuracy": accuracy["clean_accuracy"],
             "robust_accuracy": accuracy.get("robust_accuracy"),
@@ -289,7 +293,7 @@ def measure_models(
                                                  engine=engine, chunk_size=chunk_size, device=device, config=config, overwrite=SETS_OUT_OF_DATE)
             ood_observed = observe_set(ood_set, panel, model_dir / "gaussian", tasks=tasks, seed=seed, attention_rate=attention_rate,
                                        judge_8bit=judge_8bit)
-            results[spec.label]["gaussian"] = {**_panel_scores(ood_observed), "set": str(model_dir / "set-gaussian"),
+            results[spec.label]["gaussian"] = {**_panel_scores(ood_observed), "set": str((model_dir / "set-gaussian").resolve()),
                                                "gaussians": [dict(g) for g in gaussians],
                                                "convergence": convergence_summary(ood_set, convergence_threshold), "per_observer": ood_observed}
     report_data = {
@@ -308,6 +312,7 @@ def measure_models(
     }
     if config is not None:  # the command's whole config (engine, training schedule, ...), to rerun or compare reports
         report_data["config"] = dict(config)
+    _keep_human_columns(report_data, out / "report.json")
     report_data["statistics"] = measurement_statistics(results, tasks, seed=seed)
     if controversial:
         report_data["controversial"] = measure_controversial(classifiers, test, panel, out, controversial, engine, seed, device, judge_8bit, config,
@@ -319,6 +324,29 @@ def measure_models(
 
 CONTROVERSIAL_KEYS = ("model_a", "model_b", "lambda_", "n_origins", "restarts", "steps", "objective", "exemplars_per_class", "k")
 MIN_TARGETS = {"2afc": 1, "clustering": 3, "clustering_hard": 3}  # a clustering trial shows three targets
+
+
+def accuracy_cache_key(weights_sha256: str, threat: ThreatModel | None, accuracy_limit: int | None, data_cfg: Mapping) -> str:
+    """What a model's cached accuracies are keyed by: its weights, the threat, the image limit and the data config with
+    its root resolved (cifar-10-mini and CIFAR-10 share the name cifar10; ``~/data`` and its expansion are one root)."""
+    root = data_cfg.get("root")
+    return cache_key(weights_sha256, threat and vars(threat), accuracy_limit,
+                     {**dict(data_cfg), "root": root and str(Path(expand_path(root)).resolve())})
+
+
+def _keep_human_columns(report_data: dict, previous: Path) -> None:
+    """A rerun rewrites the report: the Human columns a ``humans`` import added to the previous one stay (for the
+    models still measured), with the package they came from."""
+    try:
+        old = json.loads(previous.read_text()) if previous.is_file() else {}
+    except ValueError:
+        return
+    if "humans" not in old:
+        return
+    for label, result in report_data["models"].items():
+        if (old.get("models") or {}).get(label, {}).get("humans"):
+            result["humans"] = old["models"][label]["humans"]
+    report_data["humans"] = old["humans"]
 
 
 def validate_inputs(specs: Sequence[ModelSpec], *, n_targets: int, seed_types: Sequence[str], tasks: Sequence[str], engine: Any,
@@ -514,9 +542,12 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
     if any(v != "lpips" for v in variants):
         notes.append("The LPIPS AlexNet weights were not available: the LPIPS rows use the labelled offline variants.")
     figures = []
-    first_set = next(iter(models_data.values()), {}).get("set")
-    if first_set:
+    sets = [m.get("set") for m in models_data.values()]
+    if sets and all(sets) and all(Path(p).is_dir() for p in sets):
         figures.append(_grid(models_data, out / "grid.png").name)
+    elif sets and all(sets) and (out / "grid.png").is_file():  # a report of relative set paths rewritten from another folder
+        log.warning("the sets %s are not found from %s: grid.png is kept as it was", sets, Path.cwd())
+        figures.append("grid.png")
     for task in ("2afc", "clustering"):
         if any(task in m for m in models_data.values()):
             figures.append(report.alignment_scatter(models_data, out / f"scatter_{task}.png", task).name)
@@ -662,6 +693,6 @@ def load_report(path: str | Path) -> dict:
 
 
 __all__ = [
-    "ModelSpec", "TASKS", "controversial_favoured", "controversial_verdict", "headline", "load_report", "make_panel", "measure_models",
+    "ModelSpec", "TASKS", "accuracy_cache_key", "controversial_favoured", "controversial_verdict", "headline", "load_report", "make_panel", "measure_models",
     "observe_set", "threat_from_config", "validate_inputs", "write_report",
 ]

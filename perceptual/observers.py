@@ -40,6 +40,9 @@ from torch import Tensor, nn
 
 from invert.modules import batch_slices, module_device
 from invert.validation import check_images
+from training.checkpoints import weights_hash
+
+from .cache import cache_key
 
 LPIPS_BACKBONES = {"alex": "alexnet", "vgg": "vgg16", "squeeze": "squeezenet1_1"}
 
@@ -90,6 +93,11 @@ class Observer(nn.Module):
     def device(self) -> torch.device:
         return module_device(self)
 
+    def fingerprint(self) -> str:
+        """What a cached judgement of this observer is keyed by: its class, name, settings (``extra_repr``) and weights
+        (LPIPS from another ``lpips_weights`` file keeps its name)."""
+        return cache_key(type(self).__name__, self.name, self.extra_repr(), weights_hash(self))
+
 
 class PixelL2Observer(Observer):
     """Root-mean-square pixel difference."""
@@ -110,6 +118,9 @@ class SSIMObserver(Observer):
         self.multiscale, self.window_size, self.sigma = multiscale, window_size, sigma
         self.name = "ms-ssim" if multiscale else "ssim"
         self.register_buffer("_device_anchor", torch.zeros(0), persistent=False)
+
+    def extra_repr(self) -> str:
+        return f"multiscale={self.multiscale}, window_size={self.window_size}, sigma={self.sigma}"
 
     def _terms(self, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
         """Per-sample mean luminance·contrast-structure and contrast-structure terms (C1, C2 for range 1)."""

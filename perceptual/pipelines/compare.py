@@ -224,7 +224,8 @@ class ComparePipeline:
             distances = {}
             for observer in panel:
                 pool = self.decider.pools[observer.name]
-                key = cache_key(observer.name, getattr(observer, "seed", None), stimulus_set.fingerprint, pool.tolist(), self.dataset, len(self.train))
+                key = cache_key(observer.fingerprint(), getattr(observer, "seed", None), stimulus_set.fingerprint, pool.tolist(), self.dataset,
+                                len(self.train))
                 path = self.out / "cache" / "observers" / observer_slug(observer.name) / f"{distortion.name}.safetensors"
                 distances[observer.name] = cached_tensors(path, key, lambda o=observer, x=images: {"distances": self.decider.distances(x, o)})["distances"]
             table, probabilities = self.decider.decide(distances, self.image_ids, self.labels, dataset=self.dataset, condition=distortion.name)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -93,9 +94,46 @@ def test_rerun_reuses_cached_sets_accuracies_and_judgements(tmp_path, tiny_check
     judged = out / "models" / "narrow" / "observers" / "ssim-2afc.json"  # observer_slug("ssim") == "ssim"
     accuracy = out / "models" / "narrow" / "accuracy.json"
     stamps = (judged.stat().st_mtime_ns, accuracy.stat().st_mtime_ns)
+    # the Human columns a `humans` import added survive the rerun's rewrite of the report
+    report = json.loads((out / "report.json").read_text())
+    report["models"]["narrow"]["humans"] = {"2afc": {"accuracy": 0.75}}
+    report["humans"] = {"package": "abc", "kept_submissions": 3, "excluded_counts": {}}
+    (out / "report.json").write_text(json.dumps(report))
     second = run_pipeline(out, tiny_checkpoints)
     assert (judged.stat().st_mtime_ns, accuracy.stat().st_mtime_ns) == stamps
     assert second["models"]["narrow"]["2afc"] == first["models"]["narrow"]["2afc"]
+    again = json.loads((out / "report.json").read_text())
+    assert again["models"]["narrow"]["humans"] == {"2afc": {"accuracy": 0.75}} and again["humans"]["package"] == "abc"
+    assert "Human 2AFC" in (out / "report.md").read_text()
+    assert Path(second["models"]["narrow"]["set"]).is_absolute()  # humans= rewrites the report from any folder
+
+
+def test_an_observer_is_cached_by_its_weights_and_settings_not_its_name(tmp_path, tiny_checkpoints):
+    """LPIPS from another weights file keeps its name: keyed by the name, it was served the first file's judgements."""
+    from perceptual.measure import observe_set
+    from perceptual.observers import LPIPSObserver
+    from stimuli import load_set
+
+    data = run_pipeline(tmp_path / "report", tiny_checkpoints, tasks=["clustering_hard"])
+    stimulus_set = load_set(data["models"]["narrow"]["set"])
+    first, second = (LPIPSObserver(backbone="random", seed=seed) for seed in (0, 1))
+    assert first.name == second.name
+    observe_set(stimulus_set, Panel([first]), tmp_path / "shared", tasks=["clustering_hard"])
+    cached = observe_set(stimulus_set, Panel([second]), tmp_path / "shared", tasks=["clustering_hard"])
+    fresh = observe_set(stimulus_set, Panel([second]), tmp_path / "fresh", tasks=["clustering_hard"])
+    assert cached == fresh
+    assert SSIMObserver().fingerprint() != SSIMObserver(sigma=2.0).fingerprint() and PixelL2Observer().fingerprint() == PixelL2Observer().fingerprint()
+
+
+def test_cached_accuracies_are_keyed_by_the_data_root():
+    """cifar-10-mini and the full CIFAR-10 share the name cifar10: keyed by the name, one was served the other's accuracy."""
+    from perceptual.measure import accuracy_cache_key
+
+    mini, full = ({"name": "cifar10", "root": root} for root in ("/data/cifar-10-mini", "/data/cifar-10"))
+    assert accuracy_cache_key("w", None, 100, mini) != accuracy_cache_key("w", None, 100, full)
+    home = {"name": "cifar10", "root": "~/data"}
+    assert accuracy_cache_key("w", None, 100, home) == accuracy_cache_key("w", None, 100, {**home, "root": str(Path.home() / "data")})
+    assert accuracy_cache_key("w", None, 100, {"name": "digits", "root": None}) != accuracy_cache_key("w", None, 50, {"name": "digits", "root": None})
 
 
 def test_pipeline_refusals(tmp_path, tiny_checkpoints):
@@ -224,3 +262,18 @@ def test_the_report_names_a_noise_seed_distribution_other_than_uniform():
     assert seed_names({"seed_types": ["noise", "train"]}) == "noise, train"  # reports written before the option
     assert seed_names({"seed_types": ["noise", "train"], "noise_kind": "uniform"}) == "noise, train"
     assert seed_names({"seed_types": ["train", "noise"], "noise_kind": "light"}) == "train, noise (light)"
+
+
+def test_a_report_with_relative_set_paths_is_rewritten_from_another_folder(tmp_path, tiny_checkpoints, monkeypatch):
+    """Reports written before set paths were absolute: `humans measure_report=...` from another folder crashed on grid.png."""
+    from perceptual.measure import load_report, write_report
+
+    out = tmp_path / "report"
+    run_pipeline(out, tiny_checkpoints)
+    report = load_report(out)
+    for label, result in report["models"].items():
+        result["set"] = f"reports/measure/models/{label}/set"  # relative to a folder this test is not in
+    grid = (out / "grid.png").read_bytes()
+    monkeypatch.chdir(tmp_path)
+    write_report(report, out)
+    assert (out / "grid.png").read_bytes() == grid and "grid.png" in (out / "report.md").read_text()
