@@ -206,17 +206,21 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: node}
 
 
+def run_identity(config: DictConfig | Mapping) -> dict[str, Any]:
+    """The settings that make a run the model it is, dotted: model, data, the recipe's settings, seed and data limit,
+    without those a resumed run may change (:data:`RESUMABLE_CHANGES`: where the data lives, evaluation, speed)."""
+    container = OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else config
+    watched = ("model.", "data.", "train.", "seed", "data_limit.")
+    return {key: value for key, value in _flatten(container).items() if key.startswith(watched) and not key.startswith(RESUMABLE_CHANGES)}
+
+
 def check_same_run(saved_yaml: str | None, cfg: DictConfig, run_dir: Path) -> None:
     """Refuse to resume (or reuse) a run under a config that changes what is being trained."""
     if saved_yaml is None:
         return
-    saved = _flatten(OmegaConf.to_container(OmegaConf.create(saved_yaml), resolve=False))
-    current = _flatten(OmegaConf.to_container(cfg, resolve=True))
-    watched = ("model.", "data.", "train.", "seed", "data_limit.")
-    differences = [
-        key for key in sorted(set(saved) | set(current))
-        if key.startswith(watched) and not key.startswith(RESUMABLE_CHANGES) and saved.get(key) != current.get(key)
-    ]
+    saved = run_identity(OmegaConf.to_container(OmegaConf.create(saved_yaml), resolve=False))
+    current = run_identity(cfg)
+    differences = [key for key in sorted(set(saved) | set(current)) if saved.get(key) != current.get(key)]
     if differences:
         details = ", ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in differences[:6])
         raise RunDirectoryError(
@@ -566,4 +570,4 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Distributed", "TrainResult", "check_same_run", "format_summary", "train"]
+__all__ = ["Distributed", "TrainResult", "check_same_run", "format_summary", "run_identity", "train"]

@@ -23,6 +23,7 @@ import hashlib
 import json
 import time
 from pathlib import Path
+from typing import Sequence
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -30,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from invert.config import load_preset
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
+from training.trainer import run_identity
 
 from ..experiments import RESULTS, Variant, experiment_result
 from ..measure import ModelSpec, make_panel, measure_models, threat_from_config, validate_inputs
@@ -105,11 +107,28 @@ def _digest(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
-def run_dir(cfg: DictConfig, variant: Variant, overrides: dict) -> Path:
-    """One folder per training config: the same model is trained once and reused by every preset that needs it
-    (``standard`` and ``standard_noaug`` at a scale without augmentation are one model)."""
-    digest = _digest(variant.model, variant.kwargs, variant.recipe, overrides, cfg.seed)
-    return Path(cfg.runs_dir) / f"{cfg.data.name}-{variant.model}-{variant.recipe}-{digest}"
+def run_dir(cfg: DictConfig, variant: Variant, overrides: dict, config: DictConfig) -> Path:
+    """One folder per trained model (:func:`training.trainer.run_identity` of its resolved ``config``): it is trained
+    once and reused by every preset that needs it, however the preset spells its settings (at scale=paper, whose
+    standard recipe augments, ``standard`` and ``standard_aug`` are one model). A folder named by the former digest of
+    the ``overrides`` holds the same model and is used where it exists."""
+    prefix = Path(cfg.runs_dir) / f"{cfg.data.name}-{variant.model}-{variant.recipe}"
+    folder = prefix.with_name(f"{prefix.name}-{_digest(run_identity(config))}")
+    legacy = prefix.with_name(f"{prefix.name}-{_digest(variant.model, variant.kwargs, variant.recipe, overrides, cfg.seed)}")
+    return legacy if legacy.is_dir() and not folder.is_dir() else folder
+
+
+def training_configs(cfg: DictConfig, variants: Sequence[Variant]) -> dict[str, DictConfig]:
+    """label -> the checked ``python -m training`` config of each variant, in its :func:`run_dir`."""
+    data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
+    configs = {}
+    for v in variants:
+        overrides = train_overrides(v, cfg.scale)
+        config = training_config(model=v.model, model_kwargs=v.kwargs, data=data_cfg, recipe=v.recipe, run_dir="pending",
+                                 seed=cfg.seed, device=cfg.device, progress=cfg.progress, train_overrides=overrides)
+        config.run_dir = str(run_dir(cfg, v, overrides, config))
+        configs[v.label] = config
+    return configs
 
 
 def measurement_dir(cfg: DictConfig, weights_dir: Path, measure_cfg: dict, label: str) -> Path:
@@ -144,13 +163,8 @@ def run(cfg: DictConfig) -> dict:
     validate_inputs(specs, n_targets=measure_cfg["n_targets"], seed_types=measure_cfg["seed_types"], tasks=tasks, engine=engine, controversial=None)
     threat = threat_from_config(measure_cfg.get("threat"))
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
-    configs, model_dirs = {}, {}
-    for v in variants:  # every config checked before the first model trains
-        overrides = train_overrides(v, scale)
-        folder = run_dir(cfg, v, overrides)
-        configs[v.label] = training_config(model=v.model, model_kwargs=v.kwargs, data=data_cfg, recipe=v.recipe, run_dir=folder,
-                                           seed=cfg.seed, device=cfg.device, progress=cfg.progress, train_overrides=overrides)
-        model_dirs[v.label] = measurement_dir(cfg, folder, measure_cfg, v.label)
+    configs = training_configs(cfg, variants)  # every config checked before the first model trains
+    model_dirs = {label: measurement_dir(cfg, Path(config.run_dir), measure_cfg, label) for label, config in configs.items()}
     panel = make_panel(cfg.observers if isinstance(cfg.observers, str) else list(cfg.observers), cfg.observer_net)
     print(f"{experiment.title}: {len(variants)} models at scale={scale.name} on {cfg.data.name}")
     weights = train_models(configs)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from perceptual.pipelines.reproduce import expand_variants, run, train_overrides
+from perceptual.pipelines.reproduce import _digest, expand_variants, run, train_overrides, training_configs
 from training.config import compose
 
 # A preset at test size: one epoch, narrow models, 4 targets, 20 inversion steps, two weight-free observers.
@@ -86,3 +86,23 @@ def test_every_preset_runs_at_test_size(tmp_path_factory, experiment):
     assert result["experiment"] == experiment
     for figure in result["figures"]:
         assert (tmp_path / "out" / figure).stat().st_size > 1000
+
+
+def test_a_model_is_one_folder_however_a_preset_spells_its_settings(tmp_path):
+    """At scale=paper the standard recipe augments already: standard_aug is the standard model, and pgd_aug the pgd one
+    (keyed by the overrides, Fig. 6 trained two 150-epoch ResNet18s that Table 1 had)."""
+    def paper_configs(experiment):
+        cfg = compose("reproduce", [f"experiment={experiment}", "scale=paper", "data=cifar10", f"runs_dir={tmp_path / 'runs'}"])
+        return training_configs(cfg, expand_variants(cfg))
+
+    table1, fig6 = paper_configs("table1"), paper_configs("fig6")
+    assert fig6["resnet-standard_aug"].run_dir == table1["resnet-standard"].run_dir
+    assert fig6["resnet-pgd_aug"].run_dir == table1["resnet-pgd"].run_dir
+    assert fig6["resnet-standard_noaug"].run_dir != table1["resnet-standard"].run_dir  # without augmentation: another model
+    # a folder named by the former digest of the overrides is used where it exists: nothing is retrained after an update
+    cpu = compose("reproduce", ["experiment=table1", "experiment.architectures=[cnn]", f"runs_dir={tmp_path / 'cpu'}"])
+    variant = expand_variants(cpu)[0]
+    overrides = train_overrides(variant, cpu.scale)
+    legacy = tmp_path / "cpu" / f"digits-{variant.model}-{variant.recipe}-{_digest(variant.model, variant.kwargs, variant.recipe, overrides, cpu.seed)}"
+    legacy.mkdir(parents=True)
+    assert training_configs(cpu, [variant])[variant.label].run_dir == str(legacy)
