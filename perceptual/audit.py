@@ -94,6 +94,7 @@ class RobustnessAudit:
     sweep: dict[str, dict[str, float]] = field(default_factory=dict)
     bpda: Optional[str] = None
     warnings: list[str] = field(default_factory=list)
+    noise_floor: Optional[float] = None  # randomised defences: the worst case of as many evaluations with no attack
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -134,6 +135,19 @@ def randomness_warning(randomised: bool, eot_samples: int) -> Optional[str]:
         return ("the defence is randomised (two forward passes on the same images differ) but eot=1: every gradient is a single "
                 "sample, so the white-box attacks are weak against it; rerun with eot=8 (or more)")
     return None
+
+
+def noise_floor(predict: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, evaluations: int, seed: int = 0) -> float:
+    """The accuracy of a randomised model's per-sample worst case over ``evaluations`` predictions of the clean
+    images, no attack at all: the worst case of an audit ANDs that many random predictions (clean and one per
+    attack), so prediction noise alone lowers it this far (Carlini et al. 2019: evaluate randomised models in
+    expectation). Seeded, so a rerun states the same number."""
+    correct = torch.ones_like(y, dtype=torch.bool)
+    with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        for _ in range(evaluations):
+            correct &= predict(x) == y
+    return float(correct.float().mean())
 
 
 def _ensemble_predict(model: nn.Module, samples: int) -> Callable[[Tensor], Tensor]:
@@ -286,7 +300,14 @@ def audit_robustness(model: nn.Module, x: Tensor, y: Tensor, norm: str, eps: flo
             sweep[f"{value:.6g}"] = accuracy if value == eps else run_at(value)
             progress.update(value != eps)
     masking = _masking_report(model, x, y, norm, masking_eps, steps, unbounded_steps, seed, eot_samples, bpda, cache_dir, key)
-    audit = RobustnessAudit(norm, eps, len(y), accuracy, randomised, eot_samples, masking, sweep=sweep, bpda=bpda, warnings=warnings)
+    floor = None
+    if randomised:
+        floor = noise_floor(predict, x, y, evaluations=len(accuracy) - 1, seed=seed)  # clean and one per attack, as the worst case
+        warnings.append(f"with no attack, the worst case of the same {len(accuracy) - 1} random predictions is {floor:.1%} "
+                        f"(clean {accuracy['clean']:.1%}): on this randomised defence, differences between attacks up to "
+                        f"{accuracy['clean'] - floor:.1%} can be prediction noise; a larger eot narrows it")
+    audit = RobustnessAudit(norm, eps, len(y), accuracy, randomised, eot_samples, masking, sweep=sweep, bpda=bpda, warnings=warnings,
+                            noise_floor=floor)
     audit.checks = masking_checks(accuracy, masking["checks"], masking["unbounded_accuracy"], randomised, eot_samples, masking)
     return audit
 
@@ -419,4 +440,4 @@ def is_flagged(text: str) -> bool:
 
 __all__ = ["Check", "DECISION_RULE", "JsonAttackStore", "RobustnessAudit", "alignment_position", "attack_suite", "audit_robustness",
            "check_budgets", "check_classifier", "check_smoothing", "controversial_summary", "is_flagged", "is_randomised", "masking_checks",
-           "module_identity", "randomness_warning", "reference_accuracy", "verdict"]
+           "module_identity", "noise_floor", "randomness_warning", "reference_accuracy", "verdict"]

@@ -16,6 +16,7 @@ from perceptual.audit import (
     is_flagged,
     masking_checks,
     module_identity,
+    noise_floor,
     verdict,
 )
 from perceptual.audit_report import audit_html, audit_markdown
@@ -118,6 +119,24 @@ def test_randomised_defence_is_detected(digits):
                              smoothing_samples=4)
     assert audit.randomised
     assert {c.name: c.status for c in audit.checks}["randomness_handled"] == "fail"
+    # prediction noise alone lowers a worst case over this many random predictions; the report says how far
+    assert audit.noise_floor is not None and audit.noise_floor <= audit.accuracy["clean"]
+    assert any("with no attack, the worst case of the same" in w for w in audit.warnings)
+    assert audit_robustness(model, x[:8], y[:8], "linf", 4 / 255, steps=2, square_queries=5, n_targets=1, masking_eps=[4 / 255],
+                            unbounded_steps=2, smoothing_samples=0).noise_floor is None  # deterministic: no noise
+
+
+def test_the_noise_floor_is_the_worst_case_of_unattacked_predictions():
+    y = torch.zeros(10, dtype=torch.long)
+    calls = iter(range(100))
+
+    def predict(x):  # call k gets sample k wrong
+        wrong = torch.zeros(10, dtype=torch.long)
+        wrong[next(calls)] = 1
+        return wrong
+
+    assert noise_floor(predict, torch.zeros(10, 1, 2, 2), y, evaluations=3) == pytest.approx(0.7)
+    assert noise_floor(lambda x: y, torch.zeros(10, 1, 2, 2), y, evaluations=8) == 1.0
 
 
 def test_randomised_defence_without_eot_is_a_stated_warning(digits):
