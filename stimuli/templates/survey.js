@@ -3,20 +3,32 @@
   "use strict";
   var data = JSON.parse(document.getElementById("survey-data").textContent);
   var params = new URLSearchParams(window.location.search);
-  var KEY = "repalign:" + data.package + ":" + data.survey_id;
   var $ = function (id) { return document.getElementById(id); };
+  // MTurk shows the page in preview before a worker accepts the HIT: nothing can be answered or submitted then.
+  var urlAssignment = params.get("assignmentId") || "";
+  var preview = urlAssignment === "ASSIGNMENT_ID_NOT_AVAILABLE";
+  var urlWorker = params.get("workerId") || params.get("PROLIFIC_PID") || "";
+  var TURK_ORIGINS = ["https://www.mturk.com", "https://workersandbox.mturk.com"];  // where answers may be posted
+  // Answers are kept per participant: per MTurk assignment (a returned and re-accepted HIT is a new one), else per
+  // worker id from the URL, else per typed id; a second person on the same browser never continues the first one's.
+  var BASE = "repalign:" + data.package + ":" + data.survey_id;
+  var urlIdentity = (preview ? "" : urlAssignment) || urlWorker;
+  var KEY = urlIdentity ? BASE + ":" + urlIdentity : null;
 
-  function fresh() {
+  function fresh(workerId) {
     return {
       format: data.format, package_fingerprint: data.package, survey_id: data.survey_id,
-      worker_id: params.get("workerId") || params.get("PROLIFIC_PID") || "",
-      assignment_id: params.get("assignmentId") || "", consent: false, answers: {},
+      worker_id: workerId || urlWorker, assignment_id: preview ? "" : urlAssignment, consent: false, answers: {},
       started_at: null, finished_at: null, completion_code: null, user_agent: navigator.userAgent
     };
   }
-  var state;
-  try { state = JSON.parse(window.localStorage.getItem(KEY)) || fresh(); } catch (e) { state = fresh(); }
-  function save() { window.localStorage.setItem(KEY, JSON.stringify(state)); }
+  function load(key, workerId) {
+    var saved = null;
+    try { saved = key ? JSON.parse(window.localStorage.getItem(key)) : null; } catch (e) { saved = null; }
+    return saved || fresh(workerId);
+  }
+  var state = preview ? fresh() : load(KEY);
+  function save() { if (KEY && !preview) window.localStorage.setItem(KEY, JSON.stringify(state)); }
 
   var shownAt = 0;
   var currentRow = 0;
@@ -41,7 +53,7 @@
 
   function render() {
     var i = nextIndex();
-    if (!state.consent) { show("consent"); return; }
+    if (!state.consent || preview || !KEY) { show("consent"); return; }
     if (i >= data.trials.length) { finish(); return; }
     show("trial");
     var trial = data.trials[i];
@@ -157,31 +169,38 @@
       $("prolific").classList.remove("hidden");
       $("prolific-link").href = "https://app.prolific.com/submissions/complete?cc=" + encodeURIComponent(data.completion_code);
     }
-    var turk = params.get("turkSubmitTo");
-    if (turk && state.assignment_id && state.assignment_id !== "ASSIGNMENT_ID_NOT_AVAILABLE") {
+    // Only MTurk's own submit hosts: a crafted turkSubmitTo must not receive the answers or run script.
+    var turk = params.get("turkSubmitTo"), origin = null;
+    try { origin = turk ? new URL(turk).origin : null; } catch (e) { origin = null; }
+    if (TURK_ORIGINS.indexOf(origin) >= 0 && urlAssignment && !preview) {
       $("mturk-form").classList.remove("hidden");
-      $("mturk-form").action = turk.replace(/\/$/, "") + "/mturk/externalSubmit";
-      $("mturk-assignment").value = state.assignment_id;
+      $("mturk-form").action = origin + "/mturk/externalSubmit";
+      $("mturk-assignment").value = urlAssignment;  // the assignment this page was opened for, now
       $("mturk-responses").value = JSON.stringify(responses());
     }
   }
-
-  $("worker-id").value = state.worker_id;
-  // MTurk shows the page in preview before a worker accepts the HIT: answers then could not be submitted.
-  var preview = params.get("assignmentId") === "ASSIGNMENT_ID_NOT_AVAILABLE";
+  // Without an id in the URL the typed id names the saved answers: the field shows the last one, Start continues it.
+  $("worker-id").value = KEY ? state.worker_id : (window.localStorage.getItem(BASE + ":last") || "");
   if (preview) { $("start").textContent = "Accept the HIT to start"; }
   function canStart() { $("start").disabled = preview || !($("consent-box").checked && $("worker-id").value.trim()); }
   $("consent-box").addEventListener("change", canStart);
   $("worker-id").addEventListener("input", canStart);
   $("start").addEventListener("click", function () {
-    state.worker_id = $("worker-id").value.trim(); state.consent = true;
+    var typed = $("worker-id").value.trim();
+    if (!urlIdentity) {
+      KEY = BASE + ":" + typed;
+      window.localStorage.setItem(BASE + ":last", typed);
+      state = load(KEY, typed);
+    }
+    state.worker_id = typed; state.consent = true;
     state.started_at = state.started_at || new Date().toISOString(); save(); render();
   });
   $("download-json").addEventListener("click", function () { download(JSON.stringify(responses(), null, 1), "application/json", "json"); });
   $("download-csv").addEventListener("click", function () { download(responsesCsv(), "text/csv", "csv"); });
 
   document.addEventListener("keydown", function (e) {
-    if ($("trial").classList.contains("hidden")) return;
+    // Ctrl+F (find), Ctrl+J or a held key must not answer trials.
+    if (preview || e.ctrlKey || e.metaKey || e.altKey || e.repeat || $("trial").classList.contains("hidden")) return;
     var trial = data.trials[nextIndex()];
     if (!trial) return;
     if (trial.task === "2afc") {

@@ -185,3 +185,68 @@ def test_three_scripted_respondents_in_chromium(survey_package, server, tmp_path
             for task in model.values():
                 assert task["accuracy"] == 1.0 and task["ci_workers"] == [1.0, 1.0]
     json.dumps(result)  # the report's JSON takes it as it is
+
+
+def _answer_all_by_keyboard(driver, key="f"):
+    body = driver.find_element(_by("TAG_NAME"), "body")
+    while driver.find_element(_by("ID"), "done").get_attribute("class") == "hidden":
+        body.send_keys(key)
+
+
+def _section(driver) -> str:
+    return next(s for s in ("consent", "trial", "done") if "hidden" not in driver.find_element(_by("ID"), s).get_attribute("class"))
+
+
+def test_every_participant_and_assignment_has_answers_of_its_own(survey_package, server, tmp_path):
+    """A second person on the same browser landed on the first one's finished survey (their code, their MTurk form);
+    a re-accepted HIT posted the returned assignment's id; preview with saved answers took key presses."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    url = f"{server}/surveys/2afc-000/index.html"
+    driver = _driver(tmp_path)
+    try:
+        def start(query: str, worker: str | None = None):
+            driver.get(f"{url}?{query}")
+            if worker is not None:
+                field = driver.find_element(_by("ID"), "worker-id")
+                field.clear()
+                field.send_keys(worker)
+            driver.find_element(_by("ID"), "consent-box").click()
+            driver.find_element(_by("ID"), "start").click()
+
+        driver.get(url)
+        driver.execute_script("window.localStorage.clear()")
+        mturk = "turkSubmitTo=https://workersandbox.mturk.com"
+        start(f"workerId=W1&assignmentId=A1&{mturk}")
+        _answer_all_by_keyboard(driver)
+        assert driver.find_element(_by("ID"), "mturk-assignment").get_attribute("value") == "A1"
+        # W2 on the same browser starts afresh, with an MTurk form of their own
+        driver.get(f"{url}?workerId=W2&assignmentId=A2&{mturk}")
+        assert _section(driver) == "consent" and driver.find_element(_by("ID"), "worker-id").get_attribute("value") == "W2"
+        start(f"workerId=W2&assignmentId=A2&{mturk}")
+        assert driver.find_element(_by("ID"), "progress-text").text.startswith("Question 1 of ")
+        # Ctrl+F (find) and a held key answer nothing
+        ActionChains(driver).key_down(Keys.CONTROL).send_keys("f").key_up(Keys.CONTROL).perform()
+        assert driver.find_element(_by("ID"), "progress-text").text.startswith("Question 1 of ")
+        _answer_all_by_keyboard(driver, "j")
+        assert driver.find_element(_by("ID"), "mturk-assignment").get_attribute("value") == "A2"
+        assert driver.execute_script("return window.repalignResponses().worker_id") == "W2"
+        # MTurk's preview shows the consent page even where answers are saved, and takes no key
+        driver.get(f"{url}?workerId=W3&assignmentId=A3&{mturk}")
+        start(f"workerId=W3&assignmentId=A3&{mturk}")
+        driver.get(f"{url}?workerId=W3&assignmentId=ASSIGNMENT_ID_NOT_AVAILABLE")
+        driver.find_element(_by("TAG_NAME"), "body").send_keys("f")
+        assert _section(driver) == "consent" and not driver.find_element(_by("ID"), "start").is_enabled()
+        # a crafted turkSubmitTo gets no form: the answers go to MTurk's hosts only
+        driver.get(f"{url}?workerId=W1&assignmentId=A1&turkSubmitTo=javascript:alert(1)//")
+        assert _section(driver) == "done" and "hidden" in driver.find_element(_by("ID"), "mturk-form").get_attribute("class")
+        # without an id in the URL (a lab machine), each typed id has its own answers; the field shows the last one
+        start("", worker="P1")
+        _answer_all_by_keyboard(driver)
+        start("", worker="P2")
+        assert driver.find_element(_by("ID"), "progress-text").text.startswith("Question 1 of ")
+        driver.get(url)
+        assert _section(driver) == "consent" and driver.find_element(_by("ID"), "worker-id").get_attribute("value") == "P2"
+    finally:
+        driver.quit()
