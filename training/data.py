@@ -175,6 +175,9 @@ def load_cifar(name: str = "cifar10", split: str = "test", root: str | Path | No
         images.append(data.reshape(-1, 3, 32, 32))
         labels.extend(batch[layout["label_key"]])
     classes = list(_read_pickle(folder / layout["meta"])[layout["names_key"]])
+    outside = sorted({int(k) for k in labels if not 0 <= int(k) < len(classes)})
+    if outside:
+        raise ValueError(f"{folder}: labels {outside[:5]} lie outside the {len(classes)} classes of {layout['meta']}: corrupt or mixed files")
     return ImageSet(
         name=name,
         split=split,
@@ -185,15 +188,27 @@ def load_cifar(name: str = "cifar10", split: str = "test", root: str | Path | No
     )
 
 
+class _CifarUnpickler(pickle.Unpickler):
+    """CIFAR's files are pickles of dicts, lists and numpy arrays: only numpy's array reconstruction may be named, so
+    a crafted file cannot run code on loading (a plain ``pickle.load`` would call whatever it names)."""
+
+    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"), ("numpy", "ndarray"),
+               ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar")}
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"it refers to {module}.{name}, which no CIFAR batch file does (not loaded: it could run code)")
+        return super().find_class(module, name)
+
+
 def _read_pickle(path: Path) -> dict:
     if not path.is_file():
         raise DataNotFoundError(f"missing file {path}: the CIFAR folder is incomplete; re-extract the archive there")
     try:
         with open(path, "rb") as f:
-            # CIFAR's files are plain pickles of dicts, lists and numpy arrays (the official format).
-            return pickle.load(f, encoding="latin1")
-    except (pickle.UnpicklingError, EOFError, ValueError) as err:
-        raise ValueError(f"{path} is not a readable CIFAR batch file (truncated or corrupt?): {err}") from err
+            return _CifarUnpickler(f, encoding="latin1").load()
+    except Exception as err:  # a corrupt pickle fails in many ways (MemoryError, OverflowError, KeyError ...)
+        raise ValueError(f"{path} is not a readable CIFAR batch file (truncated or corrupt?): {type(err).__name__}: {err}") from err
 
 
 DIGITS_SPLIT_SEED = 0
@@ -246,9 +261,14 @@ def load_image_folder(root: str | Path, split: str = "val", resize: int = 256, c
     """
     from torchvision.datasets import ImageFolder
 
-    folder = Path(root).expanduser() / split
+    base = Path(root).expanduser()
+    folder = base / split
     if not folder.is_dir():
-        folder = Path(root).expanduser()
+        splits = [s for s in ("train", "val", "test") if (base / s).is_dir()]
+        if splits:  # the class folders of another split are not this split's images
+            raise DataNotFoundError(f"no '{split}' folder under {base}, which has {splits}: add {base / split}/<class>/ images, or "
+                                    "use a split it has (e.g. seed types other than train need no train split)")
+        folder = base  # root is itself the class folders
     if not folder.is_dir() or not any(p.is_dir() for p in folder.iterdir()):
         raise DataNotFoundError(
             f"no ImageNet-style folder at {Path(root) / split}: expected one sub-folder per class "

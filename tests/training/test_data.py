@@ -117,3 +117,37 @@ def test_image_folder_uses_standard_test_transform(tmp_path):
     assert subset.images.dtype == torch.uint8 and subset.labels.tolist() == [0, 1]
     with pytest.raises(DataNotFoundError, match="one sub-folder per class"):
         load_image_folder(tmp_path / "nowhere", "val")
+    # a root with val/ only has no train split: its validation images were loaded as one class called 'val'
+    with pytest.raises(DataNotFoundError, match=r"no 'train' folder under .* which has \['val'\]"):
+        load_image_folder(tmp_path, "train")
+    assert len(load_image_folder(tmp_path / "val", "train").classes) == 2  # a root that is the class folders itself
+
+
+class _RunsCode:
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("touch ran-code",))
+
+
+def test_a_cifar_file_cannot_run_code_and_corrupt_ones_are_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_cifar10_folder(tmp_path / "data")
+    test_batch = tmp_path / "data" / "cifar-10-batches-py" / "test_batch"
+    with open(test_batch, "wb") as f:
+        pickle.dump({"data": np.zeros((1, 3072), dtype=np.uint8), "labels": [0], "payload": _RunsCode()}, f)
+    with pytest.raises(ValueError, match="refers to posix.system.*could run code"):
+        load_cifar("cifar10", "test", root=tmp_path / "data")
+    assert not (tmp_path / "ran-code").exists()
+    pickled = pickle.dumps({"data": np.zeros((4, 3072), dtype=np.uint8), "labels": [0, 1, 2, 3]})
+    test_batch.write_bytes(pickled[:20] + b"\xff" * 8 + pickled[28:])  # a flipped header fails in all sorts of ways
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        load_cifar("cifar10", "test", root=tmp_path / "data")
+
+
+def test_cifar_labels_outside_the_classes_are_refused(tmp_path):
+    write_cifar10_folder(tmp_path)
+    with open(tmp_path / "cifar-10-batches-py" / "test_batch", "wb") as f:
+        pickle.dump({"data": np.zeros((2, 3072), dtype=np.uint8), "labels": [3, 57]}, f)
+    with pytest.raises(ValueError, match=r"labels \[57\] lie outside the 10 classes"):
+        load_cifar("cifar10", "test", root=tmp_path)
