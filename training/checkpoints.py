@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import pickle
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -141,6 +142,11 @@ def _metadata_of(raw: Any) -> dict[str, str]:
     return {}
 
 
+# torchvision's released DenseNet weights name a dense layer's modules norm.1, conv.2 ...; its models name them norm1, conv2
+# (torchvision.models.densenet._load_state_dict renames them the same way).
+_LEGACY_DENSENET = re.compile(r"^(.*denselayer\d+\.(?:norm|relu|conv))\.((?:[12])\.(?:weight|bias|running_mean|running_var|num_batches_tracked))$")
+
+
 def canonical_state_dict(state: Mapping[str, torch.Tensor], source: str = "checkpoint") -> dict[str, torch.Tensor]:
     """Map any supported key layout onto Classifier keys (``net.*``, ``normalize.*``)."""
     state = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
@@ -148,9 +154,11 @@ def canonical_state_dict(state: Mapping[str, torch.Tensor], source: str = "check
         raise CheckpointError(f"{source}: the state dict holds no tensors")
     if any(k.startswith(("module.model.", "module.attacker.", "module.normalizer.")) for k in state):
         return _from_robustness(state)
+    if any(k.startswith(("attacker.model.", "normalizer.new_")) for k in state):  # robustness, saved without DataParallel
+        return _from_robustness({"module." + k: v for k, v in state.items()})
     out: dict[str, torch.Tensor] = {}
     for key, value in state.items():
-        key = _strip_prefixes(key)
+        key = _LEGACY_DENSENET.sub(r"\1\2", _strip_prefixes(key))
         if not key.startswith(("net.", "normalize.")):
             key = "net." + key
         out[key] = value

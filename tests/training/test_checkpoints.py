@@ -127,6 +127,35 @@ def test_torchvision_weights_file(tmp_path):
         torch.testing.assert_close(ours(x), reference((x - mean) / std), atol=1e-5, rtol=1e-5)
 
 
+def test_torchvisions_released_densenet_weights_with_their_old_key_names(tmp_path):
+    """densenet121-a639ec97.pth names a dense layer's modules norm.1, conv.2 ...: torchvision renames them on loading."""
+    import re
+
+    import torchvision
+
+    torch.manual_seed(0)
+    reference = torchvision.models.densenet121(weights=None).eval()
+    legacy = {re.sub(r"(denselayer\d+\.(?:norm|relu|conv))([12])\.", r"\1.\2.", k): v for k, v in reference.state_dict().items()}
+    assert any(".norm.1." in k for k in legacy)
+    torch.save(legacy, tmp_path / "densenet121-a639ec97.pth")
+    ours = build_model("densenet121", "imagenet", checkpoint=str(tmp_path / "densenet121-a639ec97.pth"))
+    x = torch.rand(1, 3, 64, 64)
+    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), reference((x - mean) / std), atol=1e-5, rtol=1e-5)
+
+
+def test_a_robustness_checkpoint_saved_without_dataparallel(tmp_path):
+    """The library's keys without the module. prefix (model.*, attacker.model.*, normalizer.*) were not recognised."""
+    theirs = _robustness_checkpoint("resnet18", tmp_path / "wrapped.pt")
+    torch.save({"model": theirs.state_dict()}, tmp_path / "bare.pt")
+    ours = build_model("resnet18", "cifar10", checkpoint=str(tmp_path / "bare.pt"))
+    x = torch.rand(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), theirs(x, with_image=False), atol=1e-5, rtol=1e-5)
+
+
 class NotATensor:  # a pickled object that a safe load must refuse
     def __init__(self):
         self.note = "arbitrary code could run here"
