@@ -23,12 +23,11 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from training.attacks import ThreatModel, fgsm, pgd
-from training.checkpoints import weights_hash
 from training.evaluate import gradient_masking_report
 from training.io import atomic_write_json
 from training.strong_attacks import Attack, apgd, square, straight_through, worst_case
 
-from .cache import cache_key, cached_json
+from .cache import cache_key, cached_json, module_identity
 
 log = logging.getLogger(__name__)
 
@@ -256,13 +255,6 @@ def attack_suite(model: nn.Module, norm: str, eps: float, *, steps: int = 50, sq
         reference.eval()
         attacks["transfer"] = lambda m, a, b: apgd(reference, a, b, threat, loss="ce", generator=gen(a.device))
     return attacks
-
-
-def module_identity(model: nn.Module, identity=None) -> str:
-    """What a cached result of ``model`` is keyed by: its weights, its repr (the structure and the settings its modules
-    show, e.g. ``Quantise(levels=8)``, which no state_dict holds) and ``identity``, what the caller knows besides
-    (e.g. the defence's config: a factory's kwargs that its repr does not show)."""
-    return cache_key(weights_hash(model), repr(model), identity)
 
 
 def audit_robustness(model: nn.Module, x: Tensor, y: Tensor, norm: str, eps: float, *, steps: int = 50, square_queries: int = 1000,

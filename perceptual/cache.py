@@ -13,12 +13,20 @@ from typing import Any, Callable
 
 import torch
 
+from training.checkpoints import weights_hash
 from training.io import atomic_save
 
 
 def cache_key(*parts: Any) -> str:
     """A short stable hash of JSON-serialisable ``parts`` (others by their ``str``)."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def module_identity(model: torch.nn.Module, identity: Any = None) -> str:
+    """What a cached result of ``model`` is keyed by: its weights, its repr (the structure and the settings its modules
+    show, e.g. ``Quantise(levels=8)`` or a k-WTA ratio, which no state_dict holds) and ``identity``, what the caller
+    knows besides (e.g. a factory's config, whose kwargs its repr need not show)."""
+    return cache_key(weights_hash(model), repr(model), identity)
 
 
 def cached_json(path: Path, key: str) -> dict | None:

@@ -13,6 +13,7 @@ from stimuli.distortions import Distortion
 from training.io import atomic_write_json, atomic_write_text
 
 from . import metrics as M
+from .observers import offline_variants
 from .pair_metrics import PAIR_METRIC_REGISTRY
 from .report import save_figure
 from .scores import Scores
@@ -182,7 +183,7 @@ def summary_markdown(data: dict, unknown: dict | None, figures: Sequence[str]) -
         f"lapse {data['decisions']['lapse']}, decision noise {data['decisions']['noise']}, "
         f"{data['decisions']['exemplars_per_class']} exemplars per class).", "",
     ]
-    variants = sorted(set(data["observers"].values()) - {"weight-free", "lpips"})
+    variants = offline_variants(data["observers"].values())
     if variants:
         lines += [f"LPIPS runs as its labelled offline variant(s) ({'; '.join(variants)}): the AlexNet weights were not available.", ""]
     lines += ["## Accuracy per condition", "", "| Condition | " + " | ".join(models) + " | observers (mean ± std) |",

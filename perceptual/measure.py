@@ -55,7 +55,7 @@ from .cache import cache_key, cached_json
 from .class_controversial import class_controversial_score, class_controversial_sentence, class_exemplars
 from .convergence import DEFAULT_THRESHOLD, MIN_CONVERGED_FRACTION, convergence_figure, convergence_sentence, convergence_summary, is_converged
 from .decisions import observer_slug
-from .observers import Panel, default_panel, make_observer, quantize_8bit
+from .observers import Panel, default_panel, make_observer, offline_variants, quantize_8bit
 from .statistics import measurement_statistics, percentile_interval
 from .tasks import controversial_spread, judge_2afc, judge_clustering, panel_summary, summarize
 
@@ -539,7 +539,7 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
         notes += [convergence_sentence(label, m["convergence"]) + "." for label, m in with_convergence.items()]
         if data.get("not_converged"):
             notes.append(f"† in the table: fewer than {MIN_CONVERGED_FRACTION:.0%} of the model's inversions converged.")
-    if any(v != "lpips" for v in variants):
+    if offline_variants(variants):
         notes.append("The LPIPS AlexNet weights were not available: the LPIPS rows use the labelled offline variants.")
     figures = []
     sets = [m.get("set") for m in models_data.values()]

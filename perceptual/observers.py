@@ -292,6 +292,12 @@ class LPIPSObserver(Observer):
         return self._distances(fa, fb, (idx, idx))
 
 
+def offline_variants(variants) -> list[str]:
+    """The LPIPS variants among ``variants`` (observer -> variant) that run without the pretrained backbone: what a
+    report names when the AlexNet weights were missing ("pretrained backbone, no heads" is in the panel with them too)."""
+    return sorted({v for v in variants if "random backbone" in v})
+
+
 def observer_slug(observer_name: str) -> str:
     """An observer name made file- and label-safe: ``lpips-alex [random backbone]`` → ``lpips-alex-random-backbone``."""
     return re.sub(r"[^a-z0-9]+", "-", observer_name.lower()).strip("-")

@@ -60,6 +60,7 @@ recomputes only the metrics and reports, which are cheap. All files are written 
 """
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -74,13 +75,14 @@ from tqdm.auto import tqdm
 import stimuli
 from invert.rng import noise_images
 from stimuli.distortions import Distortion, make_condition_set, parse_conditions
+from stimuli.sets import tensor_sha256
 from training import build_model
 from training.checkpoints import weights_hash
 from training.config import dataset_from_config, expand_path, resolve_device
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 
-from ..cache import cache_key, cached_json, cached_tensors
+from ..cache import cache_key, cached_json, cached_tensors, module_identity
 from ..compare_report import _fmt, heatmap, plain, unknown_metrics, write_outputs
 from ..decisions import ObserverDecisions, model_trials, observer_slug, stable_key
 from ..error_alignment import error_alignment, write_error_alignment
@@ -92,6 +94,7 @@ from ..metrics import mvh_exclusions
 from ..pair_metrics import PAIR_METRIC_REGISTRY, Responses, metric_correlations, nanmean_matrices, pairwise_matrices, rankings
 from ..scores import SCORE_FUNCTIONS, DeepEnsemble, ModelOutputs, make_score, model_outputs
 
+log = logging.getLogger(__name__)
 NOISE_SETS = ("noise:gaussian", "noise:uniform")
 
 
@@ -154,9 +157,11 @@ class ComparePipeline:
         for name in cfg["ood"]:
             if name not in NOISE_SETS:
                 try:
-                    parse_conditions([name], self.reference_size)
+                    found = parse_conditions([name], self.reference_size)
                 except ValueError as err:
                     raise ValueError(f"unknown OOD set {name!r}: use {list(NOISE_SETS)} or a condition 'generator=value' ({err})") from None
+                if len(found) != 1:  # a generator name is its whole grid
+                    raise ValueError(f"OOD set {name!r} names {len(found)} conditions: give one, e.g. {found[-1].name!r}")
 
     # -------------------------------------------------------------------------------- inputs
 
@@ -173,10 +178,14 @@ class ComparePipeline:
     def _build_models(self) -> None:
         self.models: dict[str, torch.nn.Module] = {}
         self.weights: dict[str, str] = {}
+        self.identities: dict[str, str] = {}  # what a model's cached outputs are keyed by: weights, repr and its entry
         for spec in self.specs:
-            model = build_model(spec.name, self.dataset, checkpoint=spec.checkpoint, trust_pickle=spec.trust_pickle, **spec.kwargs)
+            model = spec.build(self.dataset)  # zoo model (pretrained too) or factory, as measure builds them
             self.models[spec.label] = model.to(self.device).eval()
             self.weights[spec.label] = weights_hash(model)
+            entry = {"name": spec.name, "factory": spec.factory, "kwargs": dict(spec.kwargs), "checkpoint": spec.checkpoint,
+                     "pretrained": spec.pretrained}
+            self.identities[spec.label] = module_identity(model, entry)
         self.representations: dict[str, torch.nn.Module] = {}
 
     def _condition_set(self, distortion: Distortion) -> stimuli.StimulusSet:
@@ -187,7 +196,7 @@ class ComparePipeline:
         )
 
     def _outputs(self, label: str, set_key: str, images: torch.Tensor, what: str) -> ModelOutputs:
-        key = cache_key(self.weights[label], set_key, "penultimate")
+        key = cache_key(self.identities[label], set_key, "penultimate")
         path = self.out / "cache" / "models" / label / f"{_file_name(what)}.safetensors"
         tensors = cached_tensors(path, key, lambda: vars(model_outputs(self.models[label], images, batch_size=self.batch_size,
                                                                         representation=self._representation(label))))
@@ -222,10 +231,11 @@ class ComparePipeline:
                 tables.append(model_trials(label, outputs.logits, self.labels, self.image_ids, self.classes, self.dataset, distortion.name))
                 per_system[label] = Responses(outputs.logits.argmax(1).numpy(), outputs.logits.double().softmax(1).numpy(), outputs.features.double().numpy())
             distances = {}
+            exemplar_digests: dict[str, str] = {}  # the exemplars' pixels, not their indices: another data root is other data
             for observer in panel:
                 pool = self.decider.pools[observer.name]
-                key = cache_key(observer.fingerprint(), getattr(observer, "seed", None), stimulus_set.fingerprint, pool.tolist(), self.dataset,
-                                len(self.train))
+                key = cache_key(observer.fingerprint(), getattr(observer, "seed", None), stimulus_set.fingerprint,
+                                exemplar_digests.setdefault(observer.name, tensor_sha256(self.train.images[torch.as_tensor(pool)])))
                 path = self.out / "cache" / "observers" / observer_slug(observer.name) / f"{distortion.name}.safetensors"
                 distances[observer.name] = cached_tensors(path, key, lambda o=observer, x=images: {"distances": self.decider.distances(x, o)})["distances"]
             table, probabilities = self.decider.decide(distances, self.image_ids, self.labels, dataset=self.dataset, condition=distortion.name)
@@ -275,8 +285,9 @@ class ComparePipeline:
         ood_names = list(cfg["ood"])
         n_fit = min(int(cfg["n_fit"] or len(self.train)), len(self.train))
         fit = stimuli.select_targets(self.train, n=n_fit, seed=self.seed + 1)
-        fit_key = cache_key("fit", self.dataset, fit.source_index.tolist())
-        id_key = cache_key("id", self.dataset, self.image_ids.tolist())
+        # keyed by the pixels and labels: cifar-10-mini and CIFAR-10 share a name and indices
+        fit_key = cache_key("fit", tensor_sha256(fit.images), tensor_sha256(fit.labels))
+        id_key = cache_key("id", tensor_sha256(self.targets.images), tensor_sha256(self.targets.labels))
         ood = {name: self._ood_images(name) for name in ood_names}
         labels = self.labels
         results: dict[str, dict] = {}
@@ -291,12 +302,13 @@ class ComparePipeline:
             results[label] = {}
             for score_name in cfg["scores"]:
                 params = dict((cfg.get("score_params") or {}).get(score_name) or {})
-                key = cache_key(self.weights[label], score_name, params, fit_key, id_key, [k for k, _ in ood.values()])
+                key = cache_key(self.identities[label], score_name, params, fit_key, id_key, [k for k, _ in ood.values()])
                 path = self.out / "cache" / "unknown" / label / f"{score_name}.json"
                 cached = cached_json(path, key)
                 if cached is None:
                     cached = {"key": key, **self._score_one(score_name, params, model, fit, fit_outputs, id_outputs, ood, ood_outputs, labels)}
-                    atomic_write_json(path, plain(cached))
+                    if not cached.pop("retry", False):  # a failure of this run (out of memory ...) is tried again next time
+                        atomic_write_json(path, plain(cached))
                 results[label][score_name] = {k: v for k, v in cached.items() if k != "key"}
         if cfg.get("ensemble", True) and len(self.models) >= 2:
             id_scores = DeepEnsemble.from_logits(member_logits["id"])
@@ -310,8 +322,11 @@ class ComparePipeline:
             score.fit(model, fit.images, fit.labels, batch_size=self.batch_size, outputs=fit_outputs)
             id_scores = score.score(model, self.targets.images, batch_size=self.batch_size, outputs=id_outputs)
             ood_scores = {n: score.score(model, images, batch_size=self.batch_size, outputs=ood_outputs[n]).scores for n, (_, images) in ood.items()}
-        except (ValueError, RuntimeError) as err:
+        except ValueError as err:  # the score does not apply to this model (MC dropout without dropout ...): kept
             return {"error": str(err)}
+        except RuntimeError as err:  # e.g. CUDA out of memory: reported now, not cached
+            log.warning("unknown score %s failed on this run (not cached): %s", name, err)
+            return {"error": str(err), "retry": True}
         return unknown_metrics(id_scores, id_outputs.logits, ood_scores, labels)
 
     # -------------------------------------------------------------------------------- run

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from hydra import compose, initialize_config_module
 
 import stimuli
@@ -208,6 +209,83 @@ def test_bad_compare_configs_are_refused_before_any_work(tmp_path):
         run(compose_with(model, "unknown.ood=[noise:pink]"))
     with pytest.raises(ValueError, match="unknown score function 'vim'"):
         run(compose_with(model, "unknown.scores=[vim]"))
+    with pytest.raises(ValueError, match="OOD set 'contrast' names 8 conditions: give one"):  # failed after the whole panel run
+        run(compose_with(model, "unknown.ood=[contrast]"))
     with pytest.raises(ValueError, match="unknown distortion generator 'swirl'"):
         run(compose_with(model, "conditions=[swirl]"))
     assert not (tmp_path / "conditions").exists()
+
+
+def _pipeline(out, specs, **kwargs):
+    from perceptual.pipelines.compare import ComparePipeline
+
+    pipeline = ComparePipeline(specs, {"name": "digits", "root": None}, out, conditions=["colour=greyscale"], n_images=12, device="cpu",
+                               observers=["pixel-l2"], progress=False, **kwargs)
+    pipeline._load_data()
+    torch.manual_seed(0)  # the same random weights for every build
+    pipeline._build_models()
+    return pipeline
+
+
+def test_model_outputs_are_cached_by_the_models_identity_not_only_its_weights(tmp_path):
+    """A k-WTA ratio is no weight: keyed by the weights, ratio 0.9 was served ratio 0.1's outputs."""
+    from perceptual.measure import ModelSpec
+
+    def logits(ratio, out):
+        pipeline = _pipeline(out, [ModelSpec("kwta_small_cnn", None, "k", kwargs={"width": 4, "ratio": ratio})])
+        return pipeline.weights["k"], pipeline._outputs("k", "targets", pipeline.targets.images, "id").logits
+
+    (w1, first), (w9, cached) = logits(0.1, tmp_path / "shared"), logits(0.9, tmp_path / "shared")
+    _, fresh = logits(0.9, tmp_path / "fresh")
+    assert w1 == w9 and not torch.equal(first, fresh)
+    assert torch.equal(cached, fresh)
+
+
+def test_a_factory_entry_is_built_and_pretrained_is_not_dropped(tmp_path):
+    from perceptual.measure import ModelSpec
+    from training.models.defences import InputQuantised
+
+    spec = ModelSpec(None, None, "q", factory="training.models.defences:input_quantised", kwargs={"name": "small_cnn", "dataset": "digits", "width": 4})
+    assert isinstance(_pipeline(tmp_path, [spec]).models["q"], InputQuantised)
+    with pytest.raises(ValueError, match="pretrained"):
+        _pipeline(tmp_path / "p", [ModelSpec("small_cnn", None, "p", pretrained=True)])
+
+
+def test_unknown_caches_follow_the_data_and_a_failure_of_the_run_is_not_cached(tmp_path, monkeypatch):
+    """Keyed by the data set's name and indices, another copy of the data (cifar-10-mini and CIFAR-10 share a name) reused
+    the first one's outputs; a RuntimeError (out of memory) was cached as the score's permanent result."""
+    import perceptual.pipelines.compare as compare_module
+    from perceptual.measure import ModelSpec
+
+    unknown = {"scores": ["max_softmax"], "ood": ["noise:uniform"], "n_fit": 20, "ensemble": False}
+    specs = [ModelSpec("small_cnn", None, "m", kwargs={"width": 4})]
+    _pipeline(tmp_path, specs, unknown=unknown)._unknown()
+    fit_file = tmp_path / "cache" / "models" / "m" / "fit.safetensors"
+    stamp = fit_file.stat().st_mtime_ns
+    real = compare_module.dataset_from_config
+
+    def inverted(cfg, split):  # the same name, sizes and labels; other pixels
+        data = real(cfg, split)
+        return data if split == "test" else type(data)(data.name, split, 255 - data.images, data.labels, data.classes, dict(data.meta))
+
+    monkeypatch.setattr(compare_module, "dataset_from_config", inverted)
+    _pipeline(tmp_path, specs, unknown=unknown)._unknown()
+    assert fit_file.stat().st_mtime_ns != stamp
+
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.undo()
+    pipeline = _pipeline(tmp_path / "oom", specs, unknown=unknown)
+    monkeypatch.setattr(compare_module, "make_score", out_of_memory)
+    assert "out of memory" in pipeline._unknown()["systems"]["m"]["max_softmax"]["error"]
+    monkeypatch.undo()
+    assert "error" not in _pipeline(tmp_path / "oom", specs, unknown=unknown)._unknown()["systems"]["m"]["max_softmax"]
+
+
+def test_reports_name_missing_lpips_weights_only_for_the_random_backbone():
+    from perceptual.observers import offline_variants
+
+    assert offline_variants(["lpips", "pretrained backbone, no heads", "weight-free"]) == []
+    assert offline_variants(["random backbone, real heads", "random backbone, no heads", "weight-free"]) == [
+        "random backbone, no heads", "random backbone, real heads"]
