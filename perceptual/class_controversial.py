@@ -12,8 +12,10 @@ models actually disagree on count (a synthesis that failed to split them is no e
 between the two classes gives each model half a point, as the tasks' ties do.
 
 Per observer and model: the fraction of the controversial stimuli on which the observer's choice is that model's
-decision, with a Wilson 95 % interval. The two rates sum to 1 over the same items; a rate above 0.5 means the
-observer sides with that model more often than with the other.
+decision, with a 95 % interval: a percentile bootstrap over origins when the stimuli name theirs (the restarts and
+both directions from one origin are not independent stimuli; :func:`perceptual.tasks.bootstrap_interval`, as the
+controversial score's interval over origins), else a Wilson interval over stimuli. The two rates sum to 1 over the
+same items; a rate above 0.5 means the observer sides with that model more often than with the other.
 
 Differences from Golan et al.: people there answer with any of the classes (or "none"); the observer here makes
 the two-alternative choice between the models' classes, which is the comparison their score uses; exemplars
@@ -21,15 +23,16 @@ stand in for the category knowledge a person brings.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from invert.validation import check_images
 
 from .observers import Observer
-from .tasks import TIE_TOLERANCE, wilson_interval
+from .tasks import TIE_TOLERANCE, bootstrap_interval, wilson_interval
 
 
 def class_exemplars(images: Tensor, labels: Tensor, per_class: int, seed: int = 0) -> tuple[Tensor, Tensor]:
@@ -72,10 +75,14 @@ def _decisions(model: nn.Module, images: Tensor, batch_size: int = 256) -> Tenso
 
 
 def class_controversial_score(stimuli: Tensor, models: Mapping[str, nn.Module], observers: Mapping[str, Observer] | list, exemplars: Tensor,
-                              exemplar_labels: Tensor, *, k: int = 5) -> dict:
+                              exemplar_labels: Tensor, *, k: int = 5, origins: Sequence | None = None, n_boot: int = 2000,
+                              seed: int = 0) -> dict:
     """Per observer, how often each of the two ``models`` (label -> classifier on [0, 1] images) makes the decision
-    the observer makes on the stimuli they disagree on (see the module docstring)."""
+    the observer makes on the stimuli they disagree on (see the module docstring). ``origins``: each stimulus's
+    origin id, the unit the interval resamples."""
     check_images(stimuli, "class-controversial stimuli")
+    if origins is not None and len(origins) != len(stimuli):
+        raise ValueError(f"one origin per stimulus: {len(stimuli)} stimuli, {len(origins)} origins")
     if len(models) != 2:
         raise ValueError(f"the class-controversial score compares two models, got {list(models)}")
     (name_a, model_a), (name_b, model_b) = models.items()
@@ -87,13 +94,17 @@ def class_controversial_score(stimuli: Tensor, models: Mapping[str, nn.Module], 
     candidates = torch.stack([decision_a[split], decision_b[split]], 1)
     observers = observers if isinstance(observers, Mapping) else {o.name: o for o in observers}
     n = int(split.sum())
+    clusters = np.asarray(list(origins), dtype=object)[split.numpy()] if origins is not None else None
+    by_origin = clusters is not None and len(set(clusters.tolist())) > 1
+    out["interval"] = "bootstrap over origins" if by_origin else "Wilson over stimuli"
     for name, observer in observers.items():
-        choice = nearest_class_choice(observer, stimuli[split], candidates, exemplars, exemplar_labels, k=k)
-        credit = {name_a: float((choice == 0).sum() + 0.5 * (choice == -1).sum()), name_b: float((choice == 1).sum() + 0.5 * (choice == -1).sum())}
+        choice = nearest_class_choice(observer, stimuli[split], candidates, exemplars, exemplar_labels, k=k).numpy()
         per_model = {}
-        for label, wins in credit.items():
-            low, high = wilson_interval(wins, n)
-            per_model[label] = {"rate": wins / n, "ci": [low, high]}
+        for label, side in ((name_a, 0), (name_b, 1)):
+            credit = (choice == side) + 0.5 * (choice == -1)
+            low, high = (bootstrap_interval(credit, clusters.astype(str), n_boot=n_boot, seed=seed) if by_origin
+                         else wilson_interval(float(credit.sum()), n))
+            per_model[label] = {"rate": float(credit.mean()), "ci": [low, high]}
         favoured = max(per_model, key=lambda m: per_model[m]["rate"])
         separated = per_model[favoured]["ci"][0] > 0.5
         out["observers"][name] = {"per_model": per_model, "ties": int((choice == -1).sum()), "favours": favoured if separated else None}

@@ -450,13 +450,14 @@ def measure_class_controversial(classifiers, test, origins, panel: Panel, out: P
     )
     results = (stimulus_set.manifest["role"] == "result").to_numpy().copy()  # writable: torch warns on a read-only view
     images = stimulus_set.images[torch.from_numpy(results)]
+    origin_of = stimulus_set.manifest.loc[results, "origin_id"].tolist()  # the interval resamples origins, not restarts
     images = quantize_8bit(images) if judge_8bit else images
     keep = torch.ones(len(test), dtype=torch.bool)
     keep[origins.source_index] = False  # an origin is not an exemplar of its own class
     pool = torch.nonzero(keep).flatten()
     exemplars, labels = class_exemplars(test.float_images(pool), test.labels[pool], int(cfg.get("exemplars_per_class", 20)), seed=seed)
     models = {label: classifiers[label].module("classifier") for label in (a, b)}
-    score = class_controversial_score(images, models, list(panel), exemplars, labels, k=int(cfg.get("k", 5)))
+    score = class_controversial_score(images, models, list(panel), exemplars, labels, k=int(cfg.get("k", 5)), origins=origin_of, seed=seed)
     return {"objective": "class_controversial", "model_a": a, "model_b": b, "set": str(out / "class-controversial" / f"{a}-vs-{b}"),
             **score, "verdict": class_controversial_sentence(score)}
 
