@@ -37,8 +37,8 @@ def plain(obj: Any) -> Any:
 
 
 def heatmap(matrix: np.ndarray, labels: Sequence[str], path: Path, title: str, *, vmin: float | None = None,
-            vmax: float | None = None, cmap: str = "viridis") -> Path:
-    """A square heatmap with values written in the cells (NaN cells grey)."""
+            vmax: float | None = None, cmap: str = "viridis", axis_label: str = "system") -> Path:
+    """A square heatmap with values written in the cells (NaN cells grey); both axes are ``axis_label``s."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -58,6 +58,8 @@ def heatmap(matrix: np.ndarray, labels: Sequence[str], path: Path, title: str, *
                     dark = (matrix[i, j] - lo) < 0.5 * (hi - lo)  # light text on the dark end of the colour map
                     ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=6, color="white" if dark else "black")
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    ax.set_xlabel(axis_label, fontsize=8)
+    ax.set_ylabel(axis_label, fontsize=8)
     ax.set_title(title, fontsize=9)
     return save_figure(fig, path)
 
@@ -82,6 +84,7 @@ def accuracy_figure(accuracy: Mapping[str, Mapping[str, float]], conditions: Seq
     ax.set_xticks(x, [c.name.split("=", 1)[1] for c in chosen])
     ax.set_xlabel(generator)
     ax.set_ylabel("accuracy")
+    ax.set_title(f"Accuracy against {generator}: models and simulated observers", fontsize=9)
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -139,7 +142,7 @@ def write_outputs(data: dict, unknown: dict | None, out: Path, conditions: Seque
         figures.append(accuracy_figure(data["accuracy"], conditions, models, subjects, figures_dir / f"accuracy_{generator}.png", generator))
     spearman = data["spearman_between_metrics"]
     figures.append(heatmap(spearman["rho"], spearman["metrics"], figures_dir / "spearman_between_metrics.png",
-                           "Spearman's rho between metrics over system pairs", vmin=-1, vmax=1, cmap="coolwarm"))
+                           "Spearman's rho between metrics over system pairs", vmin=-1, vmax=1, cmap="coolwarm", axis_label="metric"))
     if unknown:
         figures.append(_unknown_figure(unknown, figures_dir / "unknown_auroc.png"))
     atomic_write_json(out / "metrics.json", plain(data))
@@ -170,6 +173,8 @@ def _unknown_figure(unknown: dict, path: Path) -> Path:
             if not math.isnan(matrix[i, j]):
                 ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=6, color="white" if matrix[i, j] < 0.5 else "black")
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    ax.set_xlabel("OOD set", fontsize=8)
+    ax.set_ylabel("system / score function", fontsize=8)
     ax.set_title("AUROC (ID: clean test images)", fontsize=9)
     return save_figure(fig, path)
 

@@ -431,7 +431,8 @@ def run_with_humans(container: Mapping) -> dict:
                                vmin=lo, vmax=hi))
     spearman = data["spearman_between_metrics"]
     figures.append(heatmap(spearman["rho"], spearman["metrics"], figures_dir / "spearman_between_metrics.png",
-                           "Spearman's rho between metrics over system pairs (humans and models)", vmin=-1, vmax=1, cmap="coolwarm"))
+                           "Spearman's rho between metrics over system pairs (humans and models)", vmin=-1, vmax=1, cmap="coolwarm",
+                           axis_label="metric"))
     figures.append(accuracy_figure(accuracy_per_subject(trials, humans=data["subjects"]), figures_dir / "accuracy.png",
                                    "Accuracy against condition (humans: band; models: lines)"))
     data["figures"] = [f.relative_to(out).as_posix() for f in figures]

@@ -289,3 +289,24 @@ def test_reports_name_missing_lpips_weights_only_for_the_random_backbone():
     assert offline_variants(["lpips", "pretrained backbone, no heads", "weight-free"]) == []
     assert offline_variants(["random backbone, real heads", "random backbone, no heads", "weight-free"]) == [
         "random backbone, no heads", "random backbone, real heads"]
+
+
+def test_compare_figures_have_titles_and_labelled_axes(tmp_path, monkeypatch):
+    import perceptual.compare_report as report_module
+    from stimuli.distortions import Distortion
+
+    drawn = []
+
+    def record(fig, path):
+        ax = fig.axes[0]
+        drawn.append((ax.get_title(), ax.get_xlabel(), ax.get_ylabel()))
+        return path
+
+    monkeypatch.setattr(report_module, "save_figure", record)
+    report_module.heatmap(np.eye(2), ["a", "b"], tmp_path / "h.png", "error consistency")
+    conditions = [Distortion("contrast", 1.0), Distortion("contrast", 0.3)]
+    accuracy = {c.name: {"m": 0.5, "subject-1": 0.6} for c in conditions}
+    report_module.accuracy_figure(accuracy, conditions, ["m"], ["subject-1"], tmp_path / "a.png", "contrast")
+    unknown = {"ood_sets": ["noise:uniform"], "systems": {"m": {"energy": {"auroc": {"noise:uniform": 0.7}}}}}
+    report_module._unknown_figure(unknown, tmp_path / "u.png")
+    assert len(drawn) == 3 and all(title and xlabel and ylabel for title, xlabel, ylabel in drawn), drawn
