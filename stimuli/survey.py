@@ -13,12 +13,13 @@ A package is a folder::
     input.csv                   one row per survey: MTurk's batch input (survey_url placeholder, completion code,
                                 Prolific completion URL)
     surveys/<survey_id>/index.html   a self-contained page (Jinja2 template, inline dependency-free JS)
-    surveys/<survey_id>/images/*.png the 8-bit PNGs it shows, under opaque content-hash names
+    surveys/<survey_id>/images/*.png the 8-bit PNGs it shows, under opaque names, one per appearance
 
-The page carries only what a respondent sees: image file names are hashes of their bytes, so neither a name
-nor the page's data says which option is the target or which trial is a check. Deliberate differences from the
-paper: each survey holds one task (the instructions differ), and trials of all models are dealt round-robin
-into surveys so that no worker sees only one model.
+The page carries only what a respondent sees: each appearance of an image has a name of its own (a salted hash), so
+neither a name nor the page's data says which option is the target (a target recurs across trials, a seed does not)
+or which trial is a check (its query is one of the options); the pixels show that much to a person, as in the paper.
+Deliberate differences from the paper: each survey holds one task (the instructions differ), and the trials of all
+models are dealt into surveys in an even mix so that no worker sees only one model.
 """
 from __future__ import annotations
 
@@ -239,14 +240,20 @@ def build_survey(
 def _write_package(root: Path, loaded: Mapping[str, StimulusSet], surveys: list[dict], *, rng: np.random.Generator,
                    title: str, base_url: str, minutes: int, **config) -> dict:
     pngs: dict[tuple[str, str], bytes] = {}
+    files: dict[str, bytes] = {}  # served name -> PNG
+    salt = rng.bytes(16)  # names no page can predict
 
-    def png(label: str, image_id: str) -> str:
+    def png(label: str, image_id: str, appearance: str) -> str:
+        """A name of its own for each appearance of an image: a shared name would tell a script which option is the
+        target (it recurs across trials, seeds do not) and which trials are checks (the query among the options)."""
         key = (label, image_id)
         if key not in pngs:
             stimulus_set = loaded[label]
             relative = stimulus_set.manifest.set_index("id").loc[image_id, "png"]
             pngs[key] = (Path(stimulus_set.path) / relative).read_bytes()
-        return _image_name(pngs[key])
+        name = _image_name(salt + appearance.encode() + pngs[key])
+        files[name] = pngs[key]
+        return name
 
     truth, pages = [], []
     for survey in surveys:
@@ -255,16 +262,20 @@ def _write_package(root: Path, loaded: Mapping[str, StimulusSet], surveys: list[
             trial_id = f"{survey['survey_id']}/{position:03d}"
             label = r["model"]
             if r["task"] in ("2afc", "controversial"):
-                shown = {"query": png(label, r["query"]), "options": [png(label, o) for o in r["options"]]}
+                shown = {"query": png(label, r["query"], f"{trial_id}:query"),
+                         "options": [png(label, o, f"{trial_id}:option{k}") for k, o in enumerate(r["options"])]}
                 ids = {"query_id": r["query"], "left_id": r["options"][0], "right_id": r["options"][1]}
+                query_files = [shown["query"]]
             else:
-                shown = {"columns": [png(label, c) for c in r["columns"]], "rows": [png(label, row["query"]) for row in r["rows"]]}
+                shown = {"columns": [png(label, c, f"{trial_id}:column{k}") for k, c in enumerate(r["columns"])],
+                         "rows": [png(label, row["query"], f"{trial_id}:row{k}") for k, row in enumerate(r["rows"])]}
                 ids = {f"column_{k}": c for k, c in enumerate(r["columns"])}
+                query_files = shown["rows"]
             page_trials.append({"trial_id": trial_id, "task": "clustering" if "clustering" in r["task"] else "2afc", **shown})
             truth.append({
                 "trial_id": trial_id, "survey_id": survey["survey_id"], "position": position, "model": label, "task": r["task"],
                 "attention_check": r["attention_check"], **ids, "images": shown,
-                "rows": [{**row, "query_file": png(label, row["query"])} for row in r["rows"]],
+                "rows": [{**row, "query_file": name} for row, name in zip(r["rows"], query_files)],
             })
         pages.append((survey, page_trials))
 
@@ -279,9 +290,8 @@ def _write_package(root: Path, loaded: Mapping[str, StimulusSet], surveys: list[
         folder = root / "surveys" / sid
         (folder / "images").mkdir(parents=True)
         names = {name for t in page_trials for name in ([t.get("query")] + t.get("options", []) + t.get("columns", []) + t.get("rows", [])) if name}
-        for data in pngs.values():
-            if _image_name(data) in names:
-                (folder / "images" / _image_name(data)).write_bytes(data)
+        for name in sorted(names):
+            (folder / "images" / name).write_bytes(files[name])
         code = "".join(rng.choice(list("ABCDEFGHJKLMNPQRSTUVWXYZ23456789"), size=8))
         task = "clustering" if "clustering" in survey["task"] else "2afc"
         page_data = {"package": fingerprint, "survey_id": sid, "task": task, "prompt": PROMPTS[task], "completion_code": code,

@@ -67,13 +67,22 @@ def test_trials_counterbalanced_checks_and_mixed_models(package_dir):
     truth = package.truth
     real = truth[(truth["task"] == "2afc") & ~truth["attention_check"]]
     assert abs((real["answer"] == "left").mean() - 0.5) <= 0.05  # sides balanced per model within one trial
+    def pixels(t, name):  # the served bytes: names never repeat, so a script cannot find the checks or targets by name
+        return (package_dir / "surveys" / t["survey_id"] / "images" / name).read_bytes()
+
     for t in package.manifest["trials"]:
         if t["attention_check"] and t["task"] == "2afc":
-            assert t["images"]["query"] in t["images"]["options"]  # the query IS one option
+            assert pixels(t, t["images"]["query"]) in [pixels(t, o) for o in t["images"]["options"]]  # the query IS one option
         elif t["attention_check"]:
-            assert sorted(t["rows"][k]["query_file"] for k in range(3)) == sorted(t["images"]["columns"])  # the rows ARE the columns
+            rows = sorted(pixels(t, t["rows"][k]["query_file"]) for k in range(3))
+            assert rows == sorted(pixels(t, c) for c in t["images"]["columns"])  # the rows ARE the columns
         elif t["task"] == "2afc":
-            assert t["images"]["query"] not in t["images"]["options"]
+            assert pixels(t, t["images"]["query"]) not in [pixels(t, o) for o in t["images"]["options"]]
+    for survey in package.manifest["surveys"]:
+        shown = [name for t in package.manifest["trials"] if t["survey_id"] == survey["survey_id"]
+                 for name in ([t["images"].get("query")] + t["images"].get("options", []) + t["images"].get("columns", [])
+                              + t["images"].get("rows", [])) if name]
+        assert len(shown) == len(set(shown))  # one name per appearance
     for survey in package.manifest["surveys"]:
         assert survey["models"] == ["robust", "standard"] and survey["n_attention_checks"] >= 1
         models = [t["model"] for t in package.manifest["trials"] if t["survey_id"] == survey["survey_id"] and not t["attention_check"]]
@@ -154,7 +163,8 @@ def test_controversial_survey_asks_which_direction_looks_closer_to_the_origin(co
         assert t["query_id"] == t["left_id"].split(".")[0] and {d.split(".")[1] for d in ab} == {"AB", "BA"}
     for t in trials:
         if t["attention_check"]:
-            assert t["images"]["query"] in t["images"]["options"]
+            served = out / "surveys" / t["survey_id"] / "images"
+            assert (served / t["images"]["query"]).read_bytes() in [(served / o).read_bytes() for o in t["images"]["options"]]
     page = (out / "surveys" / "controversial-000" / "index.html").read_text()
     assert ".AB." not in page and ".BA." not in page and "Which option is perceptually closer to the query?" in page
     # a worker who always picks model A's stimulus (and passes the checks) prefers A every time
