@@ -103,6 +103,19 @@ def test_save_checkpoint_keeps_normalisation_and_loads_back(tmp_path):
     assert read_checkpoint(path)[1]["epoch"] == "3"
 
 
+def test_a_files_normalisation_wins_and_an_explicit_contradiction_is_refused(tmp_path, caplog):
+    """mean=/std= given with a file that normalises otherwise were silently replaced by the file's values."""
+    path = save_checkpoint(build_model("small_cnn", "cifar10", mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25)), tmp_path / "m.safetensors")
+    with pytest.raises(ValueError, match=r"normalises with mean \[0.5, 0.5, 0.5\].*not the mean=\[0.4"):
+        build_model("small_cnn", "cifar10", checkpoint=str(path), mean=(0.4, 0.4, 0.4), std=(0.25, 0.25, 0.25))
+    with caplog.at_level("WARNING", logger="training.models"):
+        model = build_model("small_cnn", "cifar10", checkpoint=str(path))  # the file's statistics, stated
+    assert model.normalize.mean.flatten().tolist() == [0.5, 0.5, 0.5] and "not cifar10's statistics" in caplog.text
+    caplog.clear()
+    build_model("small_cnn", "cifar10", checkpoint=str(path), mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25))
+    assert not caplog.text
+
+
 @pytest.mark.parametrize("prefix", ["", "module.", "_orig_mod."])
 def test_plain_state_dicts_with_wrapper_prefixes(tmp_path, prefix):
     model = build_model("small_cnn", "digits")

@@ -7,6 +7,7 @@ CIFAR-size architectures its state-dict keys are the ``robustness`` library's).
 from __future__ import annotations
 
 import inspect
+import logging
 from typing import Mapping, Sequence
 
 import torch
@@ -20,6 +21,8 @@ from . import cifar  # noqa: F401  (registers the CIFAR-size architectures)
 from .cifar import KWinnersTakeAll  # noqa: F401  (public: the k-WTA activation)
 from .imagenet import build_torchvision, penultimate_layer, torchvision_classifier_names
 from .registry import CIFAR_ARCHITECTURES, Architecture, register_model  # noqa: F401  (public: the zoo's registry)
+
+log = logging.getLogger(__name__)
 
 # Data sets whose models are torchvision's ImageNet architectures (224 px); all others use CIFAR-size ones.
 IMAGENET_LIKE = ("imagenet",)
@@ -125,6 +128,7 @@ def build_model(
     ``pretrained`` loads torchvision's ImageNet weights from the torch hub cache.
     ``arch_kwargs`` go to the architecture (e.g. ``ratio`` for ``kwta_resnet18``, ``width`` for ``small_cnn``).
     """
+    explicit = mean is not None or std is not None
     if dataset not in DATASET_STATS and (mean is None or std is None):
         raise ValueError(
             f"unknown data set {dataset!r}: known are {sorted(DATASET_STATS)}; for another data set pass mean= and std="
@@ -156,4 +160,18 @@ def build_model(
     model.arch_kwargs = dict(arch_kwargs)
     if checkpoint is not None:
         load_into(model, checkpoint, trust_pickle=trust_pickle)
+        _check_normalisation(model, mean, std, explicit, checkpoint, dataset)
     return model.eval()
+
+
+def _check_normalisation(model: Classifier, mean, std, explicit: bool, checkpoint, dataset: str) -> None:
+    """A checkpoint's own normalisation is what its weights were trained with, so it wins; one that contradicts an
+    explicit ``mean=``/``std=`` is refused, one that differs from the data set's statistics is logged."""
+    loaded = (model.normalize.mean.flatten().tolist(), model.normalize.std.flatten().tolist())
+    asked = ([float(v) for v in mean], [float(v) for v in std])
+    if all(abs(a - b) <= 1e-6 for pair in zip(loaded, asked) for a, b in zip(*pair)):
+        return
+    if explicit:
+        raise ValueError(f"{checkpoint} normalises with mean {loaded[0]} and std {loaded[1]}, not the mean={asked[0]} and std={asked[1]} "
+                         "given: leave mean= and std= out to use the file's (its weights were trained with them)")
+    log.warning("%s normalises with mean %s and std %s, not %s's statistics: the file's are used", checkpoint, loaded[0], loaded[1], dataset)
