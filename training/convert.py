@@ -1,4 +1,5 @@
-"""``python -m training.convert SRC DST --arch NAME --dataset NAME``: any checkpoint → a clean safetensors file.
+"""``python -m training.convert SRC DST --arch NAME --dataset NAME [--kwarg KEY=VALUE ...]``: any checkpoint → a clean
+safetensors file.
 
 Reads a state dict, torchvision weights, a ``robustness``-library checkpoint or safetensors
 (:func:`training.checkpoints.read_checkpoint`), checks that it fits the zoo architecture, and writes the
@@ -7,16 +8,26 @@ classifier's weights (normalisation included) with :func:`training.checkpoints.s
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from .checkpoints import save_checkpoint
+import yaml
+
+from .checkpoints import CheckpointError, save_checkpoint
 from .models import build_model
 
 
 def convert(src: str | Path, dst: str | Path, arch: str, dataset: str, trust_pickle: bool = False, **build_kwargs) -> Path:
     """Read ``src`` in any supported format, check it fits ``arch`` on ``dataset``, write safetensors to ``dst``."""
     model = build_model(arch, dataset, checkpoint=str(src), trust_pickle=trust_pickle, **build_kwargs)
-    return save_checkpoint(model, dst, {"converted_from": str(src)})
+    return save_checkpoint(model, dst, {"converted_from": str(src), **{f"kwarg.{k}": str(v) for k, v in model.arch_kwargs.items()}})
+
+
+def _kwarg(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. width=16), got {text!r}")
+    return key, yaml.safe_load(value)  # 16 -> int, 0.1 -> float, true -> bool, as on Hydra's command line
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -31,8 +42,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dataset", default="cifar10", help="data set the model was trained on (default cifar10)")
     parser.add_argument("--num-classes", type=int, default=None)
     parser.add_argument("--trust-pickle", action="store_true", help="allow pickles that can run code (only for files you trust)")
+    parser.add_argument("--kwarg", type=_kwarg, action="append", default=[], metavar="KEY=VALUE",
+                        help="an architecture argument, repeatable (e.g. --kwarg width=16 --kwarg ratio=0.1)")
     args = parser.parse_args(argv)
-    out = convert(args.src, args.dst, args.arch, args.dataset, trust_pickle=args.trust_pickle, num_classes=args.num_classes)
+    try:
+        out = convert(args.src, args.dst, args.arch, args.dataset, trust_pickle=args.trust_pickle, num_classes=args.num_classes,
+                      **dict(args.kwarg))
+    except (CheckpointError, FileNotFoundError, ValueError) as err:
+        sys.exit(f"error: {str(err).replace('+model.kwargs.', '--kwarg ')}")  # the hint in this command's own syntax
     print(f"wrote {out}")
 
 
