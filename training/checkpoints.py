@@ -126,7 +126,8 @@ def _extract_state_dict(raw: Any, path: Path) -> Mapping[str, torch.Tensor]:
         inner = raw.get(key)
         if isinstance(inner, nn.Module):
             return inner.state_dict()
-        if isinstance(inner, Mapping) and inner and all(isinstance(k, str) for k in inner):
+        # a state dict holds tensors: {"model": {config...}, "state_dict": weights} is read at "state_dict"
+        if isinstance(inner, Mapping) and inner and all(isinstance(k, str) for k in inner) and any(isinstance(v, torch.Tensor) for v in inner.values()):
             return inner
     if raw and all(isinstance(v, torch.Tensor) for v in raw.values()):
         return raw

@@ -106,6 +106,14 @@ def test_the_converter_takes_architecture_arguments_and_answers_in_one_line(tmp_
     assert "expected KEY=VALUE" in capsys.readouterr().err
 
 
+def test_a_config_under_model_does_not_hide_the_weights(tmp_path):
+    model = build_model("small_cnn", "digits", width=4)
+    torch.save({"model": {"name": "small_cnn", "width": 4}, "state_dict": model.state_dict()}, tmp_path / "m.pt")
+    loaded = build_model("small_cnn", "digits", width=4, checkpoint=str(tmp_path / "m.pt"))
+    x = torch.rand(2, 3, 32, 32)
+    torch.testing.assert_close(loaded(x), model(x), atol=0, rtol=0)
+
+
 def test_save_checkpoint_keeps_normalisation_and_loads_back(tmp_path):
     model = build_model("small_cnn", "digits")
     _settle_batchnorm(model.net)
