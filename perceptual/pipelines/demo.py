@@ -67,17 +67,25 @@ def run(cfg: DictConfig) -> dict:
     )
     print()
     print(headline(data))
-    if "spread" in data.get("controversial", {}):
-        c = data["controversial"]
-        for direction in c["spread"]:
-            spreads = ", ".join(f"{o} {s[direction]['mean']:.4f}" for o, s in c["per_observer"].items())
-            print(f"controversial (Table 2 score), {c['directions'][direction]}: {spreads}")
-        print(f"controversial: {c['verdict']}")
+    for line in controversial_lines(data.get("controversial") or {}):
+        print(line)
     for label, result in data["models"].items():
         print(convergence_sentence(label, result["convergence"]))
     print(f"\nreport: {(out / 'report' / 'report.md').resolve()}  ({time.perf_counter() - started:.0f} s)")
     check_convergence(data, strict=bool(cfg.strict))
     return data
+
+
+def controversial_lines(c: dict) -> list[str]:
+    """The demo's lines on its controversial stimuli: the Table 2 score per direction and the verdict, or for
+    class-controversial stimuli which model's decisions each observer shares."""
+    if "spread" in c:
+        lines = []
+        for direction in c["spread"]:
+            spreads = ", ".join(f"{o} {s[direction]['mean']:.4f}" for o, s in c["per_observer"].items())
+            lines.append(f"controversial (Table 2 score), {c['directions'][direction]}: {spreads}")
+        return lines + [f"controversial: {c['verdict']}"]
+    return [f"class-controversial:\n{c['verdict']}"] if c.get("verdict") else []
 
 
 @hydra.main(config_path="pkg://conf", config_name="demo", version_base=None)

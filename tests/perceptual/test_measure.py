@@ -165,6 +165,18 @@ def test_bad_measure_inputs_are_refused_before_any_model_is_built(tmp_path, tiny
         measure_models([ModelSpec("small_cnn", str(tmp_path / "gone.pt"), "gone")], {"name": "digits", "root": None}, tmp_path / "r")
 
 
+def test_the_demo_states_class_controversial_results_too():
+    from perceptual.pipelines.demo import controversial_lines
+
+    assert controversial_lines({"objective": "class_controversial", "verdict": "pixel-l2: sides with robust"}) == [
+        "class-controversial:\npixel-l2: sides with robust"]  # it printed nothing for them
+    two_way = {"spread": {"AB": {}}, "directions": {"AB": "standard keeps, robust pushed"}, "per_observer": {"ssim": {"AB": {"mean": 0.25}}},
+               "verdict": "robust favoured"}
+    assert controversial_lines(two_way) == ["controversial (Table 2 score), standard keeps, robust pushed: ssim 0.2500",
+                                            "controversial: robust favoured"]
+    assert controversial_lines({}) == []
+
+
 def test_demo_refuses_a_bad_key_before_training(tmp_path):
     from perceptual.pipelines.demo import run as demo_run
     from training.config import compose
