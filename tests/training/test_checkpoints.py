@@ -147,6 +147,15 @@ def test_plain_state_dicts_with_wrapper_prefixes(tmp_path, prefix):
     torch.testing.assert_close(model(x), again(x), atol=0, rtol=0)
 
 
+def _assert_same_as_torchvision(ours, reference) -> None:
+    """Our Classifier on [0, 1] images equals the torchvision network on ImageNet-normalised ones."""
+    x = torch.rand(1, 3, 64, 64)
+    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), reference((x - mean) / std), atol=1e-5, rtol=1e-5)
+
+
 def test_torchvision_weights_file(tmp_path):
     import torchvision
 
@@ -154,11 +163,7 @@ def test_torchvision_weights_file(tmp_path):
     reference = torchvision.models.resnet18(weights=None).eval()
     torch.save(reference.state_dict(), tmp_path / "resnet18-f37072fd.pth")
     ours = build_model("resnet18", "imagenet", checkpoint=str(tmp_path / "resnet18-f37072fd.pth"))
-    x = torch.rand(1, 3, 64, 64)
-    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
-    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
-    with torch.no_grad():
-        torch.testing.assert_close(ours(x), reference((x - mean) / std), atol=1e-5, rtol=1e-5)
+    _assert_same_as_torchvision(ours, reference)
 
 
 def test_torchvisions_released_densenet_weights_with_their_old_key_names(tmp_path):
@@ -173,11 +178,7 @@ def test_torchvisions_released_densenet_weights_with_their_old_key_names(tmp_pat
     assert any(".norm.1." in k for k in legacy)
     torch.save(legacy, tmp_path / "densenet121-a639ec97.pth")
     ours = build_model("densenet121", "imagenet", checkpoint=str(tmp_path / "densenet121-a639ec97.pth"))
-    x = torch.rand(1, 3, 64, 64)
-    mean = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
-    std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
-    with torch.no_grad():
-        torch.testing.assert_close(ours(x), reference((x - mean) / std), atol=1e-5, rtol=1e-5)
+    _assert_same_as_torchvision(ours, reference)
 
 
 def test_a_robustness_checkpoint_saved_without_dataparallel(tmp_path):
