@@ -10,7 +10,9 @@ write a report directory:
     grid.png           target / seed / result for each model
     scatter_*.png      observer accuracy against robust accuracy (paper Figure 4)
     models/<label>/    the model's stimulus set, accuracy.json and judged trials (cached: a rerun
-                       reuses everything whose inputs did not change, so interrupted runs resume)
+                       reuses everything whose inputs did not change, so interrupted runs resume);
+                       a factory model's folder is models/<label>-<its identity>, since a factory's
+                       settings (a quantisation level) need not show in the weights a set is keyed by
 
 One batch per job: by default (``chunk_size=None``) each stimulus set is one engine call, so the engine gets all
 of a model's work at once (every target × seed type; the controversial set's both directions and all restarts)
@@ -51,7 +53,7 @@ from training.io import atomic_write_json, atomic_write_text
 from training.models.defences import build_from_factory
 
 from . import report
-from .cache import cache_key, cached_json
+from .cache import cache_key, cached_json, module_identity
 from .class_controversial import class_controversial_score, class_controversial_sentence, class_exemplars
 from .convergence import DEFAULT_THRESHOLD, MIN_CONVERGED_FRACTION, convergence_figure, convergence_sentence, convergence_summary, is_converged
 from .decisions import observer_slug
@@ -258,8 +260,12 @@ def measure_models(
     results: dict[str, dict] = {}
     classifiers: dict[str, stimuli.ModelRef] = {}
     for spec in tqdm(specs, desc="models", unit="model"):
-        model_dir = Path((model_dirs or {}).get(spec.label) or out / "models" / spec.label)
         classifier = spec.build(dataset).to(device)
+        default_dir = out / "models" / spec.label
+        if spec.factory or spec.module is not None:  # a factory's settings need not show in its weights, which key a set
+            entry = {"factory": spec.factory, "kwargs": dict(spec.kwargs), "checkpoint": spec.checkpoint}
+            default_dir = out / "models" / f"{spec.label}-{module_identity(classifier, entry)[:10]}"
+        model_dir = Path((model_dirs or {}).get(spec.label) or default_dir)
         ref = stimuli.ModelRef.from_classifier(classifier, name=spec.label, checkpoint=spec.checkpoint, layer=spec.layer, fake_relu=spec.fake_relu)
         classifiers[spec.label] = ref
         stimulus_set = stimuli.make_inversion_set(

@@ -108,6 +108,19 @@ def test_rerun_reuses_cached_sets_accuracies_and_judgements(tmp_path, tiny_check
     assert Path(second["models"]["narrow"]["set"]).is_absolute()  # humans= rewrites the report from any folder
 
 
+def test_a_factory_model_with_other_settings_gets_sets_of_its_own(tmp_path):
+    """input_quantised at levels 8 and 2 has the same weights: under one label it reused the 8-level inversions."""
+    factory = "training.models.defences:input_quantised"
+    runs = []
+    for levels in (8, 2):
+        torch.manual_seed(0)  # the same random weights
+        spec = ModelSpec(None, None, "q", factory=factory, kwargs={"name": "small_cnn", "dataset": "digits", "width": 4, "levels": levels})
+        runs.append(measure_models([spec], {"name": "digits", "root": None}, tmp_path, engine=ENGINE, n_targets=2, seed=0, tasks=["2afc"],
+                                   panel=Panel([PixelL2Observer()]), threat=None, accuracy_limit=20, device=TEST_DEVICE))
+    first, second = (r["models"]["q"]["set"] for r in runs)
+    assert first != second and Path(first).parent.name.startswith("q-") and Path(second).is_dir()
+
+
 def test_an_observer_is_cached_by_its_weights_and_settings_not_its_name(tmp_path, tiny_checkpoints):
     """LPIPS from another weights file keeps its name: keyed by the name, it was served the first file's judgements."""
     from perceptual.measure import observe_set
