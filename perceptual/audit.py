@@ -432,4 +432,4 @@ def is_flagged(text: str) -> bool:
 
 __all__ = ["Check", "DECISION_RULE", "JsonAttackStore", "RobustnessAudit", "alignment_position", "attack_suite", "audit_robustness",
            "check_budgets", "check_classifier", "check_smoothing", "controversial_summary", "is_flagged", "is_randomised", "masking_checks",
-           "module_identity", "noise_floor", "randomness_warning", "reference_accuracy", "verdict"]
+           "noise_floor", "randomness_warning", "reference_accuracy", "verdict"]

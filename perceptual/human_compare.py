@@ -40,7 +40,7 @@ from .human_trials import NO_ANSWER
 from .metrics import SIXTEEN_CLASS_NAMES, is_excluded
 from .metrics._validation import nanmean
 from .mvh_analysis import condition_order
-from .pair_metrics import PAIR_METRIC_REGISTRY, MetricContext, Responses, metric_correlations, nanmean_matrices, rankings
+from .pair_metrics import NESTED_METRICS, PAIR_METRIC_REGISTRY, MetricContext, Responses, metric_correlations, nanmean_matrices, rankings
 
 log = logging.getLogger(__name__)
 
@@ -171,8 +171,9 @@ def compare_on_trials(trials: pd.DataFrame, *, cles_variant: str = "paper", on_u
     by_experiment = {d: {m: nanmean_matrices([cell[m] for cell in cells]) for m in metrics} for d, cells in per_experiment.items()}
     aggregated = {m: nanmean_matrices([matrices[m] for matrices in by_experiment.values()]) for m in metrics}
     humans_of = trials.groupby("dataset")["subject"].agg(lambda s: sorted(x for x in set(s) if x.startswith(HUMAN_PREFIX))).to_dict()
+    panel_metrics = [m for m in metrics if m not in NESTED_METRICS]  # the nested three come from aggregate_trials
     panel_values = {model: {m: nanmean([nanmean([matrices[m][systems.index(model), systems.index(h)] for h in humans_of[d]])
-                                         for d, matrices in by_experiment.items()]) for m in metrics} for model in models}
+                                         for d, matrices in by_experiment.items()]) for m in panel_metrics} for model in models}
     accuracy, accuracy_by_experiment = {}, defaultdict(lambda: defaultdict(list))
     for dataset, experiment in trials.groupby("dataset", sort=True):
         cells = dict(list(experiment.groupby("condition")))
@@ -193,7 +194,6 @@ def compare_on_trials(trials: pd.DataFrame, *, cles_variant: str = "paper", on_u
                             panel_values=panel_values),
         "spearman_between_metrics": metric_correlations(aggregated),
     }
-
 
 
 def _exclusion_sentence(excluded: Mapping[str, Sequence[str]]) -> str:

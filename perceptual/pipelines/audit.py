@@ -44,13 +44,12 @@ from ..audit import (
     controversial_summary,
     is_flagged,
     is_randomised,
-    module_identity,
     randomness_warning,
     reference_accuracy,
     verdict,
 )
 from ..audit_report import accuracy_bars_figure, accuracy_vs_eps_figure, alignment_figures, audit_html, audit_markdown, masking_checks_figure
-from ..cache import cache_key
+from ..cache import cache_key, module_identity
 from ..measure import ModelSpec, make_panel, measure_models, validate_inputs
 from ._references import pair_configs, pair_key, train_pair
 

@@ -219,6 +219,10 @@ class ComparePipeline:
         self.decider = ObserverDecisions(panel, self.train.images, self.train.labels, self.train.classes, seeds=list(d["seeds"]),
                                          per_class=int(d["exemplars_per_class"]), k=int(d["k"]), lapse=float(d["lapse"]), noise=float(d["noise"]))
         self.panel = panel
+        # An observer's distances are keyed by its fingerprint and its exemplars' pixels (not their indices: another
+        # copy of a data set under the same name is other data), once per run.
+        observer_keys = {o.name: cache_key(o.fingerprint(), tensor_sha256(self.train.images[torch.as_tensor(self.decider.pools[o.name])]))
+                         for o in panel}
         tables, responses = [], {}
         bar = tqdm(self.conditions, desc="conditions", unit="condition", disable=not self.progress)
         for distortion in bar:
@@ -231,11 +235,8 @@ class ComparePipeline:
                 tables.append(model_trials(label, outputs.logits, self.labels, self.image_ids, self.classes, self.dataset, distortion.name))
                 per_system[label] = Responses(outputs.logits.argmax(1).numpy(), outputs.logits.double().softmax(1).numpy(), outputs.features.double().numpy())
             distances = {}
-            exemplar_digests: dict[str, str] = {}  # the exemplars' pixels, not their indices: another data root is other data
             for observer in panel:
-                pool = self.decider.pools[observer.name]
-                key = cache_key(observer.fingerprint(), getattr(observer, "seed", None), stimulus_set.fingerprint,
-                                exemplar_digests.setdefault(observer.name, tensor_sha256(self.train.images[torch.as_tensor(pool)])))
+                key = cache_key(observer_keys[observer.name], getattr(observer, "seed", None), stimulus_set.fingerprint)
                 path = self.out / "cache" / "observers" / observer_slug(observer.name) / f"{distortion.name}.safetensors"
                 distances[observer.name] = cached_tensors(path, key, lambda o=observer, x=images: {"distances": self.decider.distances(x, o)})["distances"]
             table, probabilities = self.decider.decide(distances, self.image_ids, self.labels, dataset=self.dataset, condition=distortion.name)

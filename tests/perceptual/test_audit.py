@@ -15,11 +15,11 @@ from perceptual.audit import (
     controversial_summary,
     is_flagged,
     masking_checks,
-    module_identity,
     noise_floor,
     verdict,
 )
 from perceptual.audit_report import audit_html, audit_markdown
+from perceptual.cache import module_identity
 from training.models.defences import InputQuantised
 
 
