@@ -141,6 +141,9 @@ def noise_floor(predict: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, evalu
     images, no attack at all: the worst case of an audit ANDs that many random predictions (clean and one per
     attack), so prediction noise alone lowers it this far (Carlini et al. 2019: evaluate randomised models in
     expectation). Seeded, so a rerun states the same number."""
+    check_budgets(evaluations=evaluations)
+    if y.shape != x.shape[:1]:
+        raise ValueError(f"one label per image: {x.shape[0]} images, labels of shape {tuple(y.shape)}")
     correct = torch.ones_like(y, dtype=torch.bool)
     with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
         torch.manual_seed(seed)

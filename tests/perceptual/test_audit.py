@@ -137,6 +137,10 @@ def test_the_noise_floor_is_the_worst_case_of_unattacked_predictions():
 
     assert noise_floor(predict, torch.zeros(10, 1, 2, 2), y, evaluations=3) == pytest.approx(0.7)
     assert noise_floor(lambda x: y, torch.zeros(10, 1, 2, 2), y, evaluations=8) == 1.0
+    with pytest.raises(ValueError, match="evaluations must be an integer >= 1"):
+        noise_floor(lambda x: y, torch.zeros(10, 1, 2, 2), y, evaluations=0)
+    with pytest.raises(ValueError, match="one label per image: 10 images"):
+        noise_floor(lambda x: y, torch.zeros(10, 1, 2, 2), y[:4], evaluations=2)
 
 
 def test_randomised_defence_without_eot_is_a_stated_warning(digits):
