@@ -2,8 +2,10 @@
 
 Reads what a :func:`stimuli.survey.build_survey` package collects: the page's JSON and CSV downloads and
 MTurk's batch results CSV (``WorkerId``, ``AssignmentId``, ``AssignmentStatus``, ``Answer.responses`` holding
-the page's JSON, which the page posts to MTurk's ``externalSubmit``). Every answer is checked against the
-package manifest; what cannot be used is excluded with a reason and counted, never dropped silently.
+the page's JSON, which the page posts to MTurk's ``externalSubmit``), and Prolific's submissions export
+(``Submission id``, ``Participant id``, ``Status``), which holds no answers but says which submissions were
+returned, rejected, timed out or screened out. Every answer is checked against the package manifest; what cannot be
+used is excluded with a reason and counted, never dropped silently.
 
 Scoring follows the paper's Appendix A: workers who fail attention checks are excluded (default: any failure);
 accuracy per model and task (2AFC: the target chosen; clustering: a row matched to its target's column) with
@@ -79,8 +81,60 @@ class Responses:
         return counts
 
 
-def _submissions_from_file(path: Path) -> list[dict]:
-    """Raw submissions (dicts like the page's JSON download) from one file of any supported format."""
+# Prolific's submission statuses of participants who withdrew or were turned away: their answers are not used.
+PROLIFIC_WITHDRAWN = ("RETURNED", "REJECTED", "TIMED-OUT", "SCREENED-OUT")
+
+
+def _column_key(name: str) -> str:
+    return " ".join(str(name).replace("_", " ").lower().split())
+
+
+def is_prolific_export(columns: Iterable[str]) -> bool:
+    """Whether a CSV's header is Prolific's submissions export (``Participant id`` and ``Status``, in any case)."""
+    keys = {_column_key(c) for c in columns}
+    return {"participant id", "status"} <= keys
+
+
+@dataclass
+class ProlificStatuses:
+    """Prolific's status of each submission (by its ``Submission id``, the ``SESSION_ID`` the page records) and of
+    each participant (every status of their submissions in the exports given)."""
+
+    by_session: dict[str, str] = field(default_factory=dict)
+    by_participant: dict[str, set[str]] = field(default_factory=dict)
+
+    def add(self, table: pd.DataFrame) -> None:
+        columns = {_column_key(c): c for c in table.columns}
+        for record in table.to_dict("records"):
+            status = str(record[columns["status"]]).strip().upper()
+            participant = str(record[columns["participant id"]]).strip()
+            session = str(record.get(columns.get("submission id"), "") or "").strip()
+            if session:
+                self.by_session[session] = status
+            if participant:
+                self.by_participant.setdefault(participant, set()).add(status)
+
+    def exclusion(self, submission: Mapping) -> str | None:
+        """Why ``submission`` is excluded, or None: its own submission's status where the page recorded Prolific's
+        ``SESSION_ID`` and the exports hold it, else its participant's statuses; answers Prolific does not know (MTurk,
+        a lab) are kept."""
+        session = str(submission.get("session_id") or "").strip()
+        if session in self.by_session:
+            statuses = {self.by_session[session]}
+        else:
+            statuses = self.by_participant.get(str(submission.get("worker_id") or "").strip(), set())
+        withdrawn = statuses & set(PROLIFIC_WITHDRAWN)
+        if not withdrawn:
+            return None
+        if len(statuses) > 1:
+            return (f"the participant's Prolific submissions are {', '.join(sorted(statuses))} and these answers carry no session id to "
+                    "tell which (add SESSION_ID={{%SESSION_ID%}} to the study URL)")
+        return f"submission {withdrawn.pop().lower()} on Prolific"
+
+
+def _submissions_from_file(path: Path, prolific: ProlificStatuses) -> list[dict]:
+    """Raw submissions (dicts like the page's JSON download) from one file of any supported format; a Prolific export
+    adds its statuses to ``prolific`` and holds no submission."""
     text = path.read_text(encoding="utf-8-sig")
     if path.suffix.lower() == ".json":
         data = json.loads(text)
@@ -94,13 +148,20 @@ def _submissions_from_file(path: Path) -> list[dict]:
         if missing:
             raise ValueError(f"{path}: an MTurk batch results file needs columns {sorted(missing)}")
         return [_mturk_submission(record, path) for record in table.to_dict("records")]
+    if is_prolific_export(table.columns):
+        prolific.add(table)
+        return []
     needed = {"package_fingerprint", "survey_id", "worker_id", "trial_id", "row", "choice"}
     if not needed <= set(table.columns):
-        raise ValueError(f"{path}: a page CSV needs columns {sorted(needed)}, found {list(table.columns)}; an MTurk file needs Answer.responses")
+        raise ValueError(f"{path}: a page CSV needs columns {sorted(needed)}, found {list(table.columns)}; an MTurk file needs Answer.responses, "
+                         "a Prolific export Participant id and Status")
+    if "session_id" not in table.columns:  # downloads of pages from before the page recorded it
+        table["session_id"] = ""
     out = []
-    for (fingerprint, survey, worker), group in table.groupby(["package_fingerprint", "survey_id", "worker_id"], sort=False):
+    for (fingerprint, survey, worker, session), group in table.groupby(["package_fingerprint", "survey_id", "worker_id", "session_id"], sort=False):
         answers = group[["trial_id", "row", "choice"]].to_dict("records")
-        out.append({"package_fingerprint": fingerprint, "survey_id": survey, "worker_id": worker, "answers": answers, "source": str(path)})
+        out.append({"package_fingerprint": fingerprint, "survey_id": survey, "worker_id": worker, "session_id": session, "answers": answers,
+                    "source": str(path)})
     return out
 
 
@@ -120,7 +181,8 @@ def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Respo
     """Read and validate answers from files (page JSON/CSV downloads, MTurk batch results) against ``package``.
 
     Excluded, each with its reason: submissions from another package (fingerprint), of unknown surveys, without a
-    worker id, rejected on MTurk, or repeated (a worker's second submission of a survey: the first is kept);
+    worker id, rejected on MTurk, returned, rejected, timed out or screened out on Prolific (a Prolific export among
+    ``paths``: :class:`ProlificStatuses`), or repeated (a worker's second submission of a survey: the first is kept);
     answers to unknown trials or rows, with invalid choices, or repeated within a submission. Trials a worker
     left unanswered are counted as ``missing answer``.
     """
@@ -137,61 +199,64 @@ def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Respo
     def exclude(reason: str, sub: Mapping, n: int) -> None:
         excluded.append({"reason": reason, "source": sub.get("source"), "worker_id": sub.get("worker_id"), "survey_id": sub.get("survey_id"), "answers": n})
 
-    n_submissions = 0
-    for f in files:
-        for sub in _submissions_from_file(f):
-            n_submissions += 1
-            answers = sub.get("answers") or []
-            n = max(len(answers), 1)
-            if "invalid" in sub:
-                exclude(sub["invalid"], sub, n)
+    prolific = ProlificStatuses()
+    submissions = [sub for f in files for sub in _submissions_from_file(f, prolific)]  # every export is read before any answer is judged
+    for sub in submissions:
+        answers = sub.get("answers") or []
+        n = max(len(answers), 1)
+        if "invalid" in sub:
+            exclude(sub["invalid"], sub, n)
+            continue
+        if str(sub.get("status") or "").lower() == "rejected":  # an empty CSV cell reads as NaN
+            exclude("assignment rejected on MTurk", sub, n)
+            continue
+        withdrawn = prolific.exclusion(sub)
+        if withdrawn:
+            exclude(withdrawn, sub, n)
+            continue
+        if sub.get("package_fingerprint") != package.fingerprint:
+            other = sub.get("package_fingerprint")
+            exclude(f"answers from a package with another fingerprint ({other!r}, this package is {package.fingerprint!r})", sub, n)
+            continue
+        if sub.get("survey_id") not in surveys:
+            exclude(f"unknown survey id {sub.get('survey_id')!r}", sub, n)
+            continue
+        worker = str(sub.get("worker_id") or "").strip()
+        if not worker:
+            exclude("no worker id", sub, n)
+            continue
+        key = (worker, sub["survey_id"])
+        if key in seen:
+            exclude("duplicate submission (the worker's first submission of this survey is kept)", sub, n)
+            continue
+        seen.add(key)
+        submission = f"{worker}@{sub['survey_id']}"
+        kept, answered = 0, set()
+        for a in answers:
+            trial_id, row, choice = str(a.get("trial_id")), a.get("row"), str(a.get("choice"))
+            try:
+                row = int(row)
+            except (TypeError, ValueError):
+                row = -1
+            if (trial_id, row) not in truth.index or truth.loc[(trial_id, row), "survey_id"] != sub["survey_id"]:
+                exclude(f"unknown trial id or row for survey {sub['survey_id']}", sub, 1)
                 continue
-            if str(sub.get("status") or "").lower() == "rejected":  # an empty CSV cell reads as NaN
-                exclude("assignment rejected on MTurk", sub, n)
+            valid = ("0", "1", "2") if "clustering" in task_of[trial_id] else ("left", "right")
+            if choice not in valid:
+                exclude(f"invalid choice (expected one of {valid})", sub, 1)
                 continue
-            if sub.get("package_fingerprint") != package.fingerprint:
-                other = sub.get("package_fingerprint")
-                exclude(f"answers from a package with another fingerprint ({other!r}, this package is {package.fingerprint!r})", sub, n)
+            if (trial_id, row) in answered:
+                exclude("repeated answer within a submission", sub, 1)
                 continue
-            if sub.get("survey_id") not in surveys:
-                exclude(f"unknown survey id {sub.get('survey_id')!r}", sub, n)
-                continue
-            worker = str(sub.get("worker_id") or "").strip()
-            if not worker:
-                exclude("no worker id", sub, n)
-                continue
-            key = (worker, sub["survey_id"])
-            if key in seen:
-                exclude("duplicate submission (the worker's first submission of this survey is kept)", sub, n)
-                continue
-            seen.add(key)
-            submission = f"{worker}@{sub['survey_id']}"
-            kept, answered = 0, set()
-            for a in answers:
-                trial_id, row, choice = str(a.get("trial_id")), a.get("row"), str(a.get("choice"))
-                try:
-                    row = int(row)
-                except (TypeError, ValueError):
-                    row = -1
-                if (trial_id, row) not in truth.index or truth.loc[(trial_id, row), "survey_id"] != sub["survey_id"]:
-                    exclude(f"unknown trial id or row for survey {sub['survey_id']}", sub, 1)
-                    continue
-                valid = ("0", "1", "2") if "clustering" in task_of[trial_id] else ("left", "right")
-                if choice not in valid:
-                    exclude(f"invalid choice (expected one of {valid})", sub, 1)
-                    continue
-                if (trial_id, row) in answered:
-                    exclude("repeated answer within a submission", sub, 1)
-                    continue
-                answered.add((trial_id, row))
-                rows.append({"submission": submission, "source": sub.get("source"), "worker_id": worker, "survey_id": sub["survey_id"],
-                             "trial_id": trial_id, "row": row, "choice": choice})
-                kept += 1
-            missing = units_by_survey[sub["survey_id"]] - kept
-            if missing:
-                exclude("missing answer", sub, missing)
+            answered.add((trial_id, row))
+            rows.append({"submission": submission, "source": sub.get("source"), "worker_id": worker, "survey_id": sub["survey_id"],
+                         "trial_id": trial_id, "row": row, "choice": choice})
+            kept += 1
+        missing = units_by_survey[sub["survey_id"]] - kept
+        if missing:
+            exclude("missing answer", sub, missing)
     answers = pd.DataFrame(rows, columns=ANSWER_COLUMNS)
-    result = Responses(answers, excluded, n_submissions)
+    result = Responses(answers, excluded, len(submissions))
     for reason, count in result.exclusion_counts().items():
         logger.warning("excluded %d answers: %s", count, reason)
     return result

@@ -8,6 +8,8 @@
   var urlAssignment = params.get("assignmentId") || "";
   var preview = urlAssignment === "ASSIGNMENT_ID_NOT_AVAILABLE";
   var urlWorker = params.get("workerId") || params.get("PROLIFIC_PID") || "";
+  // Prolific's SESSION_ID is the submission id of its export: import matches a returned or timed-out submission by it.
+  var urlSession = params.get("SESSION_ID") || "";
   var TURK_ORIGINS = ["https://www.mturk.com", "https://workersandbox.mturk.com"];  // where answers may be posted
   // Answers are kept per participant: per MTurk assignment (a returned and re-accepted HIT is a new one), else per
   // worker id from the URL, else per typed id; a second person on the same browser never continues the first one's.
@@ -18,7 +20,7 @@
   function fresh(workerId) {
     return {
       format: data.format, package_fingerprint: data.package, survey_id: data.survey_id,
-      worker_id: workerId || urlWorker, assignment_id: preview ? "" : urlAssignment, consent: false, answers: {},
+      worker_id: workerId || urlWorker, assignment_id: preview ? "" : urlAssignment, session_id: urlSession, consent: false, answers: {},
       started_at: null, finished_at: null, completion_code: null, user_agent: navigator.userAgent
     };
   }
@@ -140,16 +142,17 @@
   function responses() {
     return {
       format: state.format, package_fingerprint: state.package_fingerprint, survey_id: state.survey_id,
-      worker_id: state.worker_id, assignment_id: state.assignment_id, completion_code: state.completion_code,
+      worker_id: state.worker_id, assignment_id: state.assignment_id, session_id: urlSession || state.session_id || "",
+      completion_code: state.completion_code,
       started_at: state.started_at, finished_at: state.finished_at, user_agent: state.user_agent, answers: rowsOut()
     };
   }
   function csvCell(v) { v = v === null || v === undefined ? "" : String(v); return /[",\n]/.test(v) ? '"' + v.replace(/"/g, '""') + '"' : v; }
   function responsesCsv() {
-    var head = ["package_fingerprint", "survey_id", "worker_id", "trial_id", "row", "choice", "rt_ms"];
-    var lines = [head.join(",")];
+    var head = ["package_fingerprint", "survey_id", "worker_id", "session_id", "trial_id", "row", "choice", "rt_ms"];
+    var lines = [head.join(",")], session = responses().session_id;
     rowsOut().forEach(function (a) {
-      lines.push([state.package_fingerprint, state.survey_id, state.worker_id, a.trial_id, a.row, a.choice, a.rt_ms].map(csvCell).join(","));
+      lines.push([state.package_fingerprint, state.survey_id, state.worker_id, session, a.trial_id, a.row, a.choice, a.rt_ms].map(csvCell).join(","));
     });
     return lines.join("\n") + "\n";
   }

@@ -231,3 +231,46 @@ def test_the_interval_over_trials_resamples_whole_clustering_trials(package, tmp
         rows = table[(table["model"] == model) & (table["task"] == "clustering") & ~table["attention_check"].astype(bool)]
         expected = bootstrap_interval(rows["correct"].to_numpy(float), rows["trial_id"].to_numpy(), n_boot=400, seed=0)
         assert entry["ci_trials"] == pytest.approx(list(expected))
+
+
+def test_a_prolific_export_excludes_returned_rejected_and_timed_out_submissions(package, tmp_path):
+    sid = package.manifest["surveys"][0]["survey_id"]
+    answers = tmp_path / "answers"
+    answers.mkdir()
+
+    def page_download(worker, session=""):
+        sub = dict(_submission(package, sid, worker, lambda u: u.answer), session_id=session)
+        (answers / f"{worker}-{session or 'none'}.json").write_text(json.dumps(sub))
+        return len(sub["answers"])
+
+    n = page_download("P-approved", "S1")
+    page_download("P-returned", "S2")
+    page_download("P-timed-out")  # no session id: the participant's one status decides
+    page_download("P-retook", "S4")  # returned once, then approved: each session by its own status
+    page_download("P-retook", "S5")
+    page_download("P-two-studies")  # two studies with different statuses and no session id: which one is unknown
+    page_download("lab-worker", "")  # not on Prolific at all
+    export = pd.DataFrame([
+        {"Submission id": "S1", "Participant id": "P-approved", "Status": "APPROVED"},
+        {"Submission id": "S2", "Participant id": "P-returned", "Status": "RETURNED"},
+        {"Submission id": "S3", "Participant id": "P-timed-out", "Status": "TIMED-OUT"},
+        {"Submission id": "S4", "Participant id": "P-retook", "Status": "RETURNED"},
+        {"Submission id": "S5", "Participant id": "P-retook", "Status": "AWAITING REVIEW"},
+        {"Submission id": "S6", "Participant id": "P-two-studies", "Status": "APPROVED"},
+        {"Submission id": "S7", "Participant id": "P-two-studies", "Status": "REJECTED"},
+    ])
+    export.to_csv(tmp_path / "prolific_export_abc.csv", index=False)
+
+    responses = read_responses(sorted(answers.iterdir()) + [tmp_path / "prolific_export_abc.csv"], package)
+    counts = responses.exclusion_counts()
+    assert counts["submission returned on Prolific"] == 2 * n and counts["submission timed-out on Prolific"] == n
+    assert counts["the participant's Prolific submissions are APPROVED, REJECTED and these answers carry no session id to tell which "
+                  "(add SESSION_ID={{%SESSION_ID%}} to the study URL)"] == n
+    assert set(responses.answers["worker_id"]) == {"P-approved", "P-retook", "lab-worker"} and len(responses.answers) == 3 * n
+    assert responses.submissions == 7  # the export's rows are statuses, not submissions
+    # the page's CSV download carries the session id as well; Prolific's older lower-case export headers read alike
+    frame = pd.DataFrame([{"package_fingerprint": package.fingerprint, "survey_id": sid, "worker_id": "P-returned", "session_id": "S2", **a}
+                          for a in _submission(package, sid, "P-returned", lambda u: u.answer)["answers"]])
+    frame.to_csv(tmp_path / "page.csv", index=False)
+    export.rename(columns=lambda c: c.lower().replace(" ", "_")).to_csv(tmp_path / "old_export.csv", index=False)
+    assert read_responses([tmp_path / "page.csv", tmp_path / "old_export.csv"], package).exclusion_counts() == {"submission returned on Prolific": n}

@@ -241,6 +241,11 @@ def test_every_participant_and_assignment_has_answers_of_its_own(survey_package,
         # a crafted turkSubmitTo gets no form: the answers go to MTurk's hosts only
         driver.get(f"{url}?workerId=W1&assignmentId=A1&turkSubmitTo=javascript:alert(1)//")
         assert _section(driver) == "done" and "hidden" in driver.find_element(_by("ID"), "mturk-form").get_attribute("class")
+        # Prolific: the URL's SESSION_ID goes with the answers, so that import can match the export's Submission id
+        start("PROLIFIC_PID=P9&STUDY_ID=ST&SESSION_ID=SESS9")
+        _answer_all_by_keyboard(driver)
+        assert driver.execute_script("return window.repalignResponses().session_id") == "SESS9"
+        assert "hidden" not in driver.find_element(_by("ID"), "prolific").get_attribute("class")
         # without an id in the URL (a lab machine), each typed id has its own answers; the field shows the last one
         start("", worker="P1")
         _answer_all_by_keyboard(driver)
