@@ -64,7 +64,8 @@ def _template_env() -> jinja2.Environment:
     )
 
 
-def _check_options(sets: Mapping, tasks: Sequence[str], trials_per_survey: int, attention_rate: float, out: Path, overwrite: bool) -> None:
+def _check_options(sets: Mapping, tasks: Sequence[str], trials_per_survey: int, attention_rate: float, minutes: float, out: Path,
+                   overwrite: bool) -> None:
     if not sets:
         raise ValueError("no stimulus sets given: pass sets={label: path} with at least one inversion set")
     unknown = [t for t in tasks if t not in SURVEY_TASKS]
@@ -75,6 +76,8 @@ def _check_options(sets: Mapping, tasks: Sequence[str], trials_per_survey: int, 
         raise ValueError(f"tasks {repeated} are listed more than once: name each task once")
     if trials_per_survey < 1:
         raise ValueError(f"trials_per_survey must be >= 1, got {trials_per_survey}")
+    if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not minutes > 0:
+        raise ValueError(f"minutes (the duration of a full survey of trials_per_survey trials) must be a number > 0, got {minutes!r}")
     if not 0 <= attention_rate < 1:
         raise ValueError(f"attention_rate must be in [0, 1), got {attention_rate}")
     if out.exists() and not out.is_dir():
@@ -181,6 +184,13 @@ def _deal(records: list[dict], n_surveys: int, rng: np.random.Generator) -> list
     return [[hand[i] for i in rng.permutation(len(hand))] for hand in hands]
 
 
+def announced_minutes(minutes: float, n_trials: int, trials_per_survey: int) -> int:
+    """The duration a survey of ``n_trials`` announces when a full one of ``trials_per_survey`` trials takes ``minutes``:
+    the deal spreads a task's trials evenly, so 41 trials at 40 per survey make two surveys of about 20, each half as long
+    as a full one. At least one minute."""
+    return max(1, math.ceil(minutes * n_trials / trials_per_survey - 1e-9))
+
+
 def _image_name(png: bytes) -> str:
     return hashlib.sha256(png).hexdigest()[:20] + ".png"
 
@@ -196,18 +206,20 @@ def build_survey(
     distance="pixel_l2",
     title: str = "Image similarity study",
     base_url: str = "https://YOUR-HOST/PATH",
-    minutes: int = 20,
+    minutes: float = 20,
     overwrite: bool = False,
 ) -> dict:
     """Write a survey package for ``sets`` ({model label: inversion set or its path}) to ``out``; return its manifest.
 
     Each task's trials (with ``attention_rate`` checks) from every set are dealt round-robin over models into
-    ceil(n / ``trials_per_survey``) surveys. The package is written into a temporary folder next to ``out`` and
-    renamed into place, so a crash never leaves a half package. ``overwrite`` replaces an earlier package at ``out``; a folder
-    that is not one, or a package with other files beside it (answers saved there), is refused, not deleted.
+    ceil(n / ``trials_per_survey``) surveys. ``minutes`` is the duration of a full survey of ``trials_per_survey``
+    trials; each page announces its own share (:func:`announced_minutes`), as does ``input.csv``. The package is written
+    into a temporary folder next to ``out`` and renamed into place, so a crash never leaves a half package. ``overwrite``
+    replaces an earlier package at ``out``; a folder that is not one, or a package with other files beside it (answers
+    saved there), is refused, not deleted.
     """
     out = Path(out)
-    _check_options(sets, list(tasks), trials_per_survey, attention_rate, out, overwrite)
+    _check_options(sets, list(tasks), trials_per_survey, attention_rate, minutes, out, overwrite)
     loaded = {label: s if isinstance(s, StimulusSet) else load_set(s) for label, s in sets.items()}
     for label, s in loaded.items():
         wanted = "controversial" if s.kind == "controversial" else "inversion" if s.kind == "inversion" else None
@@ -238,7 +250,7 @@ def build_survey(
 
 
 def _write_package(root: Path, loaded: Mapping[str, StimulusSet], surveys: list[dict], *, rng: np.random.Generator,
-                   title: str, base_url: str, minutes: int, **config) -> dict:
+                   title: str, base_url: str, minutes: float, **config) -> dict:
     pngs: dict[tuple[str, str], bytes] = {}
     files: dict[str, bytes] = {}  # served name -> PNG
     salt = rng.bytes(16)  # names no page can predict
@@ -297,11 +309,12 @@ def _write_package(root: Path, loaded: Mapping[str, StimulusSet], surveys: list[
         page_data = {"package": fingerprint, "survey_id": sid, "task": task, "prompt": PROMPTS[task], "completion_code": code,
                      "format": RESPONSE_FORMAT, "trials": page_trials}
         data_json = json.dumps(page_data, separators=(",", ":")).replace("</", "<\\/")
-        html = template.render(title=title, task=task, prompt=PROMPTS[task], minutes=minutes, n_trials=len(page_trials),
+        survey_minutes = announced_minutes(minutes, len(page_trials), config["trials_per_survey"])
+        html = template.render(title=title, task=task, prompt=PROMPTS[task], minutes=survey_minutes, n_trials=len(page_trials),
                                data_json=data_json, script=script)
         (folder / "index.html").write_text(html, encoding="utf-8")
         survey_rows.append({
-            "survey_id": sid, "task": survey["task"], "n_trials": len(page_trials),
+            "survey_id": sid, "task": survey["task"], "n_trials": len(page_trials), "minutes": survey_minutes,
             "n_attention_checks": sum(r["attention_check"] for r in survey["trials"]),
             "models": sorted({r["model"] for r in survey["trials"]}),
             "survey_url": f"{base_url.rstrip('/')}/surveys/{sid}/index.html", "completion_code": code,
@@ -311,7 +324,7 @@ def _write_package(root: Path, loaded: Mapping[str, StimulusSet], surveys: list[
     manifest = {"format": FORMAT, "fingerprint": fingerprint, "config": {**config, "title": title, "minutes": minutes},
                 "sets": sets_info, "surveys": survey_rows, "trials": truth}
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=["survey_id", "task", "n_trials", "survey_url", "completion_code", "prolific_completion_url"],
+    writer = csv.DictWriter(buffer, fieldnames=["survey_id", "task", "n_trials", "minutes", "survey_url", "completion_code", "prolific_completion_url"],
                             extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     writer.writerows(survey_rows)

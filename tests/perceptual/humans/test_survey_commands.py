@@ -9,6 +9,7 @@ import math
 import re
 
 import numpy as np
+import pandas as pd
 import pytest
 from hydra import compose, initialize_config_module
 
@@ -259,3 +260,23 @@ def test_a_package_is_published_with_the_umask_and_replaced_whole(inversion_sets
         build_survey(dict(inversion_sets), package, tasks=["2afc"], seed=1, overwrite=True)
     assert load_package(package).fingerprint == before  # the old package stays whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["package"]  # no staging folder left behind
+
+
+def test_each_survey_announces_its_own_share_of_a_full_surveys_minutes(package_dir, inversion_sets, tmp_path):
+    """Every page said "about 20 minutes", also a survey that the deal left with half the trials of a full one."""
+    from stimuli.survey import announced_minutes
+
+    assert [announced_minutes(20, n, 40) for n in (40, 21, 20, 1)] == [20, 11, 10, 1]
+    manifest = json.loads((package_dir / "manifest.json").read_text())  # 15 trials per survey, 20 minutes per full one
+    per_survey = manifest["config"]["trials_per_survey"]
+    announced = pd.read_csv(package_dir / "input.csv").set_index("survey_id")["minutes"]
+    assert announced.nunique() > 1  # the fixture's tasks do not fill their surveys alike
+    for survey in manifest["surveys"]:
+        expected = math.ceil(20 * survey["n_trials"] / per_survey)
+        assert survey["minutes"] == announced[survey["survey_id"]] == expected
+        page = (package_dir / "surveys" / survey["survey_id"] / "index.html").read_text()
+        assert f"It takes about {expected} minutes" in page
+    for bad in (0, -5, "20", True):
+        with pytest.raises(ValueError, match="minutes"):
+            build_survey(dict(inversion_sets), tmp_path / "bad", minutes=bad)
+    assert not (tmp_path / "bad").exists()
