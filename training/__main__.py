@@ -14,7 +14,6 @@ Writes ``run_dir`` (config, metrics.jsonl, checkpoints, model.safetensors, summa
 """
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
@@ -28,7 +27,6 @@ from .trainer import format_summary, train
 
 @hydra.main(config_path="pkg://conf", config_name="train", version_base=None)
 def main(cfg: DictConfig) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(message)s")  # the trainer's messages (resuming, stopping) on stderr
     cfg.run_dir = str(job_path(cfg.run_dir))  # a multirun's jobs train in folders of their own
     result = train(cfg)
     if result.completed and int(os.environ.get("RANK", "0")) == 0:  # one summary, from rank 0 under torchrun

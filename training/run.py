@@ -16,14 +16,29 @@ Layout::
 Every file is written atomically (``training.io``). A checkpoint becomes the one resumed from only
 when ``latest.json`` is replaced after both of its files exist, so a crash mid-save leaves the
 previous checkpoint in charge; older checkpoint folders are deleted afterwards (``keep``).
+
+One process trains in a run directory at a time (:meth:`RunDirectory.held`, an advisory lock on
+``RUN_DIR/.lock``): two jobs of a sweep that need the same model (``reproduce``'s Table 1 and Fig. 6 share
+their standard and PGD runs) would otherwise both train it, appending each epoch to the metrics twice and
+resuming from each other's checkpoints.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import os
 import shutil
+import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks, one process per run directory is up to the user
+    fcntl = None
 
 import torch
 from torch import nn
@@ -32,6 +47,9 @@ from .checkpoints import save_checkpoint
 from .io import append_jsonl, atomic_save, atomic_write_json, atomic_write_text
 
 STATE_FORMAT = 1
+LOCK_WAIT_LOG_S = 600  # while waiting for another process's run, say so again this often
+
+logger = logging.getLogger(__name__)
 
 
 class RunDirectoryError(RuntimeError):
@@ -56,6 +74,52 @@ class RunDirectory:
         self.latest_path = self.checkpoint_dir / "latest.json"
         self.model_path = self.path / "model.safetensors"
         self.summary_path = self.path / "summary.json"
+
+    # one process at a time -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def held(self, wait: bool = True, poll_s: float = 2.0) -> Iterator[None]:
+        """Hold the run directory for this process while training in it (``flock`` on ``RUN_DIR/.lock``; released when the
+        process ends, however it ends, so a killed job never leaves a stale lock). Another process training here makes
+        this wait for it (``wait``; the waiter then finds the run complete and reuses it, or resumes it) or raise
+        :class:`RunDirectoryError` naming the holder. Advisory, like every ``flock``: on a shared file system it holds
+        across nodes where the file system supports ``flock`` (NFSv4, Lustre and GPFS with their lock options)."""
+        if fcntl is None:
+            yield
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.path / ".lock", "a+", encoding="utf-8") as handle:
+            waited_since = last_log = None
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    holder = self._lock_holder(handle)
+                    if not wait:
+                        raise RunDirectoryError(f"{self.path} is being trained by another process ({holder}); wait for it to finish "
+                                                "and run again (a finished run is reused), or choose another run_dir") from None
+                    now = time.monotonic()
+                    if last_log is None or now - last_log >= LOCK_WAIT_LOG_S:
+                        waited = "" if waited_since is None else f" (waiting {(now - waited_since) / 60:.0f} min)"
+                        logger.warning("%s is being trained by another process (%s): waiting for it%s", self.path, holder, waited)
+                        waited_since, last_log = waited_since or now, now
+                    time.sleep(poll_s)
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+            handle.flush()
+            try:
+                yield
+            finally:
+                handle.seek(0)
+                handle.truncate()
+                handle.flush()
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    @staticmethod
+    def _lock_holder(handle) -> str:
+        handle.seek(0)
+        return handle.read().strip() or "holder unknown"
 
     # config -----------------------------------------------------------------------------------------
     def write_config(self, yaml_text: str) -> None:

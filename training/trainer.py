@@ -22,6 +22,7 @@ part of the checkpoint, and evaluation draws from its own seeded generator).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -275,12 +276,13 @@ def train(cfg: DictConfig) -> TrainResult:
     """Train ``cfg.model`` on ``cfg.data`` with recipe ``cfg.train`` in ``cfg.run_dir`` (see module docstring)."""
     dist = Distributed.from_env(_get(cfg, "device", "auto"))
     try:
-        return _train(cfg, dist)
+        with contextlib.ExitStack() as held:  # the run directory, from when it is first touched until the run returns
+            return _train(cfg, dist, held)
     finally:
         dist.close()
 
 
-def _train(cfg: DictConfig, dist: Distributed) -> TrainResult:
+def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> TrainResult:
     wall_start = time.perf_counter()
     check_train_config(cfg)  # before any data is read: a misspelt key must not start a default run
     tcfg = cfg.train
@@ -322,6 +324,8 @@ def _train(cfg: DictConfig, dist: Distributed) -> TrainResult:
     eval_threat = _threat_or_none(eval_cfg.get("attack"))
 
     run = RunDirectory(expand_path(_get(cfg, "run_dir", "runs/default")))
+    if dist.is_main:  # rank 0 writes the run; a DDP job does not wait for another's, as its other ranks would time out at a barrier
+        held.enter_context(run.held(wait=dist.world_size == 1))
     progress = _resume_or_start(run, cfg, recipe, optimizer, scheduler, device, dist)
     finished = _finished_run(run, recipe, progress, epochs)
     if finished is not None:
@@ -394,7 +398,7 @@ def _train(cfg: DictConfig, dist: Distributed) -> TrainResult:
         run.save_model(final_model, {"recipe": recipe.name, "clean_accuracy": summary["clean_accuracy"],
                                      "robust_accuracy": summary["robust_accuracy"], "epochs": progress.epoch})
         run.write_summary(summary)
-        logger.info("%s", format_summary(summary))
+        logger.debug("%s", format_summary(summary))  # `python -m training` prints it; callers have the summary
     dist.barrier()
     return TrainResult(final_model, summary, run.path, completed=True)
 

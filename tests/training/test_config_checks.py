@@ -117,3 +117,17 @@ def test_a_sweeps_later_group_choices_and_dict_values_are_checked_too():
     with pytest.raises(ConfigError, match=r"'train.beta'.*in the sweep's jobs with train=pgd"):  # TRADES' key, not PGD's
         check_overrides("train", ["-m", "train=trades,pgd", "train.beta=6"])
     assert check_overrides("train", ["-m", "train=pgd,trades", "train.epochs=1,2,3"]).train.name == "pgd"
+
+
+def test_every_command_shows_the_libraries_warnings():
+    """Hydra's job_logging "disabled" disables every logger that exists when the job starts: `python -m training` never
+    said it had stopped after stop_after_epochs, and no command showed a library warning (a checkpoint's normalisation,
+    a failed CUDA graph capture, a run another job holds)."""
+    names = sorted(p.stem for p in (REPO_ROOT / "conf").glob("*.yaml"))
+    assert {"train", "measure", "audit", "stimuli_invert"} <= set(names)
+    for name in names:
+        logging_config = compose(name, with_hydra=True).hydra.job_logging
+        assert logging_config.disable_existing_loggers is False, name
+        assert logging_config.root.handlers, name
+    measure = compose("measure", with_hydra=True).hydra.job_logging  # warnings from every library, the trainer's notes too
+    assert measure.root.level == "WARNING" and measure.loggers["training.trainer"].level == "INFO"

@@ -129,12 +129,16 @@ def test_recipe_under_ddp_gives_the_same_gradients(tmp_path):
 
 def test_cli_trains_and_writes_a_summary(tmp_path):
     run_dir = tmp_path / "cli"
-    command = [sys.executable, "-m", "training", "train.epochs=1", "train.batch_size=32", "data_limit.train=64",
+    command = [sys.executable, "-m", "training", "train.epochs=2", "train.batch_size=32", "data_limit.train=64",
                "data_limit.test=32", "train.eval.attack.steps=2", f"run_dir={run_dir}", "progress=false"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, cwd=REPO_ROOT_FOR_CLI, capture_output=True, text=True, timeout=300, env=env)
+    first = subprocess.run(command + ["stop_after_epochs=1"], cwd=REPO_ROOT_FOR_CLI, capture_output=True, text=True, timeout=300, env=env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "INFO training.trainer: stopped after 1 epoch(s) as asked (stop_after_epochs); continue with resume=true" in first.stderr
+    done = subprocess.run(command + ["resume=true"], cwd=REPO_ROOT_FOR_CLI, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "clean accuracy" in done.stdout and "images/s" in done.stdout
+    assert f"resuming {run_dir} after epoch 1" in done.stderr
+    assert "clean accuracy" in done.stdout and "images/s" in done.stdout and done.stdout.count("clean accuracy") == 1
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
 
 
@@ -168,3 +172,38 @@ def test_compiled_training_matches_the_eager_loss_closely(make_config):
                                  "train.compile=true", run="compiled"))
     assert compiled.summary["compile"] is True
     assert compiled.summary["history"][0]["train_loss"] == pytest.approx(eager.summary["history"][0]["train_loss"], rel=1e-3)
+
+
+def test_one_process_at_a_time_trains_in_a_run_directory(tmp_path):
+    """Two jobs of a sweep needing the same model (reproduce's Table 1 and Fig. 6) both trained it in one folder:
+    each epoch was appended to the metrics twice and each job resumed from the other's checkpoints. The second
+    now waits for the first and reuses its finished run."""
+    import fcntl
+    import time
+
+    run_dir = tmp_path / "shared-run"
+    holder = RunDirectory(run_dir)
+    with holder.held():
+        with pytest.raises(RunDirectoryError, match=r"being trained by another process \(pid \d+ on .* since"):
+            with RunDirectory(run_dir).held(wait=False):
+                pass
+        # Two sweep jobs start while the folder is held: both wait, then one trains and the other reuses its run.
+        command = [sys.executable, "-m", "training", "model=small_cnn", "+model.kwargs.width=8", "data=digits", "train=standard",
+                   "train.epochs=2", "train.batch_size=32", "data_limit.train=64", "data_limit.test=32", f"run_dir={run_dir}",
+                   "resume=true", "progress=false"]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        logs = [tmp_path / f"job{k}.log" for k in range(2)]
+        jobs = [subprocess.Popen(command, cwd=REPO_ROOT_FOR_CLI, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT) for log in logs]
+        deadline = time.monotonic() + 240
+        while not all("waiting for it" in log.read_text() for log in logs):
+            assert time.monotonic() < deadline and all(job.poll() is None for job in jobs), [log.read_text()[-1500:] for log in logs]
+            time.sleep(0.5)
+    for job, log in zip(jobs, logs):
+        assert job.wait(timeout=300) == 0, log.read_text()[-2000:]
+    texts = [log.read_text() for log in logs]
+    assert sum("is complete: its model and summary are reused" in text for text in texts) == 1
+    run = RunDirectory(run_dir)
+    assert [r["epoch"] for r in run.read_metrics()] == [1, 2]
+    assert json.loads(run.summary_path.read_text())["status"] == "completed"
+    with open(run_dir / ".lock") as handle:  # released: a job that is killed releases it too (flock ends with the process)
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
