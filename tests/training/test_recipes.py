@@ -64,3 +64,18 @@ def test_unknown_recipe_and_bad_attack_settings_are_refused():
         build_recipe(compose_train("train=fast_at", "train.attack.eps=8").train, model, data)
     with pytest.raises(ValueError, match="batch-norm mode"):
         build_recipe(compose_train("train=pgd", "train.attack_bn=frozen").train, model, data)
+
+
+@pytest.mark.parametrize("recipe", ["trades", "mart"])
+def test_trades_and_mart_take_the_reference_step_for_each_norm(recipe):
+    """The Linf step 0.007 stayed under attack.norm=l2: 10 steps moved at most 0.07 inside a ball of 0.5, near-clean
+    training called TRADES. The TRADES reference's L2 branch steps 2 * eps / steps."""
+    model = build_model("small_cnn", "digits", width=8)
+    data = load_dataset("digits", "train")
+    linf = compose_train(f"train={recipe}")
+    assert linf.train.attack.step_size == 0.007 and build_recipe(linf.train, model, data).threat.alpha == 0.007
+    l2 = compose_train(f"train={recipe}", "train.attack.norm=l2", "train.attack.eps=0.5")
+    assert l2.train.attack.step_size == pytest.approx(0.1) and build_recipe(l2.train, model, data).threat.alpha == pytest.approx(0.1)
+    assert compose_train(f"train={recipe}", "train.attack.norm=l2", "train.attack.eps=8/255", "train.attack.steps=4").train.attack.step_size == \
+        pytest.approx(2 * 8 / 255 / 4)
+    assert compose_train(f"train={recipe}", "train.attack.norm=l2", "train.attack.step_size=0.05").train.attack.step_size == 0.05

@@ -60,3 +60,27 @@ def test_linear_probe_rejects_bad_settings():
     data = load_dataset("digits", "train").subset(torch.arange(8))
     with pytest.raises(ValueError, match="epochs >= 1"):
         linear_probe(model, data, epochs=0)
+
+
+def test_linear_probe_is_the_same_on_every_rank_and_ignores_a_dead_unit():
+    """Each DDP rank drew its own random probe from a per-rank seeded RNG and fitted its own head; a unit constant on
+    the training images (a dead ReLU) kept its random start, folded by 1 / 1e-6 into a weight that swamped the logits
+    wherever a test image woke it."""
+    data = load_dataset("digits", "train").subset(torch.arange(200))
+    heads = []
+    for rank_seed in (0, 1):
+        torch.manual_seed(0)
+        model = build_model("small_cnn", "digits", width=8).eval()
+        bn = model.net.features[10]
+        with torch.no_grad():
+            bn.weight[3], bn.bias[3] = 0.0, -1.0  # feature 3 is ReLU(-1) = 0 on every image
+        torch.manual_seed(rank_seed)  # the trainer seeds the global RNG with seed + rank
+        linear_probe(model, data, epochs=5, lr=0.1, batch_size=64)
+        heads.append((model.net.linear.weight.detach().clone(), model.net.linear.bias.detach().clone()))
+    assert torch.equal(heads[0][0], heads[1][0]) and torch.equal(heads[0][1], heads[1][1])
+    assert torch.all(heads[0][0][:, 3] == 0)
+    x = data.float_images(slice(0, 32))
+    with torch.no_grad():
+        before = model(x)
+        bn.bias[3] = 5.0  # the unit wakes on new images: the head does not see it
+        assert torch.allclose(model(x), before)

@@ -12,7 +12,9 @@ Differences from the reference: L2 works too (an L2-normalised step and projecti
 pass uses batch statistics as in the reference (train mode) but does not update the running
 statistics; the guard attacks in eval mode, so checking does not change the model; the held batch
 is a fixed seeded sample of the training set without augmentation (the reference keeps the
-first batch of the last epoch, augmented).
+first batch of the last epoch, augmented); momentum stays at ``optimizer.momentum`` (0.9), where the
+reference's ``CyclicLR`` also cycles it inversely to the rate (0.9 to 0.8 at the peak and back): the
+schedule here changes the rate only, which keeps it a learning-rate tensor a CUDA graph can replay.
 """
 from __future__ import annotations
 

@@ -159,6 +159,12 @@ def linear_probe(model: Classifier, data: ImageSet, *, epochs: int = 100, lr: fl
     standardisation is folded into the layer afterwards, so ``model`` stays a plain classifier.
     SGD with Nesterov momentum and a cosine schedule, like SimCLR's linear evaluation. Returns the
     probe's accuracy on ``data``; the model is left in eval mode.
+
+    The probe starts from zeros, where SimCLR's code draws N(0, 0.01): the problem is convex, so the start hardly
+    matters, and zeros give every DDP rank the same head (the global RNG is seeded per rank, so each rank fitted its
+    own and the test set was scored half by one head, half by another). A feature constant on ``data`` (a dead
+    ReLU) is scaled by 1, as scikit-learn's ``StandardScaler`` does, and keeps a zero weight: it gets no gradient,
+    and a clamped standard deviation of 1e-6 folded its random start into a weight a million times larger.
     """
     if epochs < 1 or lr <= 0 or batch_size < 1:
         raise ValueError(f"linear probe needs epochs >= 1, lr > 0, batch_size >= 1; got {epochs}, {lr}, {batch_size}")
@@ -168,9 +174,12 @@ def linear_probe(model: Classifier, data: ImageSet, *, epochs: int = 100, lr: fl
     with hot_loop():
         features = _features(encoder, data, feature_batch_size, device)
     labels = data.labels.to(device)
-    mean, std = features.mean(0), features.std(0).clamp_min(1e-6)
+    spread = features.std(0)
+    mean, std = features.mean(0), torch.where(spread > 1e-6, spread, torch.ones_like(spread))
     standardised = (features - mean) / std
     probe = nn.Linear(features.shape[1], model.num_classes).to(device)
+    nn.init.zeros_(probe.weight)
+    nn.init.zeros_(probe.bias)
     optimizer = torch.optim.SGD(probe.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay, nesterov=momentum > 0)
     steps_per_epoch = max(1, -(-len(labels) // batch_size))
     schedule = torch.optim.lr_scheduler.LambdaLR(
