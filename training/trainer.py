@@ -33,12 +33,12 @@ from typing import Any, Mapping
 
 import torch
 import torch.distributed as torch_dist
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch import Tensor
 
 from invert.validation import hot_loop
 
-from .attacks import ThreatModel
+from .attacks import ThreatModel, config_number
 from .checkpoints import load_into
 from .config import ConfigError, check_train_config, dataset_from_config, expand_path, model_from_config, resolve_device
 from .config import get as _get
@@ -247,6 +247,32 @@ def _threat_or_none(cfg) -> ThreatModel | None:
     return None if cfg is None else ThreatModel.from_config(cfg)
 
 
+def masking_settings(cfg, eval_threat: ThreatModel | None) -> dict | None:
+    """``train.eval.masking`` as :func:`gradient_masking_report`'s arguments, or None when it is off. Parsed before the
+    first epoch, since the report runs after the last one: ``eps`` is null (the norm's ladder), a number, a fraction like
+    8/255 or a list of them (a fraction or a scalar crashed there, after the whole run and before its model was saved)."""
+    masking = cfg or {}
+    if not masking.get("enabled", False):
+        return None
+    norm = masking.get("norm") or (eval_threat.norm if eval_threat else "l2")
+    if norm not in ("l2", "linf"):
+        raise ConfigError(f"train.eval.masking.norm must be l2 or linf, got {norm!r}")
+    eps = masking.get("eps")
+    if eps is not None:
+        values = list(eps) if isinstance(eps, (list, tuple, ListConfig)) else [eps]
+        try:
+            eps = [config_number(value, "train.eval.masking.eps") for value in values]
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        if not eps or not all(math.isfinite(e) and e > 0 for e in eps):
+            raise ConfigError(f"train.eval.masking.eps must be positive numbers (or null for the {norm} ladder), got {values}")
+    settings = dict(norm=norm, eps=eps, steps=int(masking.get("steps", 20)), unbounded_steps=int(masking.get("unbounded_steps", 50)),
+                    limit=masking.get("limit", 256))
+    if settings["steps"] < 1 or settings["unbounded_steps"] < 1:
+        raise ConfigError(f"train.eval.masking.steps and unbounded_steps must be >= 1, got {settings['steps']} and {settings['unbounded_steps']}")
+    return settings
+
+
 def _evaluate(model: Classifier, test: ImageSet, threat: ThreatModel | None, dist: Distributed, *, robust_limit: int | None,
               restarts: int, batch_size: int, seed: int) -> dict[str, float]:
     """Clean accuracy on ``test`` and robust accuracy on its first ``robust_limit`` images; each process
@@ -322,6 +348,7 @@ def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> Tr
     step_mode = resolve_step_mode(graph_setting, device, graph_blocker(recipe, optimizer, compiled=compiled, world_size=dist.world_size))
     eval_cfg = tcfg.get("eval") or {}
     eval_threat = _threat_or_none(eval_cfg.get("attack"))
+    masking = masking_settings(eval_cfg.get("masking"), eval_threat)
 
     run = RunDirectory(expand_path(_get(cfg, "run_dir", "runs/default")))
     if dist.is_main:  # rank 0 writes the run; a DDP job does not wait for another's, as its other ranks would time out at a barrier
@@ -386,12 +413,8 @@ def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> Tr
     summary = _summary(cfg, recipe, progress, device, dist, bf16, channels_last, train_step.mode, wall_start, status="completed")
     summary.update(clean_accuracy=final["test_clean_acc"], robust_accuracy=final.get("test_robust_acc"),
                    robust_images=final.get("robust_images"), robust_attack=eval_threat.to_dict() if eval_threat else None)
-    masking_cfg = eval_cfg.get("masking") or {}
-    if masking_cfg.get("enabled", False) and dist.is_main:
-        report = gradient_masking_report(final_model, test_set, norm=masking_cfg.get("norm") or (eval_threat.norm if eval_threat else "l2"),
-                                         eps=masking_cfg.get("eps"), steps=int(masking_cfg.get("steps", 20)),
-                                         unbounded_steps=int(masking_cfg.get("unbounded_steps", 50)),
-                                         limit=masking_cfg.get("limit", 256), seed=seed)
+    if masking is not None and dist.is_main:
+        report = gradient_masking_report(final_model, test_set, **masking, seed=seed)
         summary["gradient_masking"] = report.to_dict()
         logger.info("%s", report)
     if dist.is_main:

@@ -207,3 +207,17 @@ def test_one_process_at_a_time_trains_in_a_run_directory(tmp_path):
     assert json.loads(run.summary_path.read_text())["status"] == "completed"
     with open(run_dir / ".lock") as handle:  # released: a job that is killed releases it too (flock ends with the process)
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_the_masking_report_settings_are_read_before_the_first_epoch(make_config, tmp_path):
+    """train.eval.masking.eps=[4/255,8/255] or a scalar crashed after the last epoch, before the model was saved."""
+    masking = ["train.eval.masking.enabled=true", "train.eval.masking.limit=16", "train.eval.masking.steps=2",
+               "train.eval.masking.unbounded_steps=5", "train.eval.masking.norm=linf"]
+    result = train(make_config("train=standard", "train.epochs=1", *masking, "train.eval.masking.eps=[4/255,8/255]", run="fractions"))
+    assert result.summary["gradient_masking"]["eps"] == pytest.approx([4 / 255, 8 / 255])
+    scalar = train(make_config("train=standard", "train.epochs=1", *masking, "train.eval.masking.eps=0.03", run="scalar"))
+    assert scalar.summary["gradient_masking"]["eps"] == pytest.approx([0.03])
+    for bad, message in (("[4/255,eight]", "fraction like 8/255"), ("[0.1,-0.2]", "positive numbers"), ("[]", "positive numbers")):
+        with pytest.raises(ConfigError, match=message):
+            train(make_config("train=standard", "train.epochs=1", *masking, f"train.eval.masking.eps={bad}", run="bad"))
+        assert not (tmp_path / "bad").exists()
