@@ -28,7 +28,10 @@ How the loop stays fast
       micro-batch as a CUDA graph and replayed, one launch per step instead of hundreds; frozen
       samples are then masked in place rather than compacted (shapes stay fixed), and the
       micro-batch still ends when all are frozen. Off CUDA, ``cuda_graph=True`` runs that same
-      masked loop eagerly, with results equal to the compacting loop bit for bit.
+      masked loop eagerly, with results equal to the compacting loop bit for bit where the model's
+      kernels round alike at every batch size (the tests' small networks on one thread); compaction
+      changes the batch the other samples see, and larger convolutions round differently at other
+      batch sizes, which a long normalised descent amplifies (no item's objective depends on another's).
     * Options: bf16 autocast, channels-last, ``torch.compile`` of the objective, CUDA graphs.
 """
 from __future__ import annotations
@@ -176,6 +179,13 @@ class Engine:
         """An engine with the preset ``conf/invert/<name>.yaml`` (``paper``, ``fast``, ``default``)."""
         return cls(load_preset(name, **overrides))
 
+    def resolved_precision(self, device: torch.device) -> str:
+        """The precision a run on ``device`` uses: ``auto`` is bf16 on a CUDA device that has it, else fp32."""
+        precision = self.config.precision
+        if precision == "auto":
+            return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+        return precision
+
     # ------------------------------------------------------------------ public entry point
 
     def run(self, objective: nn.Module, init: Tensor, *, item_offset: int = 0, desc: str = "invert") -> InversionResult:
@@ -209,9 +219,7 @@ class Engine:
         parametrization = make_parametrization(cfg.parametrization, cfg.stop_at_bounds)
         # steps=0 only scores the starting images; a schedule over zero steps is never consulted.
         stepper = make_stepper(cfg.stepper, cfg.step_size, cfg.adam_betas, cfg.adam_eps, cfg.step_schedule, max(cfg.steps, 1))
-        use_bf16 = cfg.precision == "bf16" or (
-            cfg.precision == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
-        )
+        use_bf16 = self.resolved_precision(device) == "bf16"
         curve_steps = list(range(0, cfg.steps, cfg.log_every)) + [cfg.steps]
 
         with (evaluation(objective, freeze_parameters=True), memory_format(objective, torch.channels_last if cfg.channels_last else None),

@@ -97,7 +97,8 @@ CONTROVERSIAL_OBJECTIVES = ("controversial", "class_controversial")
 CONTROVERSIAL_STARTS = (*NOISE_KINDS, "origin")
 # Engine settings that may change between a run and its resumption (e.g. a smaller micro-batch
 # after running out of memory) without making it a different set.
-EXECUTION_KEYS = ("progress", "micro_batch", "cpu_micro_batch", "memory_fraction", "cuda_graph")  # keys that never change a result
+# They change no item's objective or step, but other batch shapes round differently (invert.engine's docstring).
+EXECUTION_KEYS = ("progress", "micro_batch", "cpu_micro_batch", "memory_fraction", "cuda_graph")
 
 
 @dataclass
@@ -423,7 +424,8 @@ def _controversial_plan(
         "starts": {"restarts": restarts, "noise": start, "seed": seed, **({"sigma": start_sigma} if start == "origin" else {})},
         "models": provenance,
         "directions": list(directions),
-        "objective": {"name": objective, **({"lambda": lam} if objective == "controversial" else {"alpha": alpha})},
+        # The class count draws each origin's pushed class: a set made with another one is another set.
+        "objective": {"name": objective, **({"lambda": lam} if objective == "controversial" else {"alpha": alpha, "num_classes": classes})},
         "engine": _engine_parameters(engine),
         "chunk_size": chunk_size,
     }
@@ -546,13 +548,15 @@ def _archive(out: Path, why: str) -> None:
     logger.warning("%s held %s: moved it to %s and starting afresh", out, why, aside)
 
 
-def _prepare(out: Path, fingerprint: str, shard_info: dict | None, n_chunks: int, overwrite: bool | str) -> bool:
-    """Make ``out`` ready for this run; True when it already holds this very set (nothing to do)."""
+def _prepare(out: Path, fingerprint: str, shard_info: dict | None, n_chunks: int, overwrite: bool | str) -> tuple[bool, bool]:
+    """Make ``out`` ready for this run. Returns (done, replacing): ``done`` when it already holds this very set (nothing
+    to do); ``replacing`` when ``overwrite=true`` replaces a set with other parameters, which stays in place (and in use)
+    until the new one is assembled, so an interrupted replacement loses neither (rerun with overwrite=true to resume it)."""
     if overwrite not in OVERWRITE_MODES:
         raise ValueError(f"overwrite must be false, true or 'archive', got {overwrite!r}")
     if out.exists() and not out.is_dir():
         raise StimulusSetError(f"{out} is a file: give a directory for the stimulus set")
-    cleared = False  # a set this run replaced: what else its folder holds stays, and the new set joins it
+    cleared = replacing = False  # a set this run replaces: what else its folder holds stays, and the new set joins it
     if is_complete_set(out):
         try:
             info = read_manifest(out)
@@ -560,17 +564,19 @@ def _prepare(out: Path, fingerprint: str, shard_info: dict | None, n_chunks: int
         except StimulusSetError:
             same = False
         if same and overwrite is not True:
-            return True
+            return True, False
         if overwrite == "archive":
             _archive(out, "a stimulus set made with other parameters")
         elif not overwrite:
             raise StimulusSetError(
                 f"{out} already holds a different stimulus set (other parameters or shard): choose another out, "
-                "or pass overwrite=true to replace it"
+                "or pass overwrite=true to replace it (also to resume an interrupted replacement)"
             )
-        else:
+        elif same:  # made afresh with the same parameters: nothing is lost that the run does not make again
             remove_set(out)
             cleared = True
+        else:
+            cleared = replacing = True
     plan_file = out / PARTS_DIR / "plan.json"
     if plan_file.is_file():
         try:
@@ -585,6 +591,8 @@ def _prepare(out: Path, fingerprint: str, shard_info: dict | None, n_chunks: int
                     f"{out} holds the parts of an unfinished run with other parameters (or another shard): rerun with the "
                     "original settings to resume it, choose another out, or pass overwrite=true to discard those parts"
                 )
+            elif replacing:  # the parts of yet another run: the set being replaced stays until the new one is whole
+                shutil.rmtree(out / PARTS_DIR)
             else:
                 remove_set(out)
     elif out.is_dir() and any(out.iterdir()) and not (out / PARTS_DIR).is_dir() and not cleared:
@@ -593,7 +601,7 @@ def _prepare(out: Path, fingerprint: str, shard_info: dict | None, n_chunks: int
         raise StimulusSetError(f"{out} is not empty and not a stimulus set: choose a new or empty directory")
     (out / PARTS_DIR).mkdir(parents=True, exist_ok=True)
     atomic_write_json(plan_file, {"fingerprint": fingerprint, "shard": shard_info, "n_chunks_in_shard": n_chunks})
-    return False
+    return False, replacing
 
 
 def _run_plan(
@@ -622,8 +630,13 @@ def _run_plan(
         )
     n_total = len(plan.static_rows) + len(plan.result_rows)
     shard_info = None if n_shards == 1 else {"index": shard, "count": n_shards, "n_images": n_total}
+    if plan.parameters["engine"].get("precision") == "auto" and engine.resolved_precision(device) == "bf16":
+        # auto means bf16 here: recorded as such, so that fp32 runs (auto on a CPU) never resume or reuse these parts.
+        # auto in fp32 stays "auto", as sets made before this record it.
+        plan.parameters["engine"]["precision"] = "bf16"
     fingerprint = fingerprint_of(plan.parameters)
-    if _prepare(out, fingerprint, shard_info, len(mine), overwrite):
+    done_already, replacing = _prepare(out, fingerprint, shard_info, len(mine), overwrite)
+    if done_already:
         logger.info("%s already holds this set: nothing to do", out)
         return load_set(out, allow_shard=shard_info is not None)
     parts = _Parts(out / PARTS_DIR, fingerprint)
@@ -669,6 +682,8 @@ def _run_plan(
     images = torch.cat([plan.static_images[static_index]] + result_images)
     curves = torch.cat([torch.full((len(static), len(curve_steps)), math.nan)] + result_curves)
     order = sorted(range(len(rows)), key=lambda i: rows[i]["position"])
+    if replacing:  # the replaced set goes only now, with the trial tables that name its images
+        remove_set(out, keep_parts=True)
     write_set(
         out,
         images[order],

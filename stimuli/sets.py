@@ -508,14 +508,14 @@ def is_complete_set(path: str | Path) -> bool:
     return (Path(path) / MANIFEST).is_file()
 
 
-def remove_set(path: str | Path) -> None:
+def remove_set(path: str | Path, keep_parts: bool = False) -> None:
     """Delete what a stimulus set (complete or unfinished) consists of, with the trial tables made from it
     (``trials/``: they name its images), and the directory if it is then empty; other files are kept. Refuses a
-    directory that holds other things and no set."""
+    directory that holds other things and no set. ``keep_parts`` keeps ``parts/`` (a new set's, about to replace it)."""
     path = Path(path)
     if not path.exists():
         return
-    ours = [MANIFEST, TENSORS, IMAGES_DIR, PREVIEW, PARTS_DIR, TRIALS_DIR]
+    ours = [MANIFEST, TENSORS, IMAGES_DIR, PREVIEW, *([] if keep_parts else [PARTS_DIR]), TRIALS_DIR]
     if not any((path / name).exists() for name in (MANIFEST, PARTS_DIR)):
         raise StimulusSetError(f"{path} exists and is not a stimulus set: refusing to delete it; choose another out")
     for name in ours:

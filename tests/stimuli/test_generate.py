@@ -151,6 +151,26 @@ def test_overwrite_replaces_a_set_that_has_trial_tables_and_keeps_other_files(tm
     assert (out / "notes.txt").read_text() == "mine"
 
 
+def test_an_interrupted_replacement_loses_neither_set(tmp_path, digits):
+    """overwrite=true deleted the set before the new run had made anything: a crash left neither."""
+    out = tmp_path / "set"
+    first = invert(out, digits)
+    (out / "trials").mkdir()
+    set_trials(first, "2afc", seed=0).to_csv(out / "trials" / "2afc-seed0.csv", index=False)
+    with pytest.raises(SimulatedCrash):
+        invert(out, digits, CountingEngine(fail_on=2), seed_types=["noise", "gray"], overwrite=True)
+    kept = load_set(out)  # the old set, whole and in use, with its trial tables
+    assert kept.fingerprint == first.fingerprint and torch.equal(kept.images, first.images) and (out / "trials" / "2afc-seed0.csv").is_file()
+    with pytest.raises(StimulusSetError, match="also to resume an interrupted replacement"):
+        invert(out, digits, seed_types=["noise", "gray"])
+    engine = CountingEngine()
+    second = invert(out, digits, engine, seed_types=["noise", "gray"], overwrite=True)
+    assert engine.calls == 2  # the replacement resumed: its first chunk was kept
+    assert load_set(out).fingerprint == second.fingerprint != first.fingerprint and not (out / "trials").exists()
+    assert second.images.shape == invert(tmp_path / "fresh", digits, seed_types=["noise", "gray"]).images.shape
+    assert torch.equal(second.images, load_set(tmp_path / "fresh").images)
+
+
 def test_archive_moves_an_out_of_date_set_or_its_parts_aside_and_starts_afresh(tmp_path, digits):
     """What the measurement pipelines do with their cached sets: nothing is deleted, nothing is refused."""
     out = tmp_path / "set"
@@ -313,6 +333,12 @@ def test_class_controversial_drives_the_pushed_model_to_another_class(tmp_path, 
         params = r.objective_params
         assert params["class_keep"] == r.label and params["class_push"] != r.label and 0 <= params["class_push"] < 10
         assert params["alpha"] == 100.0
+    # the class count draws the pushed classes: under the same out, another count is another set, not the old one reused
+    options = dict(objective="class_controversial", restarts=1, directions=["AB"], engine=CountingEngine(), preview=False, num_classes=4)
+    with pytest.raises(StimulusSetError, match="already holds a different stimulus set"):
+        make_controversial_set(tmp_path / "cc", a, b, origins, **options)
+    four = make_controversial_set(tmp_path / "cc", a, b, origins, overwrite=True, **options)
+    assert four.fingerprint != s.fingerprint and all(p["class_push"] < 4 for p in four.role("result")[0]["objective_params"])
     with pytest.raises(ValueError, match="needs labelled origins"):
         make_controversial_set(tmp_path / "x", a, b, gaussian_targets(2, (3, 32, 32)), objective="class_controversial", engine=CountingEngine())
     with pytest.raises(ValueError, match="has no representation"):
@@ -371,3 +397,20 @@ def test_controversial_starts_near_the_origin_are_the_origin_plus_keyed_noise(tm
     with pytest.raises(ValueError, match="alpha .* must be a finite number > 0, got -10.0"):
         S.make_controversial_set(tmp_path / "z", model, model, origins, objective="class_controversial", alpha=-10)
     assert not (tmp_path / "z").exists()  # refused before any work
+
+
+def test_precision_auto_is_recorded_as_what_it_ran_in(tmp_path, digits, monkeypatch):
+    """precision=auto (bf16 on a GPU, fp32 on a CPU) was fingerprinted as "auto": a CPU run resumed or reused GPU-made
+    bf16 parts as its own."""
+    from invert import Engine
+
+    assert CountingEngine(precision="auto").resolved_precision(torch.device("cpu")) == "fp32"
+    assert CountingEngine(precision="bf16").resolved_precision(torch.device("cpu")) == "bf16"
+    cpu = invert(tmp_path / "cpu", digits, CountingEngine(precision="auto"))
+    assert cpu.parameters["engine"]["precision"] == "auto"  # fp32, recorded as sets made before record it
+    with monkeypatch.context() as patch:  # a machine where auto means bf16
+        patch.setattr(Engine, "resolved_precision", lambda self, device: "bf16" if self.config.precision in ("auto", "bf16") else "fp32")
+        gpu = invert(tmp_path / "gpu", digits, CountingEngine(precision="auto"))
+    assert gpu.parameters["engine"]["precision"] == "bf16" and gpu.fingerprint != cpu.fingerprint
+    with pytest.raises(StimulusSetError, match="already holds a different stimulus set"):
+        invert(tmp_path / "gpu", digits, CountingEngine(precision="auto"))  # the CPU does not take the bf16 set as its own
