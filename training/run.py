@@ -83,6 +83,7 @@ class RunDirectory:
         this wait for it (``wait``; the waiter then finds the run complete and reuses it, or resumes it) or raise
         :class:`RunDirectoryError` naming the holder. Advisory, like every ``flock``: on a shared file system it holds
         across nodes where the file system supports ``flock`` (NFSv4, Lustre and GPFS with their lock options)."""
+        # A plain flock, not the filelock package: the lock file itself names its holder for the waiting message.
         if fcntl is None:
             yield
             return

@@ -38,7 +38,7 @@ from torch import Tensor
 
 from invert.validation import hot_loop
 
-from .attacks import ThreatModel, config_number
+from .attacks import ThreatModel, check_norm, config_number
 from .checkpoints import load_into
 from .config import ConfigError, check_train_config, dataset_from_config, expand_path, model_from_config, resolve_device
 from .config import get as _get
@@ -254,18 +254,15 @@ def masking_settings(cfg, eval_threat: ThreatModel | None) -> dict | None:
     masking = cfg or {}
     if not masking.get("enabled", False):
         return None
-    norm = masking.get("norm") or (eval_threat.norm if eval_threat else "l2")
-    if norm not in ("l2", "linf"):
-        raise ConfigError(f"train.eval.masking.norm must be l2 or linf, got {norm!r}")
     eps = masking.get("eps")
-    if eps is not None:
-        values = list(eps) if isinstance(eps, (list, tuple, ListConfig)) else [eps]
-        try:
-            eps = [config_number(value, "train.eval.masking.eps") for value in values]
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-        if not eps or not all(math.isfinite(e) and e > 0 for e in eps):
-            raise ConfigError(f"train.eval.masking.eps must be positive numbers (or null for the {norm} ladder), got {values}")
+    values = list(eps) if isinstance(eps, (list, tuple, ListConfig)) else [eps]
+    try:
+        norm = check_norm(masking.get("norm") or (eval_threat.norm if eval_threat else "l2"))
+        eps = None if eps is None else [config_number(value, "train.eval.masking.eps") for value in values]
+    except ValueError as err:
+        raise ConfigError(f"train.eval.masking: {err}") from None
+    if eps is not None and (not eps or not all(math.isfinite(e) and e > 0 for e in eps)):
+        raise ConfigError(f"train.eval.masking.eps must be positive numbers (or null for the {norm} ladder), got {values}")
     settings = dict(norm=norm, eps=eps, steps=int(masking.get("steps", 20)), unbounded_steps=int(masking.get("unbounded_steps", 50)),
                     limit=masking.get("limit", 256))
     if settings["steps"] < 1 or settings["unbounded_steps"] < 1:
