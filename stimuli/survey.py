@@ -188,6 +188,8 @@ def announced_minutes(minutes: float, n_trials: int, trials_per_survey: int) -> 
     """The duration a survey of ``n_trials`` announces when a full one of ``trials_per_survey`` trials takes ``minutes``:
     the deal spreads a task's trials evenly, so 41 trials at 40 per survey make two surveys of about 20, each half as long
     as a full one. At least one minute."""
+    if not minutes > 0 or n_trials < 0 or trials_per_survey < 1:
+        raise ValueError(f"need minutes > 0, n_trials >= 0 and trials_per_survey >= 1, got {minutes}, {n_trials} and {trials_per_survey}")
     return max(1, math.ceil(minutes * n_trials / trials_per_survey - 1e-9))
 
 

@@ -38,11 +38,13 @@ def reference_inner_step(norm: str, eps, steps) -> float:
     (``yaodongyu/TRADES``, ``trades.py``) takes it: 0.007 for Linf (also MART's) and ``2 * eps / steps`` for L2, its
     ``l_2`` branch. A fixed 0.007 under ``attack.norm=l2`` moved at most 0.07 in 10 steps inside a ball of 0.5: near-clean
     training called TRADES. Registered as the config resolver ``${reference_inner_step:norm,eps,steps}``."""
-    if norm == "linf":
-        return TRADES_LINF_STEP
-    from .attacks import config_number  # attacks reads its settings through this module
+    from .attacks import AttackConfigError, check_norm, config_number  # attacks reads its settings through this module
 
-    return 2 * config_number(eps, "train.attack.eps") / int(steps)
+    if check_norm(norm) == "linf":
+        return TRADES_LINF_STEP
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:  # 0 divided by zero while the config resolved
+        raise AttackConfigError(f"train.attack.steps must be a positive integer, got {steps!r}")
+    return 2 * config_number(eps, "train.attack.eps") / steps
 
 
 OmegaConf.register_new_resolver("reference_inner_step", reference_inner_step, replace=True)

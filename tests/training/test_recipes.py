@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from training.data import load_dataset
 from training.models import build_model
@@ -79,3 +80,6 @@ def test_trades_and_mart_take_the_reference_step_for_each_norm(recipe):
     assert compose_train(f"train={recipe}", "train.attack.norm=l2", "train.attack.eps=8/255", "train.attack.steps=4").train.attack.step_size == \
         pytest.approx(2 * 8 / 255 / 4)
     assert compose_train(f"train={recipe}", "train.attack.norm=l2", "train.attack.step_size=0.05").train.attack.step_size == 0.05
+    for bad, message in (("train.attack.steps=0", "steps must be a positive integer"), ("train.attack.norm=l3", "unknown norm 'l3'")):
+        with pytest.raises(Exception, match=message):  # named while the config resolves, not a division by zero
+            OmegaConf.to_container(compose_train(f"train={recipe}", "train.attack.norm=l2", bad), resolve=True)

@@ -267,6 +267,8 @@ def test_each_survey_announces_its_own_share_of_a_full_surveys_minutes(package_d
     from stimuli.survey import announced_minutes
 
     assert [announced_minutes(20, n, 40) for n in (40, 21, 20, 1)] == [20, 11, 10, 1]
+    with pytest.raises(ValueError, match="trials_per_survey >= 1"):
+        announced_minutes(20, 10, 0)
     manifest = json.loads((package_dir / "manifest.json").read_text())  # 15 trials per survey, 20 minutes per full one
     per_survey = manifest["config"]["trials_per_survey"]
     announced = pd.read_csv(package_dir / "input.csv").set_index("survey_id")["minutes"]
