@@ -54,10 +54,12 @@ Verdict rule (thresholds in accuracy points of the audited images):
 2. "suspected gradient masking" if any masking check fails; otherwise "not robust" if the worst-case
    accuracy is at most {UNBOUNDED_MAX:.0%}; otherwise "no sign of gradient masking".
 3. Alignment (the defence and both reference models measured as `measure` does: 2AFC, clustering, hard
-   clustering, panel means): position = (defence - standard) / (robust - standard), averaged over the
-   measures; below {LOW_ALIGNMENT} the defence is "at the standard model's level", otherwise "near the robust
-   model's level". That is stated as supporting evidence next to a masking verdict, or as a warning
-   (low alignment predicts later breaks, Nanda et al. Fig. 4) next to a clean one. It never flips the verdict alone.
+   clustering, panel means): position = where the defence lies on the line from the standard (0) to the
+   robust (1) reference, projected over the measures together: sum (d - s)(r - s) / sum (r - s)^2 (for one
+   measure (d - s) / (r - s); a measure the references barely differ on counts for little). Below
+   {LOW_ALIGNMENT} the defence is "at the standard model's level", otherwise "near the robust model's level".
+   That is stated as supporting evidence next to a masking verdict, or as a warning (low alignment predicts
+   later breaks, Nanda et al. Fig. 4) next to a clean one. It never flips the verdict alone.
 4. Controversial stimuli of the defence against the robust reference (Table 2 score): which model the
    observers favour is reported next to the verdict as evidence; it never flips the verdict either.
 5. The audit FLAGS the defence (audit.json "flagged") when the verdict is "suspected gradient masking", or
@@ -388,10 +390,22 @@ def masking_checks(accuracy: dict[str, float], report_checks: dict[str, bool], u
 
 
 def alignment_position(defence: dict[str, float], standard: dict[str, float], robust: dict[str, float]) -> Optional[float]:
-    """Mean over the shared measures of (defence - standard) / (robust - standard); None if none is usable."""
-    positions = [(defence[k] - standard[k]) / (robust[k] - standard[k]) for k in defence
-                 if k in standard and k in robust and abs(robust[k] - standard[k]) > 1e-9]
-    return sum(positions) / len(positions) if positions else None
+    """Where the defence's alignment lies on the line from the standard (0) to the robust (1) reference: the least-squares
+    projection over the measures all three share, sum (d - s)(r - s) / sum (r - s)^2; None where the references do not
+    differ on any of them.
+
+    With one measure this is (d - s) / (r - s). It is not the mean of the per-measure ratios: a measure on which the
+    references barely differ makes its ratio huge and would decide the mean alone (on the digits audit the references'
+    hard-clustering gap of 3 points turned a k-WTA network's -0.31 on clustering into a mean of -1.41). The projection
+    weighs each measure by its reference gap, so such a measure counts for little, and a measure on which the robust
+    reference is the less aligned one still counts with the right sign.
+    """
+    shared = [k for k in defence if k in standard and k in robust]
+    gaps = {k: robust[k] - standard[k] for k in shared}
+    scale = sum(gap * gap for gap in gaps.values())
+    if scale < 1e-12:
+        return None
+    return sum((defence[k] - standard[k]) * gap for k, gap in gaps.items()) / scale
 
 
 def controversial_summary(result: Mapping) -> str:

@@ -59,6 +59,25 @@ def test_checks_and_verdict_on_constructed_numbers():
     assert "0.5" in DECISION_RULE and "5%" in DECISION_RULE
 
 
+def test_alignment_position_projects_on_the_reference_line():
+    standard, robust = {"2afc": 0.0, "clustering": 0.3, "clustering_hard": 0.36}, {"2afc": 0.2, "clustering": 0.5, "clustering_hard": 0.38}
+    assert alignment_position(standard, standard, robust) == pytest.approx(0.0)
+    assert alignment_position(robust, standard, robust) == pytest.approx(1.0)
+    # The digits k-WTA case: a 2-point reference gap on hard clustering. Per-measure ratios 0, -0.32 and -6.5 (mean -2.27);
+    # the projection weighs each by its gap: (0 * 0.2 - 0.064 * 0.2 - 0.13 * 0.02) / (0.04 + 0.04 + 0.0004).
+    defence = {"2afc": 0.0, "clustering": 0.236, "clustering_hard": 0.23}
+    assert alignment_position(defence, standard, robust) == pytest.approx((-0.064 * 0.2 - 0.13 * 0.02) / 0.0804)
+    assert -0.5 < alignment_position(defence, standard, robust) < 0
+    # A measure on which the robust reference is the less aligned one keeps its sign: a defence that equals the robust model
+    # is at 1, and one that moves the other way on that measure alone is below 1.
+    mixed_standard, mixed_robust = {"a": 0.5, "b": 0.6}, {"a": 0.9, "b": 0.4}
+    assert alignment_position(mixed_robust, mixed_standard, mixed_robust) == pytest.approx(1.0)
+    assert alignment_position({"a": 0.9, "b": 0.8}, mixed_standard, mixed_robust) == pytest.approx((0.4 * 0.4 + 0.2 * -0.2) / 0.2)
+    # Only the measures all three share count; none usable gives None.
+    assert alignment_position({"a": 0.9, "c": 0.0}, {"a": 0.5, "b": 0.0}, {"a": 0.9, "b": 1.0, "c": 5.0}) == pytest.approx(1.0)
+    assert alignment_position({"c": 0.1}, {"a": 0.5}, {"a": 0.9}) is None
+
+
 def test_check_classifier_rejects_non_classifiers():
     x = torch.rand(2, 3, 8, 8)
     with pytest.raises(TypeError, match="nn.Module"):
