@@ -116,3 +116,34 @@ def test_the_bf16_peak_table_matches_each_gpu_by_its_most_specific_name():
              "NVIDIA H200 NVL": 835.0, "NVIDIA GH200 480GB": 989.0, "NVIDIA A100-SXM4-80GB": 312.0, "NVIDIA L40S": 362.0,
              "NVIDIA L40": 181.0, "NVIDIA L4": 121.0, "NVIDIA A10": 125.0, "Tesla T4": None}
     assert {name: peak_of_gpu(name) for name in names} == names
+
+
+def test_every_benchmark_command_of_the_gpu_session_script_parses():
+    """The GPU session script runs where time is scarce: its commands' flags are checked here, without a GPU."""
+    import importlib
+    import re
+    import shlex
+
+    sys.path.insert(0, str(BENCHMARKS))
+    script = (BENCHMARKS / "gpu_session.sh").read_text().replace("\\\n", " ")
+    commands = re.findall(r"python3 benchmarks/(\w+)\.py([^\n;]*)", script)
+    assert {name for name, _ in commands} == {"bench_inversion", "bench_measure", "bench_training"}
+    for name, flags in commands:
+        argv = shlex.split(flags.replace('"$cifar"', "/data").replace("$out", "/out").replace("$slug", "gpu"))
+        args = importlib.import_module(name).parse_args(argv)
+        assert str(args.out).startswith("/out/"), (name, args.out)  # every result lands where the job brings files back
+    usage = subprocess.run(["bash", str(BENCHMARKS / "gpu_session.sh")], capture_output=True, text=True)
+    assert usage.returncode == 2 and "usage" in usage.stderr
+
+
+def test_every_benchmark_command_in_the_readme_parses():
+    import importlib
+    import re
+    import shlex
+
+    sys.path.insert(0, str(BENCHMARKS))
+    readme = (BENCHMARKS.parent / "README.md").read_text()
+    commands = re.findall(r"python benchmarks/(\w+)\.py([^\n#`]*)", readme)
+    assert {name for name, _ in commands} >= {"bench_inversion", "bench_measure", "bench_training"}
+    for name, flags in commands:
+        importlib.import_module(name).parse_args(shlex.split(flags))  # argparse exits (a failure) on a bad flag
