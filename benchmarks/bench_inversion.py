@@ -9,7 +9,10 @@ Three runs invert the same targets from the same seeds with the same model weigh
    ``--batch`` (32, as Nanda et al. ran it). Its model is ``robustness.cifar_models.resnet18`` (or
    ``imagenet_models.resnet50``) holding our network's state dict; its representation is
    ``with_latent=True, fake_relu=True``; the target features are computed once (in the loss they
-   would be recomputed every step).
+   would be recomputed every step). The library as the paper ran it: its ``calc_loss`` runs the model
+   once for its own logits and the custom loss runs it again, so each anchor step does two forwards and
+   one backward where the engine does one of each (``anchor_forwards_per_step`` in the JSON); its
+   TFLOP/s are counted at the engine's one forward, so they understate the work it does.
 2. engine: ``invert.Engine`` with the same batch size (``micro_batch=--batch``), fp32.
 3. engine-best: one batch of all items, bf16 + channels-last on CUDA (``precision=auto``), the step
    replayed as a CUDA graph (``--cuda-graph``, default ``auto``), ``torch.compile`` when ``--compile``.
@@ -21,9 +24,23 @@ Quality is the median final normalised distance ||g(x) - g(x_t)|| / ||g(x_t)||, 
 runs with the same fp32 representation. Speed: items/s, item-steps/s (items x steps / s, the nominal
 workload), achieved TFLOP/s (the FLOPs of one forward and backward per item-step, counted by
 ``torch.utils.flop_counter``, times the steps the items actually took) and its share of the GPU's
-dense bf16 peak (``benchmarks/throughput.py``; "n.a." on a CPU). Writes JSON (device, versions,
-config, results) to ``benchmarks/results/inversion_<device>.json``. ``--skip anchor`` also allows
-zoo models without a ``robustness`` twin (``--arch small_cnn``).
+dense bf16 peak (``benchmarks/throughput.py``; "n.a." on a CPU). TFLOP/s count the item-steps the
+device computed (``InversionResult.item_steps_computed``): with a CUDA graph, items frozen by early
+stopping stay in the replayed batch until its last item freezes, so stopping saves time only when whole
+batches finish; ``loop`` records how each engine run stepped (``cuda-graph``, ``masked`` where a capture
+fell back, ``eager``). The JSON (device, versions, config, results) goes to
+``benchmarks/results/inversion_<device>.json`` and is rewritten after each run, so a run cut short keeps
+the runs it finished. The runs go in the order engine-best, engine-best-stop, engine, anchor (the
+goal's numbers first). ``--skip anchor`` also allows zoo models without a ``robustness`` twin
+(``--arch small_cnn``). Targets are the CIFAR-10 test images under ``--data-root`` (default
+``../shared/data/cifar-10-mini``), else uniform random images (then the distances mean little).
+
+At 200 items x 5000 steps the anchor alone took 368 s and the fp32 engine 266 s on an H100: more than
+one 10-minute job together. Split it: the goal's runs at full length, and the anchor ratio at fewer steps
+(each run's time per step is constant without early stopping):
+
+    python benchmarks/bench_inversion.py --items 200 --steps 5000 --skip anchor engine --cuda-graph true
+    python benchmarks/bench_inversion.py --items 200 --steps 1000 --skip engine-best-stop --cuda-graph true
 
     python benchmarks/bench_inversion.py                          # CPU defaults: 32 items, 100 steps
     python benchmarks/bench_inversion.py --items 200 --steps 5000             # the GPU target (CUDA graph: auto)
@@ -47,13 +64,14 @@ from results_io import args_config, environment, write_result  # noqa: E402  (th
 from robustness_compat import import_robustness  # noqa: E402  (this folder)
 from throughput import bf16_peak_tflops, flops_per_item_step, throughput  # noqa: E402  (this folder)
 
-from invert import Engine, InversionLoss, noise_images  # noqa: E402
+from invert import Engine, InversionLoss, InvertConfig, noise_images  # noqa: E402
 from training.data import DATASET_STATS, IMAGE_SIZE, load_dataset  # noqa: E402
 from training.models import build_model  # noqa: E402
 from training.representation import Representation  # noqa: E402
 
 CIFAR_MINI = REPO.parent / "shared" / "data" / "cifar-10-mini"
-RUNS = ("anchor", "engine", "engine-best", "engine-best-stop")
+RUNS = ("engine-best", "engine-best-stop", "engine", "anchor")  # the order they run in: the goal's numbers first
+ANCHOR_FORWARDS_PER_STEP = 2  # robustness's calc_loss runs the model, then the custom loss runs it again
 # Early stopping of engine-best-stop: the shortest patience that cost no quality in benchmarks/early_stopping_study.py
 # (CIFAR ResNet18, random weights, 2000 steps: patience 50, 200 and 500 made the median distance x1.57, x1.16, x1.03).
 PATIENCE, RTOL = 1000, 1e-3
@@ -65,6 +83,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--arch", default="resnet18", help="resnet18 (CIFAR) or resnet50 (with --dataset imagenet)")
     parser.add_argument("--dataset", default="cifar10", choices=["cifar10", "imagenet"])
     parser.add_argument("--checkpoint", default=None, help="weights for the model (default: seeded random init; speed does not depend on them)")
+    parser.add_argument("--data-root", type=Path, default=CIFAR_MINI, help="folder holding cifar-10-batches-py/ (the targets; else random images)")
     parser.add_argument("--items", type=int, default=32, help="targets to invert (one noise seed each)")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--step-size", type=float, default=1.0)
@@ -87,10 +106,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def load_targets(args, device) -> tuple[torch.Tensor, str]:
     size = IMAGE_SIZE[args.dataset]
-    if args.dataset == "cifar10" and (CIFAR_MINI / "cifar-10-batches-py").is_dir():
-        data = load_dataset("cifar10", "test", root=CIFAR_MINI)
+    if args.dataset == "cifar10" and (args.data_root / "cifar-10-batches-py").is_dir():
+        data = load_dataset("cifar10", "test", root=args.data_root)
         index = torch.randperm(len(data.images), generator=torch.Generator().manual_seed(args.seed))[: args.items]
-        return (data.images[index].float() / 255).to(device), f"CIFAR-10 test subset ({CIFAR_MINI.name})"
+        return (data.images[index].float() / 255).to(device), f"CIFAR-10 test images ({args.data_root.name})"
+    print(f"no cifar-10-batches-py/ under {args.data_root}: inverting uniform random images (pass --data-root for CIFAR-10)")
     generator = torch.Generator().manual_seed(args.seed)
     return torch.rand(args.items, 3, size, size, generator=generator).to(device), "uniform random images"
 
@@ -190,38 +210,76 @@ def main(argv=None) -> dict:
     runs = {"anchor": lambda: run_anchor(args, attacker, targets, seeds)}
     for name, settings in engine_settings.items():
         runs[name] = lambda settings=settings: run_engine(args, objective, seeds, **settings)
-    runs = {name: fn for name, fn in runs.items() if name not in args.skip}
-
-    # Repeats go round-robin over the runs, starting one run later each time, and keep each run's
-    # fastest time, so neither a change in the machine's load nor a run's position favours a run.
-    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    seconds = {name: [] for name in runs}
-    outputs = {}
-    names = list(runs)
-    for repeat in range(args.repeats):
-        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
-            fn = runs[name]
-            sync(device)
-            start = time.perf_counter()
-            outputs[name] = fn()
-            sync(device)
-            seconds[name].append(time.perf_counter() - start)
-            print(f"{name:16s} {seconds[name][-1]:8.2f} s", flush=True)
+    runs = {name: runs[name] for name in RUNS if name not in args.skip}
 
     probe = min(2, args.items)
     step_flops = flops_per_item_step(objective, targets[:probe], torch.arange(probe, device=device))
     peak = bf16_peak_tflops(device)
     print(f"one step = {step_flops / 1e9:.3f} GFLOP per item (forward + backward); dense bf16 peak: "
           f"{f'{peak:.0f} TFLOP/s' if peak else 'n.a.'}")
+    report = {
+        **environment(device),
+        "device_type": device.type,
+        "robustness": getattr(import_robustness(), "__version__", "1.2.1.post2") if with_anchor else None,
+        "load_average_before": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "config": {**args_config(args), "targets": target_source, "image_size": size, "run_order": list(runs),
+                   "seeds": "uniform noise, one generator per item (invert.noise_images)"},
+        "one_step_max_pixel_difference": one_step_gap,
+        "anchor_forwards_per_step": ANCHOR_FORWARDS_PER_STEP if with_anchor else None,
+        # The engine's default on CUDA (its shards equal the unsharded run); the anchor runs cuDNN's defaults.
+        "engine_deterministic_cudnn": InvertConfig().deterministic,
+        "flops_per_item_step": step_flops,
+        "bf16_peak_tflops": peak,
+    }
+
+    # Repeats go round-robin over the runs, starting one run later each time, and keep each run's
+    # fastest time, so neither a change in the machine's load nor a run's position favours a run.
+    seconds = {name: [] for name in runs}
+    outputs = {}
+    names = list(runs)
+    for repeat in range(args.repeats):
+        for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
+            sync(device)
+            start = time.perf_counter()
+            outputs[name] = runs[name]()
+            sync(device)
+            seconds[name].append(time.perf_counter() - start)
+            print(f"{name:16s} {seconds[name][-1]:8.2f} s", flush=True)
+            # Rewritten after every run: a job cut short by its time limit keeps what it finished.
+            results, per_item = summarise(args, objective, outputs, seconds, engine_settings, step_flops, peak)
+            report.update(results=results, **compare_runs(args, results, per_item, outputs),
+                          load_average_after=os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
+            write_result(report, "inversion", device, args.out)
+    for name, result in report["results"].items():
+        fraction = result["fraction_of_bf16_peak"]
+        print(f"{name:16s} best {result['seconds']:8.2f} s  {result['items_per_s']:8.3f} items/s  {result['item_steps_per_s']:9.1f} item-steps/s  "
+              f"{result['tflops']:7.3f} TFLOP/s ({fraction if isinstance(fraction, str) else f'{fraction:.1%}'} of bf16 peak)  "
+              f"median distance {result['median_final_distance']:.4f}" + (f"  [{result['loop']}]" if "loop" in result else ""), flush=True)
+    for name, result in report["results"].items():
+        if "speedup_vs_anchor" in result and name != "anchor":
+            print(f"{name:16s} {result['speedup_vs_anchor']:.2f}x faster than the anchor, median distance x{result['distance_ratio_vs_anchor']:.3f}, "
+                  f"closer than the anchor on {result['better_than_anchor_on_items']} of {args.items} items")
+    stopping = report.get("early_stopping")
+    if stopping:
+        print(f"early stopping (patience {args.patience}, rtol {args.rtol:g}): median distance x{stopping['median_distance_ratio']:.3f}, "
+              f"{stopping['items_worse']} of {args.items} items worse by more than {WORSE_BY:.0%}, "
+              f"{stopping['item_steps_saved']:.1%} of item-steps saved ({stopping['item_steps_computed_saved']:.1%} of those computed), "
+              f"{stopping['speedup']:.2f}x faster than engine-best")
+    return report
+
+
+def summarise(args, objective, outputs: dict, seconds: dict, engine_settings: dict, step_flops: float, peak: float | None):
+    """Each finished run's speed and quality, and its per-item final distances."""
     results, per_item = {}, {}
     for name, (images, engine_result) in outputs.items():
         fastest = min(seconds[name])
         with torch.no_grad():
             distance = objective(images).float()
         per_item[name] = distance
-        steps_taken = engine_result.steps_used.sum().item() if engine_result is not None else args.items * args.steps
+        # The work the device did: every item-step for the anchor, the engine's own count for ours.
+        computed = engine_result.item_steps_computed if engine_result is not None else args.items * args.steps
         speed = throughput(args.items * args.steps, fastest, step_flops, peak)
-        speed["tflops"] = steps_taken * step_flops / fastest / 1e12  # the steps items actually took
+        speed["tflops"] = computed * step_flops / fastest / 1e12
         if peak:
             speed["fraction_of_bf16_peak"] = speed["tflops"] / peak
         results[name] = {
@@ -229,62 +287,38 @@ def main(argv=None) -> dict:
             "all_seconds": seconds[name],
             "items_per_s": args.items / fastest,
             **speed,
+            "item_steps_computed": computed,
             "median_final_distance": distance.median().item(),
             "mean_final_distance": distance.mean().item(),
             "final_distances": [round(d, 6) for d in distance.tolist()],
         }
         if engine_result is not None:
-            results[name]["settings"] = {k: v for k, v in engine_settings[name].items()}
-            results[name]["mean_steps_used"] = engine_result.steps_used.float().mean().item()
-            results[name]["micro_batch"] = engine_result.micro_batch
-        fraction = speed["fraction_of_bf16_peak"]
-        print(f"{name:16s} best {fastest:8.2f} s  {args.items / fastest:8.3f} items/s  {speed['item_steps_per_s']:9.1f} item-steps/s  "
-              f"{speed['tflops']:7.3f} TFLOP/s ({fraction if isinstance(fraction, str) else f'{fraction:.1%}'} of bf16 peak)  "
-              f"median distance {distance.median().item():.4f}", flush=True)
-    if "anchor" in results:
-        for name in results:
-            results[name]["better_than_anchor_on_items"] = int((per_item[name] < per_item["anchor"]).sum())
-            results[name]["speedup_vs_anchor"] = results["anchor"]["seconds"] / results[name]["seconds"]
-            results[name]["distance_ratio_vs_anchor"] = (
-                results[name]["median_final_distance"] / results["anchor"]["median_final_distance"]
-            )
-        for name in results:
-            if name != "anchor":
-                print(f"{name:16s} {results[name]['speedup_vs_anchor']:.2f}x faster than the anchor, "
-                      f"median distance x{results[name]['distance_ratio_vs_anchor']:.3f}, "
-                      f"closer than the anchor on {results[name]['better_than_anchor_on_items']} of {args.items} items")
-    early_stopping = None
-    if {"engine-best", "engine-best-stop"} <= set(results):
-        full, stopped = per_item["engine-best"], per_item["engine-best-stop"]
-        early_stopping = {
-            "patience": args.patience,
-            "rtol": args.rtol,
-            "median_distance_ratio": results["engine-best-stop"]["median_final_distance"] / results["engine-best"]["median_final_distance"],
-            "items_worse": int((stopped > full * (1 + WORSE_BY)).sum()),
-            "worse_by": WORSE_BY,
-            "item_steps_saved": 1 - outputs["engine-best-stop"][1].steps_used.sum().item() / (args.items * args.steps),
-            "speedup": results["engine-best"]["seconds"] / results["engine-best-stop"]["seconds"],
-        }
-        print(f"early stopping (patience {args.patience}, rtol {args.rtol:g}): median distance x{early_stopping['median_distance_ratio']:.3f}, "
-              f"{early_stopping['items_worse']} of {args.items} items worse by more than {WORSE_BY:.0%}, "
-              f"{early_stopping['item_steps_saved']:.1%} of item-steps saved, {early_stopping['speedup']:.2f}x faster than engine-best")
+            results[name].update(settings=dict(engine_settings[name]), loop=engine_result.loop, micro_batch=engine_result.micro_batch,
+                                 mean_steps_used=engine_result.steps_used.float().mean().item())
+    return results, per_item
 
-    report = {
-        **environment(device),
-        "device_type": device.type,
-        "robustness": getattr(import_robustness(), "__version__", "1.2.1.post2") if with_anchor else None,
-        "load_average_before": load_before,
-        "load_average_after": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        "config": {**args_config(args), "targets": target_source,
-                   "image_size": size, "seeds": "uniform noise, one generator per item (invert.noise_images)"},
-        "one_step_max_pixel_difference": one_step_gap,
-        "flops_per_item_step": step_flops,
-        "bf16_peak_tflops": peak,
-        "results": results,
-        "early_stopping": early_stopping,
-    }
-    write_result(report, "inversion", device, args.out)
-    return report
+
+def compare_runs(args, results: dict, per_item: dict, outputs: dict) -> dict:
+    """The ratios against the anchor (added to ``results``) and what early stopping cost, where both runs finished."""
+    if "anchor" in results:
+        for name, result in results.items():
+            result["better_than_anchor_on_items"] = int((per_item[name] < per_item["anchor"]).sum())
+            result["speedup_vs_anchor"] = results["anchor"]["seconds"] / result["seconds"]
+            result["distance_ratio_vs_anchor"] = result["median_final_distance"] / results["anchor"]["median_final_distance"]
+    if not {"engine-best", "engine-best-stop"} <= set(results):
+        return {"early_stopping": None}
+    full, stopped = per_item["engine-best"], per_item["engine-best-stop"]
+    stopped_result = outputs["engine-best-stop"][1]
+    return {"early_stopping": {
+        "patience": args.patience,
+        "rtol": args.rtol,
+        "median_distance_ratio": results["engine-best-stop"]["median_final_distance"] / results["engine-best"]["median_final_distance"],
+        "items_worse": int((stopped > full * (1 + WORSE_BY)).sum()),
+        "worse_by": WORSE_BY,
+        "item_steps_saved": 1 - stopped_result.steps_used.sum().item() / (args.items * args.steps),
+        "item_steps_computed_saved": 1 - stopped_result.item_steps_computed / (args.items * args.steps),
+        "speedup": results["engine-best"]["seconds"] / results["engine-best-stop"]["seconds"],
+    }}
 
 
 if __name__ == "__main__":

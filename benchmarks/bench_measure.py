@@ -15,7 +15,13 @@ x (noise, train) seeds, controversial stimuli from 20 origins x 3 restarts. With
 models get seeded random weights (speed does not depend on them; the alignment numbers then mean
 nothing). ``--scale tiny`` runs two small CNNs on scikit-learn's digits in seconds (the test).
 
+``--engine best`` (the default) runs the preset with the engine's fast settings, ``precision=auto``
+(bf16 on CUDA), ``channels_last=true`` and ``cuda_graph=auto``, as the README's GPU example does;
+``--engine paper`` runs the preset as it is (fp32, eager), the issue's 232 s anchor on an H100.
+``--invert KEY=VALUE`` overrides come after either.
+
     python benchmarks/bench_measure.py                                   # paper scale (a GPU job)
+    python benchmarks/bench_measure.py --engine paper                    # the preset as it is: fp32, no graph
     python benchmarks/bench_measure.py --checkpoints standard.pt robust.pt --data-root ~/data
     python benchmarks/bench_measure.py --scale tiny                      # seconds, CPU
 """
@@ -51,6 +57,7 @@ SCALES = {
                  origins=2, restarts=2, controversial_steps=10, accuracy_limit=40, threat_steps=2),
 }
 STAGES = ("build", "inversion", "accuracy", "observe", "controversial")
+ENGINES = {"best": ["precision=auto", "channels_last=true", "cuda_graph=auto"], "paper": []}  # on top of the scale's preset
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -59,10 +66,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--checkpoints", nargs=2, default=None, metavar=("A", "B"), help="the two models' weights (default: seeded random)")
     parser.add_argument("--data-root", type=Path, default=CIFAR_MINI, help="folder holding cifar-10-batches-py/ (paper scale)")
     parser.add_argument("--observers", nargs="+", default=["auto"], help="observer names, or auto (the command's default panel)")
-    parser.add_argument("--invert", nargs="*", default=[], metavar="KEY=VALUE", help="engine overrides, e.g. cuda_graph=auto micro_batch=400")
+    parser.add_argument("--engine", choices=sorted(ENGINES), default="best",
+                        help="best: the preset with precision=auto, channels_last=true, cuda_graph=auto; paper: the preset as it is")
+    parser.add_argument("--invert", nargs="*", default=[], metavar="KEY=VALUE", help="more engine overrides, e.g. micro_batch=400")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch threads on CPU")
-    parser.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/measure_<scale>_<device>.json)")
+    parser.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/measure_<scale>_<engine>_<device>.json)")
     return parser.parse_args(argv)
 
 
@@ -91,7 +100,7 @@ def overrides(args, scale: dict, checkpoints: list[Path], out: Path) -> list[str
         values.append(f"accuracy_limit={scale['accuracy_limit']}")
     if scale["steps"]:
         values.append(f"invert.steps={scale['steps']}")
-    return values + [f"invert.{item}" for item in args.invert]
+    return values + [f"invert.{item}" for item in ENGINES[args.engine] + args.invert]
 
 
 class StageTimer:
@@ -158,21 +167,21 @@ def main(argv=None) -> dict:
             timer.restore()
         total = time.perf_counter() - started
     stages = {stage: round(timer.seconds[stage], 3) for stage in STAGES}
-    print(f"measure ({args.scale} scale) on {environment(device)['device']}: {total:.1f} s end to end")
+    print(f"measure ({args.scale} scale, engine {args.engine}) on {environment(device)['device']}: {total:.1f} s end to end")
     for stage in STAGES:
         print(f"  {stage:14s} {stages[stage]:9.2f} s  ({timer.calls[stage]} call(s))")
     report = {
         **environment(device),
         "device_type": device.type,
         "config": {"scale": args.scale, **scale, "checkpoints": [str(p) for p in args.checkpoints] if args.checkpoints else "seeded random weights",
-                   "observers": args.observers, "invert_overrides": args.invert},
+                   "observers": args.observers, "engine": args.engine, "invert_overrides": ENGINES[args.engine] + args.invert},
         "seconds": total,
         "stage_seconds": stages,
         "stage_calls": dict(timer.calls),
         "pipeline_seconds": data.get("seconds"),
         "median_final_distance": {label: m["median_final_distance"] for label, m in data["models"].items()},
     }
-    write_result(report, f"measure_{args.scale}", device, args.out)
+    write_result(report, f"measure_{args.scale}_{args.engine}", device, args.out)
     return report
 
 

@@ -18,7 +18,8 @@ steps of 2.5 eps / steps from a random start, last iterate, batch norm in eval m
    same torchvision transforms, our zoo ResNet18 in the default memory format, our ``pgd``.
 4. ``kernels``: no data pipeline at all (the images already on the device as float channels-last
    batches, no augmentation) and ``ours``' arithmetic (training step, folded attack, SGD's fused
-   kernel), launched eagerly: the ceiling of any eager pipeline built on the same kernels.
+   kernel, the same precision: bf16 autocast on CUDA as ``precision=auto`` resolves, fp32 elsewhere),
+   launched eagerly: the ceiling of any eager pipeline built on the same kernels.
    ``ours / kernels`` near 1 means the remaining time is the kernels' and their launches'.
 5. ``ours-graph`` (with ``--cuda-graph``): ``ours`` with ``train.cuda_graph=true``, the whole step
    (attack, forward, backward, SGD) replayed as one CUDA graph (``training.step``), which removes
@@ -27,13 +28,16 @@ steps of 2.5 eps / steps from a random start, last iterate, batch norm in eval m
 
 Each runs ``--epochs`` epochs (default 2) and reports the throughput of the last one, in training
 images per second (data loading and augmentation included, evaluation and checkpointing excluded),
-by the wall clock and per second of this process's CPU time (steadier on a shared machine):
+by the wall clock and per second of this process's CPU time (steadier on a shared machine; DataLoader
+worker processes are not counted, so with ``--workers`` > 0 the CPU-time ratios favour the baselines):
 ``ours`` from its ``metrics.jsonl``, the library through its ``epoch_hook``/``iteration_hook``
 callbacks, the plain loop with a timer. The contenders take turns ``--repeats`` times (default 3)
 and the median is reported, with every repeat's value; the ratios are given both between the
 medians and as the median of each repeat's ratio (neighbours in time, robust to the machine's
 drifts). DataLoaders use ``--workers`` processes (default 0: on a two-core machine worker
-processes only compete with the compute threads).
+processes only compete with the compute threads). The ``robustness`` and ``dataloader`` contenders run
+in fp32 (the library's only mixed precision is apex's fp16), so on CUDA the ratios against them include
+what bf16 gains; ``kernels`` and ``ours`` share their precision.
 
 Data: the first ``--images`` images of the CIFAR-10 subset at ``../shared/data/cifar-10-mini`` when
 present, else random images written in CIFAR's pickle layout (throughput does not depend on content).
@@ -276,15 +280,18 @@ def run_kernels_only(args, mode: str, root: Path, device: torch.device) -> dict:
     model = build_model("resnet18", "cifar10").to(device).to(memory_format=torch.channels_last).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY, fused=True)  # as ours
     threat = ThreatModel("l2", args.eps, steps=args.pgd_steps, random_start=True)
+    bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()  # what ours' precision=auto resolves to
     with hot_loop():
         for _ in range(args.epochs):
             sync(device)
             start, cpu_start = time.perf_counter(), time.process_time()
             for x, y in zip(x_all, y_all):
-                if mode == "pgd":
-                    with attack_mode(model, "eval") as target:
-                        x = pgd(target, x, y, threat)
-                loss = torch.nn.functional.cross_entropy(model(x), y)
+                # As ours' TrainStep: the attack and the forward under autocast without its weight-cast cache.
+                with torch.autocast(device.type, dtype=torch.bfloat16 if bf16 else torch.float32, enabled=bf16, cache_enabled=False):
+                    if mode == "pgd":
+                        with attack_mode(model, "eval") as target:
+                            x = pgd(target, x, y, threat)
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
@@ -292,7 +299,7 @@ def run_kernels_only(args, mode: str, root: Path, device: torch.device) -> dict:
             seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     done = batches * args.batch_size
     return {"images_per_second": done / seconds, "epoch_seconds": seconds, "images_per_cpu_second": done / cpu_seconds,
-            "precision": "fp32", "channels_last": True}
+            "precision": "bf16" if bf16 else "fp32", "channels_last": True}
 
 
 def median_result(runs: list[dict]) -> dict:

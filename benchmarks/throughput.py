@@ -9,13 +9,15 @@ from invert.modules import evaluation
 # Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) from NVIDIA's data sheets, matched against
 # torch.cuda.get_device_name() in this order (more specific names first).
 BF16_PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
-    ("H200", 989.0),
+    ("GH200", 989.0),
+    ("H200 NVL", 835.0),
+    ("H200", 989.0),  # SXM (reported as "NVIDIA H200")
     ("H100 PCIe", 756.0),
     ("H100 NVL", 835.0),
     ("H100", 989.0),  # SXM (reported as "NVIDIA H100 80GB HBM3")
-    ("GH200", 989.0),
     ("A100", 312.0),
     ("L40S", 362.0),
+    ("L40", 181.0),
     ("L4", 121.0),
     ("A10", 125.0),
 )
@@ -26,7 +28,11 @@ def bf16_peak_tflops(device: torch.device) -> float | None:
     device = torch.device(device)
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
+    return peak_of_gpu(torch.cuda.get_device_name(device))
+
+
+def peak_of_gpu(name: str) -> float | None:
+    """The dense bf16 peak of the GPU that ``torch.cuda.get_device_name`` calls ``name``, or None if it is not in the table."""
     return next((peak for key, peak in BF16_PEAK_TFLOPS if key in name), None)
 
 

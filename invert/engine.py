@@ -78,6 +78,12 @@ class InversionResult:
         (0, log_every, 2 log_every, ..., steps).
     curve_steps: the step of each row of ``loss_curve``.
     micro_batch: the micro-batch size that was used.
+    loop: how the steps ran: ``eager`` (frozen items compacted away at each report), ``masked`` (fixed shapes, frozen
+        items masked: ``cuda_graph=True`` off CUDA, or a capture that failed under ``cuda_graph='auto'``) or
+        ``cuda-graph`` (the step replayed as a CUDA graph); micro-batches that ran differently are joined by ``+``.
+    item_steps_computed: the item-steps the device computed. At least ``steps_used.sum()``: frozen items stay in
+        the batch until the next report (eager) or until every item of their micro-batch is frozen (masked, cuda-graph),
+        so early stopping saves that much less work.
     """
 
     images: Tensor
@@ -88,6 +94,8 @@ class InversionResult:
     loss_curve: Tensor
     curve_steps: list[int]
     micro_batch: int
+    loop: str = "eager"
+    item_steps_computed: int = 0
 
 
 class _HostMirror:
@@ -245,6 +253,8 @@ class Engine:
             loss_curve=_forward_fill(out.curve),
             curve_steps=curve_steps,
             micro_batch=micro_batch,
+            loop="+".join(dict.fromkeys(runner.loops)),
+            item_steps_computed=runner.item_steps_computed,
         )
 
     # ------------------------------------------------------------------ helpers
@@ -377,6 +387,8 @@ class _Runner:
         self.cfg, self.loss_fn, self.parametrization, self.stepper = cfg, loss_fn, parametrization, stepper
         self.device = device
         self.graphs = graphs
+        self.loops: list[str] = []  # how each micro-batch ran (InversionResult.loop)
+        self.item_steps_computed = 0
         # No autocast cache: it would hold casts across steps, which a CUDA graph capture does not allow; the engine's
         # weights are frozen (requires_grad off), which the cache skips anyway.
         self.autocast = (
@@ -521,6 +533,7 @@ class _Runner:
         step = torch.zeros((), dtype=torch.long, device=self.device)
         replay = self._capture(w, step) if self.graphs == "capture" and cfg.steps > 0 else None
         compact = self.graphs == "off"
+        self.loops.append("cuda-graph" if replay is not None else "eager" if compact else "masked")
         finished = False
         last_report = 0
         for t in range(cfg.steps):
@@ -528,6 +541,7 @@ class _Runner:
                 replay()
             else:
                 self.step(w, step)
+            self.item_steps_computed += w.rows.numel()  # shape metadata: no sync
             if t % cfg.log_every == 0:
                 out.curve[t // cfg.log_every].index_copy_(0, w.rows, w.best_loss)
                 snapshot = mirror.exchange(self._summary(w), (rows_host, t))

@@ -36,6 +36,7 @@ def test_training_benchmark_runs_every_contender(tmp_path):
     assert all(r["images_per_second"] > 0 for r in report["results"].values())
     # off CUDA, --cuda-graph runs the captured step's structure eagerly; ours stays the eager step
     assert report["results"]["pgd/ours-graph"]["cuda_graph"] == "static" and report["results"]["pgd/ours"]["cuda_graph"] == "eager"
+    assert report["results"]["pgd/kernels"]["precision"] == report["results"]["pgd/ours"]["precision"]  # the ceiling computes as ours does
     assert {"pgd: ours / robustness", "pgd: ours-graph / robustness", "pgd: ours-graph / kernels", "pgd: ours-graph / ours"} <= set(report["ratios"])
 
 
@@ -44,12 +45,16 @@ def test_inversion_benchmark_reports_throughput_and_early_stopping_quality(tmp_p
     report = run_benchmark("bench_inversion.py", tmp_path / "inversion.json", "--arch", "small_cnn", "--skip", "anchor",
                            "--items", "4", "--steps", "12", "--patience", "3", "--threads", "1")
     assert set(report["results"]) == {"engine", "engine-best", "engine-best-stop"}
+    assert report["config"]["run_order"] == ["engine-best", "engine-best-stop", "engine"]  # the goal's runs first
     assert report["flops_per_item_step"] > 0 and report["bf16_peak_tflops"] is None  # a CPU has no entry in the peak table
     for result in report["results"].values():
         assert result["item_steps_per_s"] == pytest.approx(4 * 12 / result["seconds"])
-        assert result["tflops"] > 0 and result["fraction_of_bf16_peak"] == "n.a."
+        assert result["tflops"] == pytest.approx(result["item_steps_computed"] * report["flops_per_item_step"] / result["seconds"] / 1e12)
+        assert result["fraction_of_bf16_peak"] == "n.a." and result["loop"] == "eager"  # off CUDA, cuda_graph=auto runs eagerly
+    assert report["results"]["engine"]["item_steps_computed"] == 4 * 12
     stopping = report["early_stopping"]
     assert stopping["patience"] == 3 and 0 <= stopping["item_steps_saved"] < 1 and 0 <= stopping["items_worse"] <= 4
+    assert stopping["item_steps_computed_saved"] <= stopping["item_steps_saved"]
 
 
 @pytest.mark.slow
@@ -59,6 +64,7 @@ def test_measure_benchmark_times_every_stage_of_the_pipeline(tmp_path):
     assert report["stage_calls"] == {"build": 2, "inversion": 2, "accuracy": 2, "observe": 2, "controversial": 1}
     assert all(report["stage_seconds"][stage] > 0 for stage in report["stage_calls"])
     assert report["seconds"] >= report["pipeline_seconds"] > 0
+    assert report["config"]["engine"] == "best" and report["config"]["invert_overrides"] == ["precision=auto", "channels_last=true", "cuda_graph=auto"]
 
 
 def test_the_early_stopping_replay_is_the_engines_rule_step_for_step():
@@ -100,3 +106,44 @@ def test_ssim_benchmark_compares_equal_distances(tmp_path):
     report = run_benchmark("bench_ssim.py", tmp_path / "ssim.json", "--pairs", "8", "--iterations", "2", "--repeats", "1", "--threads", "1")
     assert set(report["results"]) == {"ours", "kornia"} and report["agreement"]["max_abs_difference"] < 1e-5
     assert set(report["ratios"]) == {"ours / kornia (speed)"}
+
+
+def test_the_bf16_peak_table_matches_each_gpu_by_its_most_specific_name():
+    sys.path.insert(0, str(BENCHMARKS))
+    from throughput import peak_of_gpu
+
+    names = {"NVIDIA H100 80GB HBM3": 989.0, "NVIDIA H100 PCIe": 756.0, "NVIDIA H100 NVL": 835.0, "NVIDIA H200": 989.0,
+             "NVIDIA H200 NVL": 835.0, "NVIDIA GH200 480GB": 989.0, "NVIDIA A100-SXM4-80GB": 312.0, "NVIDIA L40S": 362.0,
+             "NVIDIA L40": 181.0, "NVIDIA L4": 121.0, "NVIDIA A10": 125.0, "Tesla T4": None}
+    assert {name: peak_of_gpu(name) for name in names} == names
+
+
+def test_every_benchmark_command_of_the_gpu_session_script_parses():
+    """The GPU session script runs where time is scarce: its commands' flags are checked here, without a GPU."""
+    import importlib
+    import re
+    import shlex
+
+    sys.path.insert(0, str(BENCHMARKS))
+    script = (BENCHMARKS / "gpu_session.sh").read_text().replace("\\\n", " ")
+    commands = re.findall(r"python3 benchmarks/(\w+)\.py([^\n;]*)", script)
+    assert {name for name, _ in commands} == {"bench_inversion", "bench_measure", "bench_training"}
+    for name, flags in commands:
+        argv = shlex.split(flags.replace('"$cifar"', "/data").replace("$out", "/out").replace("$slug", "gpu"))
+        args = importlib.import_module(name).parse_args(argv)
+        assert str(args.out).startswith("/out/"), (name, args.out)  # every result lands where the job brings files back
+    usage = subprocess.run(["bash", str(BENCHMARKS / "gpu_session.sh")], capture_output=True, text=True)
+    assert usage.returncode == 2 and "usage" in usage.stderr
+
+
+def test_every_benchmark_command_in_the_readme_parses():
+    import importlib
+    import re
+    import shlex
+
+    sys.path.insert(0, str(BENCHMARKS))
+    readme = (BENCHMARKS.parent / "README.md").read_text()
+    commands = re.findall(r"python benchmarks/(\w+)\.py([^\n#`]*)", readme)
+    assert {name for name, _ in commands} >= {"bench_inversion", "bench_measure", "bench_training"}
+    for name, flags in commands:
+        importlib.import_module(name).parse_args(shlex.split(flags))  # argparse exits (a failure) on a bad flag

@@ -229,6 +229,13 @@ def test_early_stopping_freezes_an_item_once_its_best_loss_stalls_for_patience_s
         assert torch.equal(stopped.images[item], alone.images[item])
     if not cuda_graph:  # compacting: frozen items leave the batch, so far fewer rows are evaluated than 6 x 151
         assert counting.rows < 0.9 * 6 * 151
+    # The work the device did, next to the steps that counted: every step of the unstopped run; with early stopping at
+    # least the steps used, and no more than the rows the objective saw (each step scores its iterate in its forward).
+    loop = "masked" if cuda_graph else "eager"
+    assert full.loop == stopped.loop == loop and full.item_steps_computed == 6 * 150
+    assert stopped.steps_used.sum() <= stopped.item_steps_computed <= counting.rows
+    if cuda_graph:  # fixed shapes: the whole batch steps until its last item freezes
+        assert stopped.item_steps_computed % 6 == 0 and stopped.item_steps_computed >= 6 * max(expected)
 
 
 @pytest.mark.parametrize(
@@ -652,12 +659,12 @@ def test_captured_items_that_finish_early_are_masked_not_recaptured(inversion, m
     objective, seeds = objective.cuda(), seeds.cuda()
     settings = dict(steps=200, step_size=0.3, patience=20, rtol=0.07, progress=False, log_every=10)
     captured = Engine(cuda_graph=True, **settings).run(objective, seeds)
-    assert len(captures) == 1 and (captured.steps_used < 200).all()
+    assert len(captures) == 1 and (captured.steps_used < 200).all() and captured.loop == "cuda-graph"
     # The reference: the same masked loop run eagerly on CUDA (the eager default compacts finished items away, and
     # other batch sizes may pick other cuDNN kernels).
     monkeypatch.setattr(engine_module, "_graph_mode", lambda cfg, device: "masked")
     eager = Engine(cuda_graph=True, **settings).run(objective, seeds)
-    assert len(captures) == 1
+    assert len(captures) == 1 and eager.loop == "masked" and captured.item_steps_computed == eager.item_steps_computed
     for field in ("images", "best_loss", "initial_loss", "last_loss", "steps_used", "loss_curve"):
         assert torch.equal(getattr(captured, field), getattr(eager, field)), field
 

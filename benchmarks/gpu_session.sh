@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# What issue 21 still needs from a GPU, in pieces that each fit a 10-minute job, logs and JSON under one folder.
+#
+#   bash benchmarks/gpu_session.sh OUT STEP...      STEP: test, inversion, measure, training (or all)
+#
+# Estimated H100 times (from the issue's and earlier runs' numbers): test ~4 min, inversion ~4 min, measure ~5 min,
+# training ~4 min; run test+inversion, measure and training as three jobs where each job has a 10-minute limit.
+# Uses `python3` with the project on PYTHONPATH (no virtual environment: a machine that cannot reach PyPI runs the
+# interpreter that already holds torch). Besides torch, torchvision, numpy, scipy, scikit-learn, scikit-image, pandas,
+# matplotlib, pillow, jinja2, tqdm, safetensors and pytest, it needs hydra-core, omegaconf, antlr4-python3-runtime,
+# kornia, kornia_rs, lpips and, for the anchors, robustness with cox, dill and tensorboardX (carry them as wheels where
+# they are missing). CIFAR-10 comes from $CIFAR_ROOT (a folder holding cifar-10-batches-py/; default
+# ../shared/data/cifar-10-mini): without it the inversion targets are random images and measure cannot run.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [ $# -lt 2 ]; then
+    echo "usage: bash benchmarks/gpu_session.sh OUT STEP... (STEP: test, inversion, measure, training, all)" >&2
+    exit 2
+fi
+out=$(realpath -m "$1"); shift
+steps=" $* "
+[ "$steps" = " all " ] && steps=" test inversion measure training "
+mkdir -p "$out"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+cifar=${CIFAR_ROOT:-../shared/data/cifar-10-mini}
+slug=$(python3 -c "import torch, re; print(re.sub(r'[^a-z0-9]+', '-', torch.cuda.get_device_name().lower()).strip('-'))") || exit 1
+status=0
+
+run() {  # run NAME COMMAND...: the command's output to the terminal and to $out/NAME.log; a failure is remembered
+    local name=$1; shift
+    echo "== $name: $*"
+    "$@" 2>&1 | tee "$out/$name.log" || status=1
+}
+
+case $steps in *" test "*)
+    run test-gpu env REPALIGN_TEST_DEVICE=cuda python3 -m pytest -q -rs ;;
+esac
+case $steps in *" inversion "*)
+    # The goal's runs at full length; the anchor ratio at 1000 steps (its time per step is constant).
+    run inversion-5000 python3 benchmarks/bench_inversion.py --items 200 --steps 5000 --skip anchor engine --cuda-graph true \
+        --data-root "$cifar" --out "$out/inversion_5000_$slug.json"
+    run inversion-1000 python3 benchmarks/bench_inversion.py --items 200 --steps 1000 --skip engine-best-stop --cuda-graph true \
+        --data-root "$cifar" --out "$out/inversion_1000_$slug.json" ;;
+esac
+case $steps in *" measure "*)
+    run measure-best python3 benchmarks/bench_measure.py --engine best --data-root "$cifar" --out "$out/measure_paper_best_$slug.json"
+    run measure-paper python3 benchmarks/bench_measure.py --engine paper --data-root "$cifar" --out "$out/measure_paper_paper_$slug.json" ;;
+esac
+case $steps in *" training "*)
+    run training python3 benchmarks/bench_training.py --images 10000 --batch-size 128 --modes pgd --workers 8 --cuda-graph \
+        --out "$out/training_$slug.json" ;;
+esac
+exit $status
