@@ -23,9 +23,9 @@ Three runs invert the same targets from the same seeds with the same model weigh
 Quality is the median final normalised distance ||g(x) - g(x_t)|| / ||g(x_t)||, recomputed for all
 runs with the same fp32 representation. Speed: items/s, item-steps/s (items x steps / s, the nominal
 workload), achieved TFLOP/s (the FLOPs of one forward and backward per item-step, counted by
-``torch.utils.flop_counter``, times the steps the items actually took) and its share of the GPU's
-dense bf16 peak (``benchmarks/throughput.py``; "n.a." on a CPU). TFLOP/s count the item-steps the
-device computed (``InversionResult.item_steps_computed``): with a CUDA graph, items frozen by early
+``torch.utils.flop_counter``, times the item-steps the device computed) and its share of the GPU's
+dense bf16 peak (``benchmarks/throughput.py``; "n.a." on a CPU). The item-steps computed are the
+engine's own count (``InversionResult.item_steps_computed``): with a CUDA graph, items frozen by early
 stopping stay in the replayed batch until its last item freezes, so stopping saves time only when whole
 batches finish; ``loop`` records how each engine run stepped (``cuda-graph``, ``masked`` where a capture
 fell back, ``eager``). The JSON (device, versions, config, results) goes to
@@ -235,7 +235,7 @@ def main(argv=None) -> dict:
     # Repeats go round-robin over the runs, starting one run later each time, and keep each run's
     # fastest time, so neither a change in the machine's load nor a run's position favours a run.
     seconds = {name: [] for name in runs}
-    outputs = {}
+    outputs, distances = {}, {}
     names = list(runs)
     for repeat in range(args.repeats):
         for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
@@ -245,9 +245,11 @@ def main(argv=None) -> dict:
             sync(device)
             seconds[name].append(time.perf_counter() - start)
             print(f"{name:16s} {seconds[name][-1]:8.2f} s", flush=True)
+            with torch.no_grad():  # quality: every run's images through the same fp32 objective
+                distances[name] = objective(outputs[name][0]).float()
             # Rewritten after every run: a job cut short by its time limit keeps what it finished.
-            results, per_item = summarise(args, objective, outputs, seconds, engine_settings, step_flops, peak)
-            report.update(results=results, **compare_runs(args, results, per_item, outputs),
+            results = summarise(args, outputs, distances, seconds, engine_settings, step_flops, peak)
+            report.update(results=results, **compare_runs(args, results, distances, outputs),
                           load_average_after=os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
             write_result(report, "inversion", device, args.out)
     for name, result in report["results"].items():
@@ -268,14 +270,12 @@ def main(argv=None) -> dict:
     return report
 
 
-def summarise(args, objective, outputs: dict, seconds: dict, engine_settings: dict, step_flops: float, peak: float | None):
-    """Each finished run's speed and quality, and its per-item final distances."""
-    results, per_item = {}, {}
-    for name, (images, engine_result) in outputs.items():
+def summarise(args, outputs: dict, distances: dict, seconds: dict, engine_settings: dict, step_flops: float, peak: float | None) -> dict:
+    """Each finished run's speed and quality (``distances``: its items' final distances)."""
+    results = {}
+    for name, (_, engine_result) in outputs.items():
         fastest = min(seconds[name])
-        with torch.no_grad():
-            distance = objective(images).float()
-        per_item[name] = distance
+        distance = distances[name]
         # The work the device did: every item-step for the anchor, the engine's own count for ours.
         computed = engine_result.item_steps_computed if engine_result is not None else args.items * args.steps
         speed = throughput(args.items * args.steps, fastest, step_flops, peak)
@@ -295,19 +295,19 @@ def summarise(args, objective, outputs: dict, seconds: dict, engine_settings: di
         if engine_result is not None:
             results[name].update(settings=dict(engine_settings[name]), loop=engine_result.loop, micro_batch=engine_result.micro_batch,
                                  mean_steps_used=engine_result.steps_used.float().mean().item())
-    return results, per_item
+    return results
 
 
-def compare_runs(args, results: dict, per_item: dict, outputs: dict) -> dict:
+def compare_runs(args, results: dict, distances: dict, outputs: dict) -> dict:
     """The ratios against the anchor (added to ``results``) and what early stopping cost, where both runs finished."""
     if "anchor" in results:
         for name, result in results.items():
-            result["better_than_anchor_on_items"] = int((per_item[name] < per_item["anchor"]).sum())
+            result["better_than_anchor_on_items"] = int((distances[name] < distances["anchor"]).sum())
             result["speedup_vs_anchor"] = results["anchor"]["seconds"] / result["seconds"]
             result["distance_ratio_vs_anchor"] = result["median_final_distance"] / results["anchor"]["median_final_distance"]
     if not {"engine-best", "engine-best-stop"} <= set(results):
         return {"early_stopping": None}
-    full, stopped = per_item["engine-best"], per_item["engine-best-stop"]
+    full, stopped = distances["engine-best"], distances["engine-best-stop"]
     stopped_result = outputs["engine-best-stop"][1]
     return {"early_stopping": {
         "patience": args.patience,

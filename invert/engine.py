@@ -94,8 +94,8 @@ class InversionResult:
     loss_curve: Tensor
     curve_steps: list[int]
     micro_batch: int
-    loop: str = "eager"
-    item_steps_computed: int = 0
+    loop: str
+    item_steps_computed: int
 
 
 class _HostMirror:

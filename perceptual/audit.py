@@ -395,8 +395,9 @@ def alignment_position(defence: dict[str, float], standard: dict[str, float], ro
     differ on any of them.
 
     With one measure this is (d - s) / (r - s). It is not the mean of the per-measure ratios: a measure on which the
-    references barely differ makes its ratio huge and would decide the mean alone (on the digits audit the references'
-    hard-clustering gap of 3 points turned a k-WTA network's -0.31 on clustering into a mean of -1.41). The projection
+    references barely differ makes its ratio huge and would decide the mean alone (in the README's digits audit the
+    references' hard-clustering scores differed by 1.3 points, the wrong way round, and the mean put a k-WTA network at
+    +3.7, near the robust reference, where the projection gives -0.25). The projection
     weighs each measure by its reference gap, so such a measure counts for little, and a measure on which the robust
     reference is the less aligned one still counts with the right sign.
     """
