@@ -12,18 +12,25 @@
 # they are missing). CIFAR-10 comes from $CIFAR_ROOT (a folder holding cifar-10-batches-py/; default
 # ../shared/data/cifar-10-mini): without it the inversion targets are random images and measure cannot run.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+usage="usage: bash benchmarks/gpu_session.sh OUT STEP... (STEP: test, inversion, measure, training, all)"
 if [ $# -lt 2 ]; then
-    echo "usage: bash benchmarks/gpu_session.sh OUT STEP... (STEP: test, inversion, measure, training, all)" >&2
+    echo "$usage" >&2
     exit 2
 fi
-out=$(realpath -m "$1"); shift
+out=$(realpath -m "$1"); shift  # from the caller's folder, before the cd
+for step in "$@"; do
+    case $step in test|inversion|measure|training|all) ;; *) echo "unknown step '$step'; $usage" >&2; exit 2 ;; esac
+done
 steps=" $* "
-[ "$steps" = " all " ] && steps=" test inversion measure training "
+case $steps in *" all "*) steps=" test inversion measure training " ;; esac
+cifar=$(realpath -m "${CIFAR_ROOT:-$(dirname "$0")/../../shared/data/cifar-10-mini}")
+cd "$(dirname "$0")/.."
+if ! slug=$(python3 -c "import torch, re; print(re.sub(r'[^a-z0-9]+', '-', torch.cuda.get_device_name().lower()).strip('-'))" 2>/dev/null); then
+    echo "python3 sees no CUDA device (or no torch): this script measures a GPU; run it on a GPU machine" >&2
+    exit 2
+fi
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-cifar=${CIFAR_ROOT:-../shared/data/cifar-10-mini}
-slug=$(python3 -c "import torch, re; print(re.sub(r'[^a-z0-9]+', '-', torch.cuda.get_device_name().lower()).strip('-'))") || exit 1
 status=0
 
 run() {  # run NAME COMMAND...: the command's output to the terminal and to $out/NAME.log; a failure is remembered

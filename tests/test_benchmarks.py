@@ -134,6 +134,8 @@ def test_every_benchmark_command_of_the_gpu_session_script_parses():
         assert str(args.out).startswith("/out/"), (name, args.out)  # every result lands where the job brings files back
     usage = subprocess.run(["bash", str(BENCHMARKS / "gpu_session.sh")], capture_output=True, text=True)
     assert usage.returncode == 2 and "usage" in usage.stderr
+    typo = subprocess.run(["bash", str(BENCHMARKS / "gpu_session.sh"), "out", "inversio"], capture_output=True, text=True)
+    assert typo.returncode == 2 and "unknown step 'inversio'" in typo.stderr
 
 
 def test_every_benchmark_command_in_the_readme_parses():
