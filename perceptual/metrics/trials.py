@@ -22,7 +22,8 @@ TRIAL_COLUMNS = ("subject", "dataset", "condition", "image_id", "correct")
 
 # model-vs-human's EXCLUDE_CONDITIONS (plotting/plot.py, applied with EXCLUDE = True before its benchmark table): control
 # conditions without a distortion, and conditions where humans score under 20 % (consistency is not meaningful there).
-# Names compare case-insensitively: the reference writes false-colour's "True", its raw CSVs "true".
+# Names compare as condition_key does: the reference writes false-colour's "True" and uniform-noise's "0.0", its raw CSVs
+# "true" and "0.00".
 MVH_EXCLUDED_CONDITIONS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "colour": ("cr",),
     "contrast": ("c100", "c03", "c01"),
@@ -39,18 +40,32 @@ MVH_EXCLUDED_CONDITIONS: Mapping[str, tuple[str, ...]] = MappingProxyType({
 })
 
 
+def condition_key(condition: Any) -> str:
+    """The name a condition is matched by: lower-case text, and one spelling per number (``"0.00"``, ``"0.0"`` and ``0``
+    all give ``"0.0"``). The reference reads its CSVs with pandas, which turns uniform-noise's ``0.00`` into the float
+    whose text, ``"0.0"``, its exclusion list holds; the raw CSVs this package reads keep the text as written."""
+    text = str(condition).strip().lower()
+    try:
+        return str(float(text))
+    except ValueError:
+        return text
+
+
 def mvh_exclusions(cells: Iterable[tuple[Any, Any]]) -> dict[str, list[str]]:
     """The conditions of :data:`MVH_EXCLUDED_CONDITIONS` among the (dataset, condition) ``cells`` present (e.g.
-    ``zip(trials["dataset"], trials["condition"])``): the ``exclude`` that reproduces the benchmark's table with
-    :func:`aggregate_trials` on the benchmark's trials, or on part of them."""
-    present = {(str(d), str(c).lower()) for d, c in cells}
-    chosen = {d: [c for c in conditions if (d, c.lower()) in present] for d, conditions in MVH_EXCLUDED_CONDITIONS.items()}
+    ``zip(trials["dataset"], trials["condition"])``), spelt as the cells spell them: the ``exclude`` that reproduces
+    the benchmark's table with :func:`aggregate_trials` on the benchmark's trials, or on part of them."""
+    present: dict[tuple[str, str], str] = {}
+    for dataset, condition in cells:
+        present.setdefault((str(dataset), condition_key(condition)), str(condition))
+    chosen = {d: [present[(d, condition_key(c))] for c in conditions if (d, condition_key(c)) in present]
+              for d, conditions in MVH_EXCLUDED_CONDITIONS.items()}
     return {d: c for d, c in chosen.items() if c}
 
 
 def is_excluded(dataset: Any, condition: Any, exclude: Mapping[Any, Sequence[Any]] | None) -> bool:
-    """Whether ``exclude`` ({dataset: [condition, ...]}) leaves the cell out; condition names compare case-insensitively."""
-    return bool(exclude) and str(condition).lower() in {str(c).lower() for c in exclude.get(str(dataset), ())}
+    """Whether ``exclude`` ({dataset: [condition, ...]}) leaves the cell out; condition names compare by :func:`condition_key`."""
+    return bool(exclude) and condition_key(condition) in {condition_key(c) for c in exclude.get(str(dataset), ())}
 
 
 _METRIC_NAMES = ("error_consistency", "observed_consistency", "accuracy_difference")
@@ -174,8 +189,8 @@ def _without_conditions(columns: dict[str, list], exclude: Mapping[Any, Sequence
     of the table lacks is an error (as in the reference), since a misspelt name would otherwise exclude nothing."""
     if not isinstance(exclude, Mapping) or any(isinstance(c, str) or not isinstance(c, Sequence) for c in exclude.values()):
         raise TypeError(f"exclude must map each dataset to a list of its conditions, e.g. {{'colour': ['cr']}}, got {exclude!r}")
-    dropped = {(str(d), str(c).lower()) for d, conditions in exclude.items() for c in conditions}
-    cells = [(str(d), str(c).lower()) for d, c in zip(columns["dataset"], columns["condition"])]
+    dropped = {(str(d), condition_key(c)) for d, conditions in exclude.items() for c in conditions}
+    cells = [(str(d), condition_key(c)) for d, c in zip(columns["dataset"], columns["condition"])]
     datasets = {d for d, _ in cells}
     missing = sorted(cell for cell in dropped - set(cells) if cell[0] in datasets)
     if missing:

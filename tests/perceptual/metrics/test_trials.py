@@ -204,3 +204,31 @@ def test_the_benchmark_exclusions_are_model_vs_humans():
 
     assert len(MVH_EXCLUDED_CONDITIONS) == 12 and MVH_EXCLUDED_CONDITIONS["colour"] == ("cr",)
     assert MVH_EXCLUDED_CONDITIONS["eidolonIII"] == ("1-0-10", "16-0-10", "32-0-10", "64-0-10", "128-0-10")
+
+
+def test_the_benchmark_exclusions_match_the_raw_csvs_spelling_of_numbers():
+    # The raw uniform-noise CSVs write "0.00", "0.60", "0.90"; the reference reads them as floats and excludes "0.0", "0.6",
+    # "0.9". False-colour's CSVs write "true", the reference "True".
+    from perceptual.metrics import condition_key, is_excluded, mvh_exclusions
+
+    assert condition_key("0.00") == condition_key("0.0") == condition_key(0) == condition_key(" 0 ") == "0.0"
+    assert condition_key("0.60") == condition_key(0.6) and condition_key("0.05") != condition_key("0.5")
+    assert condition_key("True") == condition_key("true") and condition_key("c03") != condition_key("c3")
+    # The model agrees with both humans in the kept conditions and differs from them in the excluded ones.
+    excluded_answers = {"m": [1, 1], "subject-01": [0, 1], "subject-02": [0, 0]}
+    noisy = {("uniform-noise", c, s): excluded_answers[s] for c in ("0.00", "0.60", "0.90") for s in excluded_answers}
+    noisy.update({("false-colour", "true", s): excluded_answers[s] for s in excluded_answers})
+    noisy.update({(d, c, s): [1, 0] for d, c in (("uniform-noise", "0.10"), ("false-colour", "false")) for s in excluded_answers})
+    rows = _rows(noisy)
+    exclude = mvh_exclusions((r["dataset"], r["condition"]) for r in rows)
+    assert exclude == {"false-colour": ["true"], "uniform-noise": ["0.00", "0.60", "0.90"]}  # as the trials spell them
+    assert is_excluded("uniform-noise", "0.60", exclude) and is_excluded("uniform-noise", "0.6", exclude)
+    assert not is_excluded("uniform-noise", "0.10", exclude) and not is_excluded("false-colour", "false", exclude)
+    kept = [r for r in rows if r["condition"] in ("0.10", "false")]
+    for metric in ("accuracy_difference", "observed_consistency"):
+        result = aggregate_trials(rows, metric, exclude=exclude)
+        assert result.models_per_dataset == aggregate_trials(kept, metric).models_per_dataset
+        assert result.models_per_dataset != aggregate_trials(rows, metric).models_per_dataset
+    # the reference's own spelling excludes the same cells
+    reference = {"uniform-noise": ["0.0", "0.6", "0.9"], "false-colour": ["True"]}
+    assert aggregate_trials(rows, "observed_consistency", exclude=reference) == aggregate_trials(kept, "observed_consistency")
