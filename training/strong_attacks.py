@@ -338,15 +338,42 @@ def _per_sample_l2(delta: Tensor) -> Tensor:
     return delta.flatten(1).norm(dim=1).view(-1, 1, 1, 1)
 
 
+def _per_channel_l2(delta: Tensor) -> Tensor:
+    return delta.flatten(2).norm(dim=2)[..., None, None]
+
+
+def square_l2_proposal(delta: Tensor, first: tuple[int, int], second: tuple[int, int], side: int, patch: Tensor,
+                       eps: float) -> Tensor:
+    """One L2 Square proposal (Andriushchenko et al. 2020, Algorithm 3; auto-attack's ``square.py``): a new
+    perturbation from ``delta`` (N, C, H, W) with the window of side ``side`` at ``first`` (top, left) set to ``patch``
+    (N, C, side, side, already signed) plus the window's old content, and the window at ``second`` emptied. Per
+    channel, the first window's new norm is sqrt((eps² - ||delta||²) / C + ||both windows' content in that channel||²),
+    so the mass of both windows moves into the first and a ``delta`` of norm eps keeps norm eps."""
+    (vh, vw), (vh2, vw2) = first, second
+    first_window = (slice(None), slice(None), slice(vh, vh + side), slice(vw, vw + side))
+    second_window = (slice(None), slice(None), slice(vh2, vh2 + side), slice(vw2, vw2 + side))
+    windows = torch.zeros_like(delta)
+    windows[first_window], windows[second_window] = 1.0, 1.0
+    norm_image = _per_sample_l2(delta)
+    norm_windows = _per_channel_l2(delta * windows)
+    old = delta[first_window]
+    proposal = patch + old / (_per_channel_l2(old) + 1e-12)
+    budget = ((eps ** 2 - norm_image ** 2).clamp_min(0) / delta.shape[1] + norm_windows ** 2).sqrt()
+    new = delta.clone()
+    new[second_window] = 0.0
+    new[first_window] = proposal / (_per_channel_l2(proposal) + 1e-12) * budget
+    return new
+
+
 def square_l2(model: nn.Module, x: Tensor, y: Tensor, eps: float, *, queries: int = 1000, p_init: float = 0.8,
               generator: torch.Generator | None = None) -> Tensor:
     """The L2 Square attack (Andriushchenko et al. 2020, Algorithm 3), untargeted with the margin loss.
 
     Starts from a grid of ``H // 5`` tiles, each a :func:`square_l2_patch` with a random sign per sample and
     channel, scaled to norm ``eps``. Each query picks two windows of side ``s`` (odd, at least 3, ``p`` from the
-    schedule): the first gets a new patch plus its old content, the second's mass moves into the first, and the
-    first is rescaled so the whole perturbation keeps norm ``eps``; the proposal is kept for the samples whose
-    margin fell. No gradients.
+    schedule) and makes a :func:`square_l2_proposal`: the first gets a new patch plus its old content, the second's
+    mass moves into the first, channel by channel, so the whole perturbation keeps norm ``eps``; the proposal is kept
+    for the samples whose margin fell. No gradients.
 
     Differences from the reference: window positions and the patch's orientation are shared by the batch (the
     reference's too) but drawn from ``generator``; the rescaling adds a tiny constant only to divisors, like the
@@ -384,20 +411,9 @@ def square_l2(model: nn.Module, x: Tensor, y: Tensor, eps: float, *, queries: in
             delta = x_best_curr - x_curr
             side = max(int(round(math.sqrt(_square_p(iteration, queries, p_init) * h * w))), 3)
             side = min(side + 1 - side % 2, h - (1 - h % 2))  # odd, and not larger than the image
-            (vh, vw), (vh2, vw2) = position(side), position(side)
-            first = (slice(None), slice(None), slice(vh, vh + side), slice(vw, vw + side))
-            second = (slice(None), slice(None), slice(vh2, vh2 + side), slice(vw2, vw2 + side))
-            windows = torch.zeros_like(delta)
-            windows[first], windows[second] = 1.0, 1.0
-            norm_image = _per_sample_l2(delta)
-            norm_windows = _per_sample_l2(delta * windows)
-            old = delta[first]
-            proposal = square_l2_patch(side, coin(), device, dtype) * rand_sign(len(active), c, 1, 1)
-            proposal = proposal + old / (old.flatten(2).norm(dim=2)[..., None, None] + 1e-12)
-            budget = ((eps ** 2 - norm_image ** 2).clamp_min(0) / c + norm_windows ** 2).sqrt()  # per channel
-            proposal = proposal / (proposal.flatten(2).norm(dim=2)[..., None, None] + 1e-12) * budget
-            delta[second] = 0.0
-            delta[first] = proposal
+            first, second = position(side), position(side)
+            patch = square_l2_patch(side, coin(), device, dtype) * rand_sign(len(active), c, 1, 1)
+            delta = square_l2_proposal(delta, first, second, side, patch, eps)
             x_new = (x_curr + eps * delta / (_per_sample_l2(delta) + 1e-12)).clamp(0, 1)
             margin_new = margin(model(x_new), y[active])
             better = margin_new < margin_best[active]

@@ -18,6 +18,7 @@ from training.strong_attacks import (
     square,
     square_l2,
     square_l2_patch,
+    square_l2_proposal,
     square_linf,
     straight_through,
     worst_case,
@@ -154,6 +155,33 @@ def test_square_l2_patch_is_unit_norm_with_opposite_halves():
     assert patch.shape == (5, 5) and float(patch.norm()) == pytest.approx(1.0)
     assert (patch[:2] > 0).all() and (patch[2:] < 0).all()
     assert torch.equal(square_l2_patch(5, transpose=True), patch.T)
+
+
+@pytest.mark.parametrize("second", [(6, 1), (3, 4), (2, 2)], ids=["apart", "overlapping", "same"])
+def test_square_l2_proposal_moves_both_windows_mass_into_the_first_per_channel(second):
+    # auto-attack's square.py takes the windows' norm per channel (sum over H and W): a perturbation of norm eps keeps it.
+    # One norm over all channels grew the proposal towards sqrt(C) times the windows' mass before the final rescale.
+    generator = torch.Generator().manual_seed(0)
+    eps, side, first = 0.5, 3, (2, 2)
+    delta = torch.randn(4, 3, 10, 10, generator=generator)
+    delta *= torch.tensor([1.0, 5.0, 0.2]).view(1, 3, 1, 1)  # channels of different mass
+    delta = eps * delta / delta.flatten(1).norm(dim=1).view(-1, 1, 1, 1)
+    patch = square_l2_patch(side, transpose=False) * torch.randint(0, 2, (4, 3, 1, 1), generator=generator).mul(2).sub(1)
+    new = square_l2_proposal(delta, first, second, side, patch, eps)
+    assert torch.allclose(new.flatten(1).norm(dim=1), torch.full((4,), eps), rtol=1e-5)
+    in_windows = torch.zeros(10, 10, dtype=torch.bool)
+    in_windows[2:5, 2:5] = in_windows[second[0]:second[0] + side, second[1]:second[1] + side] = True
+    channel_mass = lambda d: d.pow(2).sum(dim=(2, 3))  # noqa: E731
+    assert torch.allclose(channel_mass(new * in_windows), channel_mass(delta * in_windows), rtol=1e-5)  # per channel
+    assert torch.equal(new[..., ~in_windows], delta[..., ~in_windows])  # nothing else moves
+    if second != first:
+        outside_first = in_windows.clone()
+        outside_first[2:5, 2:5] = False
+        assert (new[..., outside_first] == 0).all()
+    # with room left in the ball, the first window takes that room too, shared equally by the channels
+    smaller = square_l2_proposal(delta / 2, first, second, side, patch, eps)
+    expected = channel_mass(delta / 2 * in_windows) + (eps ** 2 - (eps / 2) ** 2) / 3
+    assert torch.allclose(channel_mass(smaller[..., 2:5, 2:5]), expected, rtol=1e-5)
 
 
 def test_square_l2_stays_in_the_ball_and_fools(digits_model):
