@@ -13,6 +13,9 @@ precomputed :class:`ModelOutputs`, so a pipeline runs each model once per image 
   the *normalised* input, i.e. a step of ε/std per channel in normalised units; since normalisation lives
   inside our models, the same step on the [0, 1] input is ε per pixel (x' = x − std·(ε/std)·sign ∇), and
   x' is clamped to [0, 1] (the original does not clamp). Defaults T = 1000, ε = 0.0014 (their CIFAR values).
+  Its tempered softmax of a moved input is a detection statistic, not the model's predictive distribution (at
+  T = 1000 it is nearly uniform), so ODIN gives no ``probs``: correctness comes from the clean logits, as in the
+  benchmark code of Kim et al. (``md_metrics``), and the report gives it no calibration numbers.
 * ``mahalanobis``: −min_c (f − μ_c)ᵀ Σ⁻¹ (f − μ_c) on penultimate features with class means and one tied
   covariance (Lee et al., NeurIPS 2018; pinv of the empirical covariance as their sklearn code). Deliberate
   differences: the penultimate layer only, no input pre-processing, no feature ensemble over layers.
@@ -200,8 +203,7 @@ class ODIN(ScoreFunction):
                     probs.append((model(x).double() / self.temperature).softmax(1).cpu())
         finally:
             model.train(was_training)
-        p = torch.cat(probs)
-        return Scores(p.max(1).values.numpy(), p.numpy())
+        return Scores(torch.cat(probs).max(1).values.numpy())  # no probs: see the module docstring
 
 
 class Mahalanobis(ScoreFunction):

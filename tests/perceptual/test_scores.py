@@ -191,7 +191,8 @@ def test_odin_without_perturbation_is_the_tempered_softmax_and_the_step_is_epsil
     model, images = data["model"], data["test_images"][:16]
     plain = ODIN(temperature=10.0, epsilon=0.0).score(model, images)
     expected = softmax(data["test"].logits[:16].double().numpy() / 10.0, axis=1)
-    np.testing.assert_allclose(plain.probs, expected, rtol=1e-5)
+    np.testing.assert_allclose(plain.scores, expected.max(1), rtol=1e-5)
+    assert plain.probs is None  # a detection statistic, not the model's predictive distribution
     odin = ODIN(temperature=10.0, epsilon=0.01)
     moved = odin.perturb(model, images)
     inside = (moved > 0) & (moved < 1)
@@ -199,6 +200,17 @@ def test_odin_without_perturbation_is_the_tempered_softmax_and_the_step_is_epsil
     assert moved.min() >= 0 and moved.max() <= 1
     # the step raises the tempered max softmax (ODIN's premise)
     assert (odin.score(model, images).scores > plain.scores).mean() > 0.8
+
+
+def test_odins_unknown_metrics_take_correctness_from_the_clean_logits_and_report_no_calibration(data):
+    from perceptual.compare_report import unknown_metrics
+
+    model, images, labels = data["model"], data["test_images"][:64], data["test_labels"][:64].numpy()
+    odin = ODIN(epsilon=0.05)  # a step large enough to change some tempered predictions
+    scores = odin.score(model, images)
+    metrics = unknown_metrics(scores, data["test"].logits[:64], {"noise": odin.score(model, data["noise"][:64]).scores}, labels)
+    assert metrics["accuracy"] == pytest.approx(float((data["test"].logits[:64].argmax(1).numpy() == labels).mean()))
+    assert metrics["ece"] is metrics["nll"] is metrics["brier"] is None and "not a probability" in metrics["calibration"]
 
 
 def test_mc_dropout_needs_dropout_or_inserts_it_on_a_copy(data):
