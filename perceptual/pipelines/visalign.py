@@ -5,7 +5,8 @@ Lee et al., "VisAlign" (NeurIPS 2023 Datasets & Benchmarks). Reads the humans' p
 from ``images`` (``<image_id>.png``), lets the model answer and turns each score function into an abstention
 probability (:func:`perceptual.visalign_report.model_visalign_table`). Writes to ``out``: ``visalign.json`` (the table,
 settings, image count per group), ``visalign.md`` (the paper's table: Hellinger distance per group and overall,
-RS_c per cost) and ``visalign.png`` (Hellinger distance per group and score; reliability score per cost).
+RS_c per cost; with a ``category`` column in the labels, the reference code's mean per category too) and
+``visalign.png`` (Hellinger distance per group and score; reliability score per cost).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from ..compare_report import _fmt, plain
 from ..human_trials import load_images
 from ..metrics import GROUPS
 from ..report import save_figure
-from ..visalign_report import model_visalign_table, read_human_labels
+from ..visalign_report import category_order, model_visalign_table, read_human_labels
 from .audit import load_defence
 
 IMAGE_SUFFIXES = ("", ".png", ".jpg", ".jpeg")
@@ -85,6 +86,14 @@ def markdown(data: Mapping) -> str:
     for row in data["table"]:
         lines.append(f"| {row['score']} | " + " | ".join(_fmt(row[f'hellinger_{g}']) for g in groups) + " | "
                      + " | ".join(_fmt(row[f'rs_{c:g}'], 0) for c in costs) + f" | {_fmt(row['abstain_rate'])} |")
+    categories = list(data.get("n_per_category") or {})
+    if categories:
+        lines += ["", "Mean Hellinger distance per category (the reference code's columns; a group's mean above pools its "
+                  "categories' images, weighted by their counts):", "",
+                  "| score | " + " | ".join(f"{c} ({data['n_per_category'][c]})" for c in categories) + " |",
+                  "|---" * (len(categories) + 1) + "|"]
+        for row in data["table"]:
+            lines.append(f"| {row['score']} | " + " | ".join(_fmt(row["hellinger_per_category"][c]) for c in categories) + " |")
     if data["left_out"]:
         lines += ["", f"Scores left out (do not apply to this model): {', '.join(data['left_out'])}."]
     lines += ["", "RS_c sums +1 per right decision and −c per harmful one over the images (Lee et al.).", "", "![visalign.png](visalign.png)"]
@@ -120,6 +129,8 @@ def run(cfg: DictConfig | Mapping) -> dict:
     data = {
         "model": cfg.model.get("name") or cfg.model.get("factory"), "checkpoint": cfg.model.get("checkpoint"), "classes": classes,
         "n_images": len(human), "n_per_group": {g: int((human["group"] == g).sum()) for g in GROUPS},
+        "n_per_category": ({c: int((human["category"] == c).sum()) for c in category_order(human["category"])}
+                           if "category" in human else {}),
         "gamma": float(cfg.gamma), "lam": float(cfg.lam), "costs": costs, "n_fit": 0 if fit_images is None else len(fit_images),
         "table": table.to_dict(orient="records"), "left_out": sorted(set(cfg.scores) - set(table["score"])),
     }

@@ -100,3 +100,44 @@ def test_a_model_and_the_toolkits_score_functions(human):
     probs = logits.softmax(1).numpy()
     expected = visalign_table(human, CLASSES, probs, {"max_softmax": probs.max(1), "energy": torch.logsumexp(logits, 1).numpy()}).set_index("score")
     pd.testing.assert_frame_equal(table, expected, check_exact=False, rtol=1e-6)
+
+
+def test_the_reference_codes_per_category_means_beside_the_pooled_group_means(tmp_path):
+    # The uncertain group holds category7 (c) and category8 (d and e): the reference reports each category's mean; the
+    # group's mean pools the three images, so it weighs category8 twice.
+    path = tmp_path / "labels.csv"
+    path.write_text("image_id,group,label,category,cat,dog,abstain\n"
+                    "a,Must-Act,cat,category1,4,0,0\n"
+                    "b,must_abstain,,category5,0,0,5\n"
+                    "c,uncertain,dog,category7,1,3,0\n"
+                    "d,Uncertain,cat,category8,1,0,3\n"
+                    "e,uncertain,cat, category8 ,1,0,3\n")
+    human = read_human_labels(path, CLASSES)
+    assert human["category"].tolist() == ["category1", "category5", "category7", "category8", "category8"]
+    probs = np.vstack([PROBS, PROBS[3]])
+    row = visalign_table(human, CLASSES, probs, {"s": np.array([3.0, 1, 2, 1, 1])}).iloc[0]
+    h_a = math.sqrt(((math.sqrt(0.8) - 1) ** 2 + 0.2) / 2)
+    h_c = math.sqrt(((math.sqrt(0.05) - 0.5) ** 2 + (math.sqrt(0.45) - math.sqrt(0.75)) ** 2 + 0.5) / 2)
+    h_d = math.sqrt((0.25 + (1 - math.sqrt(0.75)) ** 2) / 2)
+    assert list(row["hellinger_per_category"]) == ["category1", "category5", "category7", "category8"]
+    assert row["hellinger_per_category"] == pytest.approx({"category1": h_a, "category5": 0.0, "category7": h_c, "category8": h_d})
+    assert row["hellinger_uncertain"] == pytest.approx((h_c + 2 * h_d) / 3)
+    assert row["hellinger_uncertain"] != pytest.approx((h_c + h_d) / 2)
+    assert visalign_table(read_human_labels(tmp_path / "labels.csv", CLASSES).drop(columns="category"), CLASSES, probs,
+                          {"s": np.array([3.0, 1, 2, 1, 1])}).iloc[0]["hellinger_per_category"] == {}
+
+
+def test_category_order_and_category_problems(tmp_path):
+    from perceptual.visalign_report import category_order
+
+    assert category_order(["category10", "category2", "category1", "category2"]) == ["category1", "category2", "category10"]
+    assert category_order(["10", "9", "b", "a"]) == ["9", "10", "a", "b"]
+    path = tmp_path / "bad.csv"
+    path.write_text("image_id,group,label,category,cat,dog,abstain\n"
+                    "a,must_act,cat,category1,1,0,0\n"
+                    "b,must_act,cat,,1,0,0\n"            # empty category
+                    "c,uncertain,cat,category1,1,0,0\n")  # category1 in two groups
+    with pytest.raises(ValueError) as caught:
+        read_human_labels(path, CLASSES)
+    assert "empty category" in str(caught.value) and "lines [3]" in str(caught.value)
+    assert "category in more than one group (category1) × 2 (lines [2, 4])" in str(caught.value)

@@ -76,6 +76,18 @@ def test_command_writes_json_markdown_and_figure(visalign_set, capsys):
     assert (out / "visalign.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_categories_get_the_reference_codes_table(visalign_set):
+    (visalign_set / "labels.csv").write_text("image_id,group,label,category,a,b,abstain\n"
+                                             "A,Must-Act,a,category1,9,1,0\nB,Must-Abstain,,category5,0,0,4\nC,Uncertain,b,category8,1,1,2\n")
+    perceptual_main(["visalign", *_overrides(visalign_set)])
+    data = json.loads((visalign_set / "out" / "visalign.json").read_text())
+    assert data["n_per_category"] == {"category1": 1, "category5": 1, "category8": 1}
+    assert data["table"][0]["hellinger_per_category"]["category8"] == pytest.approx(C_DISTANCE, rel=1e-6)
+    markdown = (visalign_set / "out" / "visalign.md").read_text()
+    assert "| score | category1 (1) | category5 (1) | category8 (1) |" in markdown
+    assert f"| {C_DISTANCE:.3f} |" in markdown
+
+
 def test_missing_images_and_bad_labels_are_named(visalign_set):
     (visalign_set / "images" / "C.png").unlink()
     with initialize_config_module(config_module="conf", version_base=None):
