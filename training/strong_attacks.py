@@ -25,11 +25,13 @@ its own schedule (momentum, checkpoints), so it cannot be an instance of :func:`
 
 Deliberate differences from the reference code: the returned image of a sample that was not
 fooled is its highest-loss iterate (the reference returns the clean image), which is the stronger
-choice against a randomised defence; the random L2 start is uniform in the ball
-(``invert.steps.random_start_l2``, the reference starts on the sphere); the oscillation count
+choice against a randomised defence; the random start is uniform in the ball (``invert.steps``'
+``random_start_l2`` / ``random_start_linf``; the reference starts on the L2 sphere, and in Linf at
+``x + eps t / ||t||_inf``, which puts one coordinate of each sample on the boundary); the oscillation count
 ignores steps before the first (the reference wraps around to the last row of its buffer); all
 randomness comes from a ``torch.Generator``. ``eot_samples`` averages the gradient over several
-forward passes (the reference's ``eot_iter``) for randomised defences.
+forward passes (the reference's ``eot_iter``) for randomised defences, and the loss too: the mean loss of
+those passes decides the best point and the checkpoints, where the reference uses the last pass's loss.
 """
 from __future__ import annotations
 
@@ -287,6 +289,8 @@ def square_linf(model: nn.Module, x: Tensor, y: Tensor, eps: float, *, queries: 
     ``round(sqrt(p * H * W))`` (``p`` from the schedule) filled with +-2 eps per channel at one random
     position (shared by the batch, as the reference), clipped to the ball and the box, and keeps it for
     the samples whose margin fell. Stops querying a sample once it is misclassified. No gradients.
+    Positions range over every place the square fits (0 to H - side); the reference's ``random_int`` never
+    draws the last row and column of places.
     """
     _check_square(x, y, "linf", eps, queries, p_init)
     x, y = x.detach(), y.detach()

@@ -148,8 +148,12 @@ def fpr_at_tpr(id_scores: Any, ood_scores: Any, tpr: float = 0.95) -> float:
 
     Samples with score >= threshold are called ID. The threshold is the k-th highest ID score with
     k = ⌈tpr·N_id⌉, the same point as the first ``sklearn.metrics.roc_curve`` point with TPR >= tpr.
-    Deliberate difference: the reference ``get_curve`` (daintlab/unknown-detection-benchmarks) takes the curve
-    point whose TPR is CLOSEST to 0.95, which may lie below it.
+    Deliberate difference: the reference ``get_curve`` (daintlab/unknown-detection-benchmarks, ``metrics_ood.py``)
+    takes the curve point whose TPR is CLOSEST to 0.95, which may lie below it, and where TPR equals 0.95 exactly over a
+    stretch of its sweep (from low scores up) it takes the stretch's first point: the lowest threshold with that TPR,
+    just above the next lower ID score. It then also counts the OOD scores between that ID score and ours as
+    accepted, so its FPR is at least ours whenever 0.95·N_id is a whole number, and well above it with few ID
+    samples (20 ID scores, 3 of 6 OOD scores between the two lowest of them: 0.67 there, 0.17 here).
     """
     target = check_scalar(tpr, "tpr", low=0.0, high=1.0, low_open=True)
     id_s, ood_s = _id_ood(id_scores, ood_scores)

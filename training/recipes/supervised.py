@@ -48,7 +48,9 @@ class PGDRecipe(Recipe):
     """PGD adversarial training (Madry et al., ICLR 2018; the ``robustness`` library's ``adv_train``):
     minimise the cross-entropy on the PGD example of each (augmented) image. L2 or Linf; the paper's
     CIFAR L2 setting is eps 1.0. The attack runs in eval batch-norm mode, as the library's
-    ``AttackerModel`` does; the last iterate is used (its ``use_best=False``)."""
+    ``AttackerModel`` does; the last iterate is used (its ``use_best=False``; the library's training default
+    is ``use_best=1``), from a random start by default (``random_start``: as Madry et al.'s code; the
+    library's default is no random start)."""
 
     name = "pgd"
     graph_blocker = None
@@ -104,8 +106,11 @@ class TradesRecipe(_InnerMaxRecipe):
     Differences from the reference: p(x) for the inner KL is computed once per batch instead of once
     per step (the model is in eval mode, so the values are identical); the start is clamped to [0, 1];
     the L2 inner loop uses the normalised-gradient step and projection of ``invert.steps`` (the
-    reference's SGD on delta with gradient renormalisation takes the same steps); the natural
-    logits of the outer loss are reused for its KL instead of a second forward pass."""
+    reference's SGD on delta with gradient renormalisation takes the same steps), but projects onto the
+    ball and then the image box (as the ``robustness`` library), where the reference clamps to the box and
+    then renormalises (with saturated pixels the two give different points), and a zero gradient gives a zero
+    step (the reference replaces it with a random direction); the natural logits of the outer loss are reused
+    for its KL instead of a second forward pass."""
 
     name = "trades"
 
