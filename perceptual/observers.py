@@ -280,7 +280,9 @@ class LPIPSObserver(Observer):
         feats = self.embed(images)
         i = torch.as_tensor(i, dtype=torch.long, device=feats[0].device)
         j = torch.as_tensor(j, dtype=torch.long, device=feats[0].device)
-        return self._distances(feats, feats, (i, j))
+        # batch_size pairs at a time: a pair's weighted feature product is as large as one image's features
+        out = [self._distances(feats, feats, (i[s], j[s])) for s in batch_slices(len(i), self.batch_size)]
+        return torch.cat(out) if out else torch.zeros(0)
 
     def matrix(self, a: Tensor, b: Tensor | None = None) -> Tensor:
         fa = self.embed(a)

@@ -127,6 +127,28 @@ def test_lpips_batched_equals_the_package_pair_by_pair():
         assert pairs[1] == pytest.approx(0.0, abs=1e-6)
 
 
+def test_lpips_pairs_are_judged_batch_size_at_a_time(monkeypatch):
+    # Each pair's weighted feature product is as large as an image's features (4 MB at 224 px): 18,000 clustering
+    # pairs at once needed ~78 GB, so pairwise hands them to the distance in slices of batch_size.
+    torch.manual_seed(0)
+    x = torch.rand(6, 3, 32, 32)
+    observer = LPIPSObserver("alex", backbone="random", heads=True)
+    i, j = torch.meshgrid(torch.arange(6), torch.arange(6), indexing="ij")
+    whole = observer.pairwise(x, i.flatten(), j.flatten())
+    sizes, distances = [], type(observer)._distances
+
+    def counting(self, fa, fb, pairs):
+        sizes.append(len(pairs[0]))
+        return distances(self, fa, fb, pairs)
+
+    monkeypatch.setattr(type(observer), "_distances", counting)
+    observer.batch_size = 8
+    sliced = observer.pairwise(x, i.flatten(), j.flatten())
+    assert sizes == [8, 8, 8, 8, 4]
+    torch.testing.assert_close(sliced, whole, atol=0, rtol=0)
+    assert len(observer.pairwise(x, torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))) == 0
+
+
 def test_weight_free_observers_batched_equal_pair_by_pair_and_are_metrics_like():
     torch.manual_seed(1)
     x = torch.rand(4, 3, 32, 32)
