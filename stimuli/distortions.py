@@ -1,5 +1,7 @@
 """Distortion conditions: model-vs-human's parametric image manipulations, batched on the input's device.
 
+All of them but eidolon I-III (and the 2018 paper's salt-and-pepper noise), which are not implemented.
+
 Geirhos et al., "Generalisation in humans and deep neural networks" (NeurIPS 2018; code:
 rgeirhos/generalisation-humans-DNNs, ``image_manipulation.py``) and "Partial success in closing the gap
 between human and machine vision" (NeurIPS 2021; bethgelab/model-vs-human, whose parametric data sets are
@@ -15,8 +17,16 @@ Deliberate differences that apply throughout:
   other images are distorted. The same noise pattern is scaled across a generator's parameter grid (common
   random numbers). Model-vs-human showed each subject different images per condition; here every system
   sees the same images in every condition, which trial-by-trial metrics need.
-* Filter widths are given for 224 px images (model-vs-human's size) and scaled by ``size / 224``.
+* Filter widths are given for 224 px images (model-vs-human's size) and scaled by ``size / 224``. At small
+  sizes the high-pass grid's narrow filters fall below one pixel: at 32 px every width from 1.5 down leaves a
+  flat grey image, and :func:`make_condition_set` warns (:meth:`Distortion.below_resolution`).
+  Uniform noise is not scaled: one draw per pixel, so at 32 px its grain is coarser relative to the object than
+  at 224 px.
 * Sets are built from whole data-set images (e.g. 32 px CIFAR), not from 224 px ImageNet crops.
+* Stored sets round to 8 bits (``stimuli.quantise``); the reference's ``save_img`` truncates, which makes its
+  images about half a grey level darker (visible only at the lowest contrasts).
+* Parameters are numbers or the grid's words (``contrast=0.03``, ``colour=greyscale``), not the benchmark's
+  condition names (``c03``, ``bw``), which are refused with the grid.
 
 A condition is a generator at one parameter (:class:`Distortion`, named ``"generator=parameter"``);
 :data:`GRIDS` holds model-vs-human's parameter grids. :func:`make_condition_set` stores a condition as a
@@ -25,6 +35,7 @@ stimulus set on disk (``stimuli``'s format; its parameters say generator and par
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +50,8 @@ from invert.rng import hashed_uniform, stream_seed
 from invert.validation import check_images
 
 from .sets import fingerprint_of, is_complete_set, tensor_sha256
+
+logger = logging.getLogger(__name__)
 
 # model-vs-human's background grey: "the mean pixel value over all images" (bg_grey in image_manipulation.py).
 MVH_GREY = 0.4423
@@ -170,11 +183,16 @@ def phase_shift_field(h: int, w: int, width_degrees: float, *, image_ids: Tensor
 def phase_noise(images: Tensor, width_degrees: float, *, image_ids: Tensor, seed: int = 0, clip: bool = True) -> Tensor:
     """Shift every frequency's phase by a uniform draw in ±width degrees; keep the amplitude spectrum.
 
-    Geirhos et al. 2018 (``scramble_phases``): Fourier transform, add random phase shifts applied
-    antisymmetrically to conjugate pairs, inverse transform, real part, clip to [0, 1]. Differences: the
-    reference leaves the whole Nyquist row and column (after fftshift) unshifted and keeps only the real
-    part of a nearly-real result; here every non-self-conjugate frequency is shifted and the result is real
-    by construction (its imaginary part is float rounding). All channels get the same shifts.
+    Geirhos et al. 2018 describe the manipulation this way, and their ``scramble_phases`` means to do it: Fourier
+    transform, add random phase shifts "symmetrically to complex conjugate frequency pairs", inverse transform,
+    real part, clip to [0, 1]. Deliberate difference: its ``shift_phases`` adds ``+s[k]`` at flat index k and
+    ``-s[m]`` at index L/2 + 1 + m of the centred spectrum, so the conjugate of k gets ``-s[L/2 - 1 - k]``, not
+    ``-s[k]``: the result is complex, and its real part scales each frequency's amplitude by
+    |cos((s - s') / 2)| (on average 2/π at 180°). The benchmark's phase-noise stimuli therefore also lose
+    contrast as the width grows (RMS contrast of a 224 px photo 0.112 → 0.099 at 90° and 0.075 at 180°), where
+    these keep it. Here the shifts are odd under frequency negation, every non-self-conjugate frequency is
+    shifted (the reference leaves the Nyquist row and column unshifted), the result is real by construction
+    (its imaginary part is float rounding), and all channels get the same shifts.
     ``clip=False`` returns the unclipped image, whose amplitude spectrum equals the input's.
     """
     check_images(images, "images")
@@ -400,6 +418,18 @@ class Distortion:
         """The filter width in pixels of an image of ``image_size`` px."""
         return float(self.parameter) * image_size / self.reference_size
 
+    def below_resolution(self, image_size: int) -> str | None:
+        """Why this high-pass condition leaves nothing at ``image_size`` px, or None. x − G_σ(x) keeps a pixel's
+        neighbours' weight exp(−1 / 2σ²) of each edge; under one 8-bit level (1/255, σ < 0.30 px) every image
+        becomes flat grey once stored, so every observer and model is at chance there."""
+        if self.generator != "high_pass" or math.isinf(self.parameter):
+            return None
+        sigma = self.pixel_sigma(image_size)
+        if sigma <= 0 or math.exp(-1 / (2 * sigma ** 2)) < 1 / 255:
+            return (f"{self.name} at {image_size} px is a Gaussian of sigma {sigma:.3g} px, below the image's resolution: "
+                    "every image becomes flat grey (nothing is left to judge); drop the condition at this size or use larger images")
+        return None
+
     def describe(self, image_size: int | None = None) -> dict:
         """What the manifest records: generator, parameter, greyscale, and the scaled width for filters."""
         out = {"generator": self.generator, "parameter": format_parameter(self.parameter), "greyscale": self._greyscale,
@@ -513,6 +543,9 @@ def make_condition_set(path: str | Path, distortion: Distortion, images: Tensor,
     if not (len(index) == len(labels) == len(images)):
         raise ValueError(f"one label and one source index per image: {len(images)} images, {len(labels)} labels, {len(index)} indices")
     parameters = condition_parameters(distortion, images, labels, seed=seed, dataset=dataset, split=split, source_index=index.tolist())
+    empty = distortion.below_resolution(images.shape[-1])
+    if empty:
+        logger.warning(empty)
     if is_complete_set(path):
         existing = stimuli.load_set(path, verify_pngs=False)
         if existing.fingerprint == fingerprint_of(parameters):

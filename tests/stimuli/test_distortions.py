@@ -261,3 +261,22 @@ def test_distortions_run_on_the_inputs_device_with_the_same_result(images):
         gpu = distortion(images.cuda(), IDS.cuda(), seed=2)
         assert gpu.device.type == "cuda"
         torch.testing.assert_close(gpu.cpu(), cpu, atol=1e-4, rtol=0)
+
+
+def test_high_pass_below_the_images_resolution_is_named_and_is_flat_grey(tmp_path, caplog):
+    import stimuli
+
+    g = torch.Generator().manual_seed(1)
+    photos = torch.rand(4, 3, 32, 32, generator=g)
+    flagged = [p for p in C.GRIDS["high_pass"] if Distortion("high_pass", p).below_resolution(32)]
+    assert flagged == [1.5, 1, 0.7, 0.55, 0.45, 0.4]  # at 32 px; 3 (sigma 0.43 px) still keeps edges
+    assert not [p for p in C.GRIDS["high_pass"] if Distortion("high_pass", p).below_resolution(224)]
+    for parameter in C.GRIDS["high_pass"]:
+        levels = stimuli.quantise(Distortion("high_pass", parameter)(photos, torch.arange(4))).unique().numel()
+        assert (levels == 1) == (parameter in flagged)  # the criterion is exactly "one 8-bit level is left"
+    assert "sigma 0.214 px, below the image's resolution" in Distortion("high_pass", 1.5).below_resolution(32)
+    assert Distortion("low_pass", 1).below_resolution(32) is None
+    with caplog.at_level("WARNING", logger="stimuli.distortions"):
+        C.make_condition_set(tmp_path / "set", Distortion("high_pass", 1), photos, torch.zeros(4, dtype=torch.long), range(4),
+                             classes=["a"], dataset="toy")
+    assert "high_pass=1 at 32 px" in caplog.text and "flat grey" in caplog.text
