@@ -353,6 +353,17 @@ def square_l2_proposal(delta: Tensor, first: tuple[int, int], second: tuple[int,
     (N, C, side, side, already signed) plus the window's old content, and the window at ``second`` emptied. Per
     channel, the first window's new norm is sqrt((eps² - ||delta||²) / C + ||both windows' content in that channel||²),
     so the mass of both windows moves into the first and a ``delta`` of norm eps keeps norm eps."""
+    if delta.ndim != 4:
+        raise ValueError(f"delta must be a (N, C, H, W) perturbation, got shape {tuple(delta.shape)}")
+    n, c, h, w = delta.shape
+    if tuple(patch.shape) != (n, c, side, side):
+        raise ValueError(f"patch must be (N, C, side, side) = {(n, c, side, side)} for this delta, got {tuple(patch.shape)}")
+    for name, (top, left) in (("first", first), ("second", second)):
+        if not (0 <= top <= h - side and 0 <= left <= w - side):
+            raise ValueError(f"the {name} window at (top, left) = {(top, left)} with side {side} does not fit a {h}x{w} image: "
+                             f"top must lie in [0, {h - side}] and left in [0, {w - side}]")
+    if not eps > 0:
+        raise ValueError(f"eps must be > 0, got {eps}")
     (vh, vw), (vh2, vw2) = first, second
     first_window = (slice(None), slice(None), slice(vh, vh + side), slice(vw, vw + side))
     second_window = (slice(None), slice(None), slice(vh2, vh2 + side), slice(vw2, vw2 + side))

@@ -182,6 +182,12 @@ def test_square_l2_proposal_moves_both_windows_mass_into_the_first_per_channel(s
     smaller = square_l2_proposal(delta / 2, first, second, side, patch, eps)
     expected = channel_mass(delta / 2 * in_windows) + (eps ** 2 - (eps / 2) ** 2) / 3
     assert torch.allclose(channel_mass(smaller[..., 2:5, 2:5]), expected, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"the second window at \(top, left\) = \(8, 0\) with side 3 does not fit a 10x10 image"):
+        square_l2_proposal(delta, first, (8, 0), side, patch, eps)
+    with pytest.raises(ValueError, match=r"patch must be \(N, C, side, side\) = \(4, 3, 3, 3\)"):
+        square_l2_proposal(delta, first, second, side, patch[:2], eps)
+    with pytest.raises(ValueError, match=r"delta must be a \(N, C, H, W\) perturbation"):
+        square_l2_proposal(delta[0], first, second, side, patch, eps)
 
 
 def test_square_l2_stays_in_the_ball_and_fools(digits_model):
