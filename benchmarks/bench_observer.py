@@ -1,11 +1,14 @@
 """Observer distances: the batched Gram-product LPIPS matrix against the `lpips` package's own forward.
 
-All N(N-1)/2 LPIPS distances between N images (what clustering and 2AFC scoring need), three ways,
+All N(N-1)/2 LPIPS distances between N images (what clustering and 2AFC scoring need), several ways,
 with the same network (the `lpips` package's AlexNet and linear heads; the offline random-backbone
 variant unless ``--pretrained``, which speed does not depend on):
 
 1. ``ours``: ``perceptual.observers.LPIPSObserver.matrix``: each image through the backbone once,
    then one Gram product per layer (``||a - b||^2 = a.a + b.b - 2 a.b``, in float64).
+   ``ours-pairwise``: ``LPIPSObserver.pairwise`` on the same pairs, the path trial scoring takes: each image
+   through the backbone once, then the pairs ``batch_size`` (256) at a time; ``ours-pairwise-one-slice``: the
+   same with every pair in one slice (how it ran before the slicing, which bounds its memory).
 2. ``lpips-batched``: ``lpips.LPIPS.forward(x0, x1)`` over every pair, ``--pair-batch`` pairs per
    call: how the package is used for many pairs.
 3. ``lpips-loop``: the same forward one pair at a time, on the first ``--loop-images`` images only
@@ -106,6 +109,11 @@ def main(argv=None) -> dict:
     lpips_pairs(observer, images[:8], i[:4] % 8, j[:4] % 8, args.pair_batch)
 
     ours_matrix, ours_seconds = timed(lambda: observer.matrix(images), device)
+    ours_pairwise, pairwise_seconds = timed(lambda: observer.pairwise(images, i, j), device)
+    sliced_batch = observer.batch_size
+    observer.batch_size = len(i)
+    one_slice, one_slice_seconds = timed(lambda: observer.pairwise(images, i, j), device)
+    observer.batch_size = sliced_batch
     batched, batched_seconds = timed(lambda: lpips_pairs(observer, images, i, j, args.pair_batch), device)
     m = min(args.loop_images, n)
     li, lj = torch.triu_indices(m, m, offset=1, device=device)
@@ -114,16 +122,23 @@ def main(argv=None) -> dict:
     ours_pairs = ours_matrix.to(device)[i, j]
     results = {
         "ours": {"pairs": len(i), "seconds": ours_seconds, "pairs_per_second": len(i) / ours_seconds},
+        "ours-pairwise": {"pairs": len(i), "seconds": pairwise_seconds, "pairs_per_second": len(i) / pairwise_seconds,
+                          "pairs_per_slice": sliced_batch},
+        "ours-pairwise-one-slice": {"pairs": len(i), "seconds": one_slice_seconds, "pairs_per_second": len(i) / one_slice_seconds},
         "lpips-batched": {"pairs": len(i), "seconds": batched_seconds, "pairs_per_second": len(i) / batched_seconds},
         "lpips-loop": {"pairs": len(li), "seconds": loop_seconds, "pairs_per_second": len(li) / loop_seconds},
     }
     ratios = {
         "ours / lpips-batched": results["ours"]["pairs_per_second"] / results["lpips-batched"]["pairs_per_second"],
         "ours / lpips-loop": results["ours"]["pairs_per_second"] / results["lpips-loop"]["pairs_per_second"],
+        "ours-pairwise / lpips-batched": results["ours-pairwise"]["pairs_per_second"] / results["lpips-batched"]["pairs_per_second"],
+        "ours-pairwise / ours-pairwise-one-slice": one_slice_seconds / pairwise_seconds,  # speed ratio
     }
     agreement = {
         "max_abs_difference_vs_batched": float((ours_pairs.float() - batched.float()).abs().max()),
         "max_abs_difference_vs_loop": float((ours_matrix.to(device)[li, lj].float() - looped.float()).abs().max()),
+        "max_abs_difference_pairwise_vs_batched": float((ours_pairwise.to(device).float() - batched.float()).abs().max()),
+        "pairwise_sliced_equals_one_slice": bool(torch.equal(ours_pairwise, one_slice)),
         "median_distance": float(batched.median()),
     }
     for name, r in results.items():
@@ -131,7 +146,7 @@ def main(argv=None) -> dict:
     for name, ratio in ratios.items():
         print(f"{name:24s} {ratio:8.1f}x")
     print(f"largest difference: {agreement['max_abs_difference_vs_batched']:.2e} (median distance {agreement['median_distance']:.3f})")
-    if not agreement["max_abs_difference_vs_batched"] < 1e-4:
+    if not (agreement["max_abs_difference_vs_batched"] < 1e-4 and agreement["max_abs_difference_pairwise_vs_batched"] < 1e-4):
         raise SystemExit("the two implementations disagree: the speed comparison is void")
     report = {
         "benchmark": "all-pairs LPIPS distances (pairs/s)",

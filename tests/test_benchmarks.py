@@ -24,7 +24,11 @@ def test_observer_benchmark_compares_equal_distances(tmp_path):
     # The comparison is only meaningful because both compute the same distances.
     assert report["agreement"]["max_abs_difference_vs_batched"] < 1e-5
     assert report["agreement"]["max_abs_difference_vs_loop"] < 1e-5
-    assert set(report["ratios"]) == {"ours / lpips-batched", "ours / lpips-loop"}
+    assert report["agreement"]["max_abs_difference_pairwise_vs_batched"] < 1e-5
+    assert report["agreement"]["pairwise_sliced_equals_one_slice"] is True
+    assert report["results"]["ours-pairwise"]["pairs"] == report["results"]["ours-pairwise-one-slice"]["pairs"] == 45
+    assert set(report["ratios"]) == {"ours / lpips-batched", "ours / lpips-loop", "ours-pairwise / lpips-batched",
+                                     "ours-pairwise / ours-pairwise-one-slice"}
 
 
 @pytest.mark.slow
