@@ -8,6 +8,8 @@ returned, rejected, timed out or screened out. Every answer is checked against t
 used is excluded with a reason and counted, never dropped silently.
 
 Scoring follows the paper's Appendix A: workers who fail attention checks are excluded (default: any failure);
+optionally, so are submissions answered too fast to have looked at the images (``min_median_rt_ms``: the median time
+per trial, from the page's ``rt_ms``; the paper names no such rule, it is common practice on MTurk and Prolific);
 accuracy per model and task (2AFC: the target chosen; clustering: a row matched to its target's column) with
 95 % percentile-bootstrap intervals over workers and over trials (:func:`perceptual.tasks.bootstrap_interval`,
 resampling whole clusters); agreement between annotators as Fleiss' kappa per survey (the paper had 3 workers
@@ -39,7 +41,7 @@ from .tasks import bootstrap_interval, judge_2afc, judge_clustering
 
 logger = logging.getLogger("perceptual")
 
-ANSWER_COLUMNS = ["submission", "source", "worker_id", "survey_id", "trial_id", "row", "choice"]
+ANSWER_COLUMNS = ["submission", "source", "worker_id", "survey_id", "trial_id", "row", "choice", "rt_ms"]
 
 
 @dataclass
@@ -161,9 +163,10 @@ def _submissions_from_file(path: Path, prolific: ProlificStatuses) -> list[dict]
                          "a Prolific export Participant id and Status")
     if "session_id" not in table.columns:  # downloads of pages from before the page recorded it
         table["session_id"] = ""
+    fields = ["trial_id", "row", "choice"] + (["rt_ms"] if "rt_ms" in table.columns else [])  # hand-made CSVs may have no times
     out = []
     for (fingerprint, survey, worker, session), group in table.groupby(["package_fingerprint", "survey_id", "worker_id", "session_id"], sort=False):
-        answers = group[["trial_id", "row", "choice"]].to_dict("records")
+        answers = group[fields].to_dict("records")
         out.append({"package_fingerprint": fingerprint, "survey_id": survey, "worker_id": worker, "session_id": session, "answers": answers,
                     "source": str(path)})
     return out
@@ -181,6 +184,15 @@ def _mturk_submission(record: Mapping, path: Path) -> dict:
     return {**payload, **base}
 
 
+def _response_time(value) -> float:
+    """An answer's ``rt_ms`` as a float; NaN where it is missing, not a number, negative or infinite (a clock change)."""
+    try:
+        rt = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return rt if math.isfinite(rt) and rt >= 0 else math.nan
+
+
 def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Responses:
     """Read and validate answers from files (page JSON/CSV downloads, MTurk batch results) against ``package``.
 
@@ -188,7 +200,8 @@ def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Respo
     worker id, rejected on MTurk, returned, rejected, timed out or screened out on Prolific (a Prolific export among
     ``paths``: :class:`ProlificStatuses`), or repeated (a worker's second submission of a survey: the first is kept);
     answers to unknown trials or rows, with invalid choices, or repeated within a submission. Trials a worker
-    left unanswered are counted as ``missing answer``.
+    left unanswered are counted as ``missing answer``. An answer keeps its ``rt_ms`` (NaN where the file has none or
+    it is not a time); a missing time excludes nothing.
     """
     surveys = {s["survey_id"] for s in package.manifest["surveys"]}
     truth = package.truth.set_index(["trial_id", "row"])
@@ -254,12 +267,12 @@ def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Respo
                 continue
             answered.add((trial_id, row))
             rows.append({"submission": submission, "source": sub.get("source"), "worker_id": worker, "survey_id": sub["survey_id"],
-                         "trial_id": trial_id, "row": row, "choice": choice})
+                         "trial_id": trial_id, "row": row, "choice": choice, "rt_ms": _response_time(a.get("rt_ms"))})
             kept += 1
         missing = units_by_survey[sub["survey_id"]] - kept
         if missing:
             exclude("missing answer", sub, missing)
-    answers = pd.DataFrame(rows, columns=ANSWER_COLUMNS)
+    answers = pd.DataFrame(rows, columns=ANSWER_COLUMNS).astype({"rt_ms": float})
     result = Responses(answers, excluded, len(submissions))
     for reason, count in result.exclusion_counts().items():
         logger.warning("excluded %d answers: %s", count, reason)
@@ -273,16 +286,29 @@ def scored(responses: Responses, package: SurveyPackage) -> pd.DataFrame:
     return table
 
 
-def attention_failures(table: pd.DataFrame, package: SurveyPackage, max_failures: int = 0) -> pd.DataFrame:
-    """Per submission: attention checks answered, failed, unanswered, and whether the worker is excluded.
+def trial_times(table: pd.DataFrame) -> pd.Series:
+    """Milliseconds each submission took per trial, indexed by (submission, trial_id).
+
+    The page's ``rt_ms`` counts from when the trial was shown, for every row of a clustering trial, so a trial's time is
+    its last row's ``rt_ms`` (its largest); a trial with no valid time is left out.
+    """
+    return table.dropna(subset=["rt_ms"]).groupby(["submission", "trial_id"])["rt_ms"].max()
+
+
+def attention_failures(table: pd.DataFrame, package: SurveyPackage, max_failures: int = 0, min_median_rt_ms: float = 0) -> pd.DataFrame:
+    """Per submission: attention checks answered, failed, unanswered, the median time per trial, and whether the
+    submission is excluded.
 
     A check counts as failed when any of its rows is wrong or unanswered (a clustering check answered only in the rows
     the worker got right does not pass); an unanswered check counts as failed. A submission is excluded when failures
-    exceed ``max_failures`` (the paper: any failure).
+    exceed ``max_failures`` (the paper: any failure) or, where ``min_median_rt_ms`` > 0, when its median time per trial
+    (:func:`trial_times`, checks included) is below it (``too_fast``); a submission without any valid time is not judged
+    on speed (``median_rt_ms`` NaN).
     """
     checks = package.truth[package.truth["attention_check"]]
     n_checks = checks.groupby("survey_id")["trial_id"].nunique().to_dict()
     rows_per_check = checks.groupby("trial_id")["row"].nunique()
+    median_time = trial_times(table).groupby(level="submission").median()
     out = []
     for (submission, worker, survey), group in table.groupby(["submission", "worker_id", "survey_id"], sort=True):
         answered = group[group["attention_check"].astype(bool)]
@@ -290,9 +316,11 @@ def attention_failures(table: pd.DataFrame, package: SurveyPackage, max_failures
         passed = (per_trial["worst"] >= 1) & (per_trial["rows"] == rows_per_check.reindex(per_trial.index).to_numpy())
         total = n_checks.get(survey, 0)
         failed = int((~passed).sum()) + (total - len(per_trial))
+        median_rt = float(median_time.get(submission, math.nan))
+        too_fast = bool(min_median_rt_ms > 0 and median_rt < min_median_rt_ms)  # NaN compares False: untimed is not judged
         out.append({"submission": submission, "worker_id": worker, "survey_id": survey, "checks": total, "failed": failed,
-                    "excluded": failed > max_failures})
-    return pd.DataFrame(out, columns=["submission", "worker_id", "survey_id", "checks", "failed", "excluded"])
+                    "median_rt_ms": median_rt, "too_fast": too_fast, "excluded": failed > max_failures or too_fast})
+    return pd.DataFrame(out, columns=["submission", "worker_id", "survey_id", "checks", "failed", "median_rt_ms", "too_fast", "excluded"])
 
 
 def _accuracy(frame: pd.DataFrame, n_boot: int, seed: int) -> dict:
@@ -322,16 +350,28 @@ def survey_kappa(table: pd.DataFrame) -> dict[str, float]:
     return out
 
 
-def human_scores(package: SurveyPackage, responses: Responses, max_attention_failures: int = 0, n_boot: int = 2000, seed: int = 0) -> dict:
-    """Everything the report needs: per model and task accuracy with intervals, per seed type, agreement, exclusions."""
+def human_scores(package: SurveyPackage, responses: Responses, max_attention_failures: int = 0, n_boot: int = 2000, seed: int = 0,
+                 min_median_rt_ms: float = 0) -> dict:
+    """Everything the report needs: per model and task accuracy with intervals, per seed type, agreement, response
+    times, exclusions (attention checks, and answering too fast where ``min_median_rt_ms`` > 0:
+    :func:`attention_failures`)."""
+    if not min_median_rt_ms >= 0:  # also refuses NaN
+        raise ValueError(f"min_median_rt_ms must be >= 0 milliseconds (0 = no minimum), got {min_median_rt_ms}")
     table = scored(responses, package)
-    attention = attention_failures(table, package, max_attention_failures)
+    attention = attention_failures(table, package, max_attention_failures, min_median_rt_ms)
+    untimed = int(attention["median_rt_ms"].isna().sum())
+    if min_median_rt_ms > 0 and untimed:
+        logger.warning("%d of %d submissions carry no valid rt_ms (hand-made files?): the minimum time per trial is not applied to them",
+                       untimed, len(attention))
     dropped = set(attention.loc[attention["excluded"], "submission"])
     kept = table[~table["submission"].isin(dropped)]
     excluded = list(responses.excluded)
     for row in attention[attention["excluded"]].itertuples():
-        excluded.append({"reason": f"failed attention checks ({row.failed} of {row.checks}, more than {max_attention_failures} allowed)",
-                         "source": None, "worker_id": row.worker_id, "survey_id": row.survey_id,
+        if row.failed > max_attention_failures:  # one reason per submission: its answers are counted once
+            reason = f"failed attention checks ({row.failed} of {row.checks}, more than {max_attention_failures} allowed)"
+        else:
+            reason = f"answered too fast (median time per trial below {min_median_rt_ms:g} ms)"
+        excluded.append({"reason": reason, "source": None, "worker_id": row.worker_id, "survey_id": row.survey_id,
                          "answers": int((table["submission"] == row.submission).sum())})
     real = kept[~kept["attention_check"].astype(bool)]
     models: dict[str, dict] = {}
@@ -346,7 +386,9 @@ def human_scores(package: SurveyPackage, responses: Responses, max_attention_fai
         values = [k for s, k in kappas.items() if task_of_survey[s] == task]
         finite = [k for k in values if not math.isnan(k)]
         per_worker = real[real["task"] == task].groupby("worker_id")["correct"].mean()
+        times = trial_times(kept[kept["task"] == task])
         agreement[task] = {
+            "median_rt_ms": float(times.median()) if len(times) else math.nan,  # per trial, over the kept submissions' trials
             "fleiss_kappa_mean": float(np.mean(finite)) if finite else math.nan,
             "fleiss_kappa_per_survey": {s: k for s, k in kappas.items() if task_of_survey[s] == task},
             "worker_accuracy_mean": float(per_worker.mean()) if len(per_worker) else math.nan,
@@ -361,7 +403,7 @@ def human_scores(package: SurveyPackage, responses: Responses, max_attention_fai
     return {
         "package": package.fingerprint, "submissions": responses.submissions, "kept_submissions": int(kept["submission"].nunique()),
         "kept_answers": int(len(kept)), "excluded_counts": counts, "excluded": excluded,
-        "attention": attention.to_dict("records"), "max_attention_failures": max_attention_failures,
+        "attention": attention.to_dict("records"), "max_attention_failures": max_attention_failures, "min_median_rt_ms": min_median_rt_ms,
         "models": models, "agreement": agreement,
     }
 
@@ -442,10 +484,10 @@ def observer_choices(package: SurveyPackage, observer: Observer) -> pd.DataFrame
 
 
 def analyse(package: SurveyPackage, responses: Responses, observers: Sequence[Observer] = (), measure_report: Mapping | None = None,
-            max_attention_failures: int = 0, n_boot: int = 2000, seed: int = 0) -> dict:
+            max_attention_failures: int = 0, n_boot: int = 2000, seed: int = 0, min_median_rt_ms: float = 0) -> dict:
     """:func:`human_scores` plus the paper's reliability analysis against ``observers`` (which answer the package's own
     trials, so the comparison is trial by trial) and against the observers of a measurement report (model rankings)."""
-    data = human_scores(package, responses, max_attention_failures, n_boot, seed)
+    data = human_scores(package, responses, max_attention_failures, n_boot, seed, min_median_rt_ms)
     table = scored(responses, package)
     kept_submissions = {a["submission"] for a in data["attention"] if not a["excluded"]}
     kept = table[table["submission"].isin(kept_submissions)]
@@ -504,8 +546,10 @@ def with_human_columns(measure_report: dict, data: Mapping) -> dict:
 def markdown_summary(data: Mapping) -> str:
     """The human numbers as Markdown: accuracy per model and task with both intervals, agreement, exclusions, reliability."""
     pct = lambda v: "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f}"  # noqa: E731
+    minimum = data.get("min_median_rt_ms") or 0
+    speed = f", median time per trial at least {minimum:g} ms" if minimum > 0 else ""
     lines = ["# Human survey results", "", f"Package {data['package']}: {data['submissions']} submissions read, "
-             f"{data['kept_submissions']} kept after validation and attention checks (at most {data['max_attention_failures']} failures).", "",
+             f"{data['kept_submissions']} kept after validation and attention checks (at most {data['max_attention_failures']} failures{speed}).", "",
              "| Model | Task | Accuracy (%) | 95% CI workers | 95% CI trials | Workers | Answers |", "|---|---|---|---|---|---|---|"]
     for model, tasks in data["models"].items():
         for task, e in tasks.items():
@@ -514,11 +558,14 @@ def markdown_summary(data: Mapping) -> str:
     if any("controversial" in tasks for tasks in data["models"].values()):
         lines += ["", "controversial: the share of answers that find the stimulus keeping model A (direction AB) closer to the origin "
                   "than the one keeping model B; there is no correct side, 50 % is no preference."]
-    lines += ["", "| Task | Fleiss' kappa (mean over surveys) | Worker accuracy mean ± std (min–max) | Workers |", "|---|---|---|---|"]
+    lines += ["", "| Task | Fleiss' kappa (mean over surveys) | Worker accuracy mean ± std (min–max) | Workers | Median time per trial (s) |",
+              "|---|---|---|---|---|"]
     for task, a in data["agreement"].items():
         kappa = "–" if math.isnan(a["fleiss_kappa_mean"]) else f"{a['fleiss_kappa_mean']:.3f}"
+        rt = a.get("median_rt_ms", math.nan)
+        seconds = "–" if math.isnan(rt) else f"{rt / 1000:.1f}"
         lines.append(f"| {task} | {kappa} | {pct(a['worker_accuracy_mean'])} ± {pct(a['worker_accuracy_std'])} "
-                     f"({pct(a['worker_accuracy_min'])}–{pct(a['worker_accuracy_max'])}) | {a['n_workers']} |")
+                     f"({pct(a['worker_accuracy_min'])}–{pct(a['worker_accuracy_max'])}) | {a['n_workers']} | {seconds} |")
     lines += ["", "## Excluded", ""] + ([f"- {n} answers: {reason}" for reason, n in data["excluded_counts"].items()] or ["- nothing"])
     if data.get("reliability"):
         lines += ["", "## Humans and observers", "", "| Observer | Task | Agreement per answer (%) | With the majority (%) | Kendall's tau | Spearman's rho |",

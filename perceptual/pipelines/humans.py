@@ -35,14 +35,15 @@ def response_files(entries) -> list[Path]:
 
 
 def run(cfg: DictConfig) -> dict:
-    if cfg.max_attention_failures < 0 or cfg.n_boot < 1:
-        raise ValueError(f"max_attention_failures must be >= 0 and n_boot >= 1, got {cfg.max_attention_failures} and {cfg.n_boot}")
+    if cfg.max_attention_failures < 0 or cfg.n_boot < 1 or not cfg.min_median_rt_ms >= 0:
+        raise ValueError(f"max_attention_failures and min_median_rt_ms must be >= 0 and n_boot >= 1, got {cfg.max_attention_failures}, "
+                         f"{cfg.min_median_rt_ms} and {cfg.n_boot}")
     package = humans.load_package(cfg.package)
     files = response_files(cfg.responses)
     measure = load_report(cfg.measure_report) if cfg.measure_report else None
     observers = list(make_panel(list(cfg.observers), cfg.observer_net, cfg.lpips_weights, resolve_device(cfg.device))) if cfg.observers else []
     responses = humans.read_responses(files, package)
-    data = humans.analyse(package, responses, observers, measure, cfg.max_attention_failures, cfg.n_boot, cfg.seed)
+    data = humans.analyse(package, responses, observers, measure, cfg.max_attention_failures, cfg.n_boot, cfg.seed, cfg.min_median_rt_ms)
     out = Path(cfg.out) if cfg.out else package.path / "results"
     atomic_write_json(out / "humans.json", data)
     atomic_write_text(out / "humans.md", humans.markdown_summary(data) + "\n![accuracy](accuracy.png)\n")

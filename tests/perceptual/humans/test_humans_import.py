@@ -10,7 +10,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perceptual.humans import human_scores, load_package, observer_choices, ranking_agreement, read_responses, scored, survey_kappa, trial_agreement
+from perceptual.humans import (
+    human_scores,
+    load_package,
+    markdown_summary,
+    observer_choices,
+    ranking_agreement,
+    read_responses,
+    scored,
+    survey_kappa,
+    trial_agreement,
+)
 from perceptual.observers import make_observer
 
 OPTIONS = {"2afc": ["left", "right"]}
@@ -282,3 +292,69 @@ def test_a_prolific_export_excludes_returned_rejected_and_timed_out_submissions(
     frame.to_csv(tmp_path / "page.csv", index=False)
     export.rename(columns=lambda c: c.lower().replace(" ", "_")).to_csv(tmp_path / "old_export.csv", index=False)
     assert read_responses([tmp_path / "page.csv", tmp_path / "old_export.csv"], package).exclusion_counts() == {"submission returned on Prolific": n}
+
+
+def _timed(package, survey_id, worker, seconds_per_trial):
+    """A correct submission whose page recorded ``rt_ms`` as a real page does: from when the trial was shown, so a
+    clustering trial's rows take 1/3, 2/3 and all of the trial's time."""
+    sub = _submission(package, survey_id, worker, lambda u: u.answer)
+    rows = package.truth.groupby("trial_id")["row"].nunique()
+    for a in sub["answers"]:
+        a["rt_ms"] = 1000 * seconds_per_trial * (a["row"] + 1) / rows[a["trial_id"]]
+    return sub
+
+
+def test_response_times_are_read_back_and_speeders_excluded_on_request(package, tmp_path, caplog):
+    surveys = [s["survey_id"] for s in package.manifest["surveys"]]
+    two_afc, clustering = surveys[0], next(s for s in surveys if s.startswith("clustering-"))
+    submissions = [_timed(package, two_afc, "careful", 2.5), _timed(package, clustering, "careful", 6.0),
+                   _timed(package, two_afc, "speeder", 0.2), _submission(package, two_afc, "untimed", lambda u: u.answer)]
+    submissions[0]["answers"][0]["rt_ms"] = "soon"  # not a time: the answer stays, its time does not
+    submissions[2]["answers"][0]["rt_ms"] = -5000  # a clock change
+    (tmp_path / "answers.json").write_text(json.dumps(submissions))
+    responses = read_responses([tmp_path / "answers.json"], package)
+    assert responses.excluded == [] and responses.answers["rt_ms"].isna().sum() == 2 + len(submissions[3]["answers"])
+
+    everyone = human_scores(package, responses, n_boot=50)
+    speed = {(a["worker_id"], a["survey_id"]): a for a in everyone["attention"]}
+    assert not any(a["excluded"] or a["too_fast"] for a in speed.values())
+    # A clustering trial's time is its last row's rt_ms: 6 s, not the rows' median of 4 s.
+    assert speed[("careful", two_afc)]["median_rt_ms"] == 2500 and speed[("careful", clustering)]["median_rt_ms"] == 6000
+    assert speed[("speeder", two_afc)]["median_rt_ms"] == 200 and math.isnan(speed[("untimed", two_afc)]["median_rt_ms"])
+    assert everyone["agreement"]["clustering"]["median_rt_ms"] == 6000
+    # The median over the kept trials: as many timed trials at 2.5 s (careful) as at 0.2 s (speeder).
+    assert everyone["agreement"]["2afc"]["median_rt_ms"] == (2500 + 200) / 2
+
+    with caplog.at_level("WARNING", logger="perceptual"):
+        strict = human_scores(package, responses, n_boot=50, min_median_rt_ms=500)
+    assert "1 of 4 submissions carry no valid rt_ms" in caplog.text
+    kept = {(a["worker_id"], a["survey_id"]) for a in strict["attention"] if not a["excluded"]}
+    assert kept == {("careful", two_afc), ("careful", clustering), ("untimed", two_afc)}
+    assert strict["excluded_counts"] == {"answered too fast (median time per trial below 500 ms)": len(submissions[2]["answers"])}
+    assert strict["agreement"]["2afc"]["median_rt_ms"] == 2500
+    assert "median time per trial at least 500 ms" in markdown_summary(strict) and "| 2.5 |" in markdown_summary(strict)
+    with pytest.raises(ValueError, match="min_median_rt_ms must be >= 0"):
+        human_scores(package, responses, min_median_rt_ms=-1)
+
+
+def test_a_submission_failing_checks_and_too_fast_is_counted_once(package, tmp_path):
+    sid = package.manifest["surveys"][0]["survey_id"]
+    sub = _timed(package, sid, "both", 0.1)
+    for a in sub["answers"]:
+        a["choice"] = "left" if a["choice"] == "right" else "right"
+    (tmp_path / "a.json").write_text(json.dumps(sub))
+    result = human_scores(package, read_responses([tmp_path / "a.json"], package), n_boot=50, min_median_rt_ms=500)
+    (reason, count), = result["excluded_counts"].items()
+    assert reason.startswith("failed attention checks") and count == len(sub["answers"])
+
+
+def test_page_csv_downloads_carry_response_times(package, tmp_path):
+    sid = package.manifest["surveys"][0]["survey_id"]
+    sub = _timed(package, sid, "w1", 1.5)
+    (tmp_path / "a.json").write_text(json.dumps(sub))
+    frame = pd.DataFrame([{"package_fingerprint": package.fingerprint, "survey_id": sid, "worker_id": "w1", "session_id": "", **a} for a in sub["answers"]])
+    frame.to_csv(tmp_path / "a.csv", index=False)
+    from_json = read_responses([tmp_path / "a.json"], package).answers.drop(columns="source")
+    from_csv = read_responses([tmp_path / "a.csv"], package).answers.drop(columns="source")
+    pd.testing.assert_frame_equal(from_json, from_csv)
+    assert (from_csv["rt_ms"] == 1500).all()

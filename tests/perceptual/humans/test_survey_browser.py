@@ -162,6 +162,7 @@ def test_three_scripted_respondents_in_chromium(survey_package, server, tmp_path
 
     responses = read_responses(files, package)
     assert responses.excluded == []  # every trial answered, nothing unknown or repeated
+    assert responses.answers["rt_ms"].notna().all() and (responses.answers["rt_ms"] >= 0).all()  # the page's times are read back
     table = scored(responses, package)
     accuracy = table.groupby(table["worker_id"].str.split("-").str[0])["correct"].mean()
     assert accuracy["correct"] == 1.0
