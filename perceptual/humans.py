@@ -41,7 +41,7 @@ from .tasks import bootstrap_interval, judge_2afc, judge_clustering
 
 logger = logging.getLogger("perceptual")
 
-ANSWER_COLUMNS = ["submission", "source", "worker_id", "survey_id", "trial_id", "row", "choice", "rt_ms"]
+ANSWER_COLUMNS = ["submission", "source", "worker_id", "survey_id", "trial_id", "row", "choice", "rt_ms", "position"]
 
 
 @dataclass
@@ -163,7 +163,7 @@ def _submissions_from_file(path: Path, prolific: ProlificStatuses) -> list[dict]
                          "a Prolific export Participant id and Status")
     if "session_id" not in table.columns:  # downloads of pages from before the page recorded it
         table["session_id"] = ""
-    fields = ["trial_id", "row", "choice"] + (["rt_ms"] if "rt_ms" in table.columns else [])  # hand-made CSVs may have no times
+    fields = ["trial_id", "row", "choice"] + [c for c in ("rt_ms", "position") if c in table.columns]  # older pages, hand-made CSVs lack them
     out = []
     for (fingerprint, survey, worker, session), group in table.groupby(["package_fingerprint", "survey_id", "worker_id", "session_id"], sort=False):
         answers = group[fields].to_dict("records")
@@ -184,13 +184,14 @@ def _mturk_submission(record: Mapping, path: Path) -> dict:
     return {**payload, **base}
 
 
-def _response_time(value) -> float:
-    """An answer's ``rt_ms`` as a float; NaN where it is missing, not a number, negative or infinite (a clock change)."""
+def _number(value, minimum: float) -> float:
+    """A recorded number (``rt_ms``, ``position``) as a float; NaN where it is missing, not a number, infinite or below
+    ``minimum`` (a negative time: the clock changed)."""
     try:
-        rt = float(value)
+        number = float(value)
     except (TypeError, ValueError):
         return math.nan
-    return rt if math.isfinite(rt) and rt >= 0 else math.nan
+    return number if math.isfinite(number) and number >= minimum else math.nan
 
 
 def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Responses:
@@ -200,8 +201,8 @@ def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Respo
     worker id, rejected on MTurk, returned, rejected, timed out or screened out on Prolific (a Prolific export among
     ``paths``: :class:`ProlificStatuses`), or repeated (a worker's second submission of a survey: the first is kept);
     answers to unknown trials or rows, with invalid choices, or repeated within a submission. Trials a worker
-    left unanswered are counted as ``missing answer``. An answer keeps its ``rt_ms`` (NaN where the file has none or
-    it is not a time); a missing time excludes nothing.
+    left unanswered are counted as ``missing answer``. An answer keeps its ``rt_ms`` and the ``position`` (from 1) at which
+    its trial was shown to this participant (NaN where the file has none or it is not a number); neither excludes anything.
     """
     surveys = {s["survey_id"] for s in package.manifest["surveys"]}
     truth = package.truth.set_index(["trial_id", "row"])
@@ -267,12 +268,13 @@ def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Respo
                 continue
             answered.add((trial_id, row))
             rows.append({"submission": submission, "source": sub.get("source"), "worker_id": worker, "survey_id": sub["survey_id"],
-                         "trial_id": trial_id, "row": row, "choice": choice, "rt_ms": _response_time(a.get("rt_ms"))})
+                         "trial_id": trial_id, "row": row, "choice": choice, "rt_ms": _number(a.get("rt_ms"), 0),
+                         "position": _number(a.get("position"), 1)})
             kept += 1
         missing = units_by_survey[sub["survey_id"]] - kept
         if missing:
             exclude("missing answer", sub, missing)
-    answers = pd.DataFrame(rows, columns=ANSWER_COLUMNS).astype({"rt_ms": float})
+    answers = pd.DataFrame(rows, columns=ANSWER_COLUMNS).astype({"rt_ms": float, "position": float})
     result = Responses(answers, excluded, len(submissions))
     for reason, count in result.exclusion_counts().items():
         logger.warning("excluded %d answers: %s", count, reason)

@@ -144,7 +144,8 @@ def survey_command(cfg: DictConfig) -> dict:
     out = job_path(cfg.out)  # in a multirun, a package per job
     manifest = build_survey(
         dict(zip(labels, sets)), out, tasks=list(cfg.tasks), trials_per_survey=cfg.trials_per_survey, attention_rate=cfg.attention_rate,
-        seed=cfg.seed, distance=cfg.distance, title=cfg.title, base_url=cfg.base_url, minutes=cfg.minutes, overwrite=cfg.overwrite,
+        seed=cfg.seed, distance=cfg.distance, title=cfg.title, base_url=cfg.base_url, minutes=cfg.minutes,
+        trial_order=cfg.trial_order, overwrite=cfg.overwrite,
     )
     logger.info("%d surveys, %d trials, package %s at %s (serve it and put input.csv on the platform; keep manifest.json private)",
                 len(manifest["surveys"]), len(manifest["trials"]), manifest["fingerprint"], out)

@@ -6,7 +6,10 @@ columns, their results as rows, match each row to a column), random and hard tri
 directions of a controversial set (``controversial``, see :func:`_controversial_records`), attention checks
 built as the paper built them (the query IS an option; the rows ARE the columns). The trials come from
 :mod:`stimuli.trials` (sides and row orders counterbalanced with a seed); once dealt, sides are counterbalanced again
-within each survey (:func:`_balance_sides`). Every participant of a survey sees its trials in the same order.
+within each survey (:func:`_balance_sides`). Each participant sees a survey's trials in an order of their own, drawn
+by the page at Start and kept across reloads (``trial_order="per_participant"``, so that position effects such as
+learning and fatigue do not fall on the same trials for everyone; the paper does not say), or all in the package's order
+(``"fixed"``); every answer records the position at which it was seen.
 
 A package is a folder::
 
@@ -55,6 +58,7 @@ PROMPTS = {
     "clustering": "Match each row image to the column image it looks most similar to.",
 }
 SURVEY_TASKS = TASKS + ("controversial",)  # controversial: from controversial sets, the others from inversion sets
+TRIAL_ORDERS = ("per_participant", "fixed")  # each participant's page shuffles the trials once, or everyone sees the package's order
 PROLIFIC_COMPLETE = "https://app.prolific.com/submissions/complete?cc={code}"
 
 
@@ -230,19 +234,23 @@ def build_survey(
     title: str = "Image similarity study",
     base_url: str = "https://YOUR-HOST/PATH",
     minutes: float = 20,
+    trial_order: str = "per_participant",
     overwrite: bool = False,
 ) -> dict:
     """Write a survey package for ``sets`` ({model label: inversion set or its path}) to ``out``; return its manifest.
 
     Each task's trials (with ``attention_rate`` checks) from every set are dealt round-robin over models into
     ceil(n / ``trials_per_survey``) surveys. ``minutes`` is the duration of a full survey of ``trials_per_survey``
-    trials; each page announces its own share (:func:`announced_minutes`), as does ``input.csv``. The package is written
+    trials; each page announces its own share (:func:`announced_minutes`), as does ``input.csv``. ``trial_order``:
+    ``per_participant`` (each participant's page shuffles the survey's trials once) or ``fixed``. The package is written
     into a temporary folder next to ``out`` and renamed into place, so a crash never leaves a half package. ``overwrite``
     replaces an earlier package at ``out``; a folder that is not one, or a package with other files beside it (answers
     saved there), is refused, not deleted.
     """
     out = Path(out)
     _check_options(sets, list(tasks), trials_per_survey, attention_rate, minutes, out, overwrite)
+    if trial_order not in TRIAL_ORDERS:
+        raise ValueError(f"unknown trial_order {trial_order!r}: use one of {TRIAL_ORDERS}")
     loaded = {label: s if isinstance(s, StimulusSet) else load_set(s) for label, s in sets.items()}
     for label, s in loaded.items():
         wanted = "controversial" if s.kind == "controversial" else "inversion" if s.kind == "inversion" else None
@@ -267,7 +275,8 @@ def build_survey(
 
     with atomic_directory(out) as staging:  # a package replaced only once the new one is complete; served as the umask says
         manifest = _write_package(staging, loaded, surveys, tasks=list(tasks), trials_per_survey=trials_per_survey,
-                                  attention_rate=attention_rate, seed=seed, title=title, base_url=base_url, minutes=minutes, rng=rng)
+                                  attention_rate=attention_rate, seed=seed, trial_order=trial_order, title=title, base_url=base_url,
+                                  minutes=minutes, rng=rng)
     logger.info("survey package with %d surveys (%d trials) written to %s", len(surveys), len(manifest["trials"]), out)
     return manifest
 
@@ -330,7 +339,7 @@ def _write_package(root: Path, loaded: Mapping[str, StimulusSet], surveys: list[
         code = "".join(rng.choice(list("ABCDEFGHJKLMNPQRSTUVWXYZ23456789"), size=8))
         task = "clustering" if "clustering" in survey["task"] else "2afc"
         page_data = {"package": fingerprint, "survey_id": sid, "task": task, "prompt": PROMPTS[task], "completion_code": code,
-                     "format": RESPONSE_FORMAT, "trials": page_trials}
+                     "format": RESPONSE_FORMAT, "shuffle": config["trial_order"] == "per_participant", "trials": page_trials}
         data_json = json.dumps(page_data, separators=(",", ":")).replace("</", "<\\/")
         survey_minutes = announced_minutes(minutes, len(page_trials), config["trials_per_survey"])
         html = template.render(title=title, task=task, prompt=PROMPTS[task], minutes=survey_minutes, n_trials=len(page_trials),

@@ -41,6 +41,23 @@
   var state = preview ? fresh() : load(KEY);
   function save() { if (KEY && !preview) storageSet(KEY, JSON.stringify(state)); }
 
+  // The participant's order of the trials (trial ids): drawn at Start where the package shuffles per participant
+  // (trial_order=per_participant) and saved with the answers, so a reload keeps it; else the package's order.
+  function drawOrder() {
+    var ids = data.trials.map(function (t) { return t.trial_id; });
+    for (var i = ids.length - 1; data.shuffle && i > 0; i--) {
+      var j = Math.floor(Math.random() * (i + 1)), t = ids[i]; ids[i] = ids[j]; ids[j] = t;
+    }
+    return ids;
+  }
+  function sequence() {
+    var byId = {};
+    data.trials.forEach(function (t) { byId[t.trial_id] = t; });
+    var order = state.order || [];
+    var whole = order.length === data.trials.length && order.every(function (id) { return byId[id]; });
+    return whole ? order.map(function (id) { return byId[id]; }) : data.trials;  // answers saved by an older page: its order
+  }
+
   var trialShownAt = 0, shownTrial = null;  // response times count from the trial's display (a reload shows it anew)
   var currentRow = 0;
 
@@ -50,8 +67,9 @@
     return a.choices.every(function (c) { return c !== null; }) && a.complete;
   }
   function nextIndex() {
-    for (var i = 0; i < data.trials.length; i++) if (!answered(data.trials[i])) return i;
-    return data.trials.length;
+    var trials = sequence();
+    for (var i = 0; i < trials.length; i++) if (!answered(trials[i])) return i;
+    return trials.length;
   }
   function show(id) {
     ["consent", "trial", "done"].forEach(function (s) { $(s).classList.toggle("hidden", s !== id); });
@@ -67,7 +85,7 @@
     if (!state.consent || preview || !KEY) { show("consent"); return; }
     if (i >= data.trials.length) { finish(); return; }
     show("trial");
-    var trial = data.trials[i];
+    var trial = sequence()[i];
     $("progress-text").textContent = "Question " + (i + 1) + " of " + data.trials.length;
     $("progress-fill").style.width = (100 * i / data.trials.length) + "%";
     var stage = $("stage");
@@ -141,10 +159,10 @@
 
   function rowsOut() {
     var out = [];
-    data.trials.forEach(function (t) {
+    sequence().forEach(function (t, k) {  // position: where the participant saw the trial, from 1
       var a = state.answers[t.trial_id];
       if (!a || !a.complete) return;
-      a.choices.forEach(function (c, r) { out.push({ trial_id: t.trial_id, row: r, choice: String(c), rt_ms: a.rt_ms[r] }); });
+      a.choices.forEach(function (c, r) { out.push({ trial_id: t.trial_id, row: r, choice: String(c), rt_ms: a.rt_ms[r], position: k + 1 }); });
     });
     return out;
   }
@@ -158,10 +176,10 @@
   }
   function csvCell(v) { v = v === null || v === undefined ? "" : String(v); return /[",\n]/.test(v) ? '"' + v.replace(/"/g, '""') + '"' : v; }
   function responsesCsv() {
-    var head = ["package_fingerprint", "survey_id", "worker_id", "session_id", "trial_id", "row", "choice", "rt_ms"];
+    var head = ["package_fingerprint", "survey_id", "worker_id", "session_id", "trial_id", "row", "choice", "rt_ms", "position"];
     var lines = [head.join(",")], session = responses().session_id;
     rowsOut().forEach(function (a) {
-      lines.push([state.package_fingerprint, state.survey_id, state.worker_id, session, a.trial_id, a.row, a.choice, a.rt_ms].map(csvCell).join(","));
+      lines.push([state.package_fingerprint, state.survey_id, state.worker_id, session, a.trial_id, a.row, a.choice, a.rt_ms, a.position].map(csvCell).join(","));
     });
     return lines.join("\n") + "\n";
   }
@@ -205,7 +223,7 @@
       storageSet(BASE + ":last", typed);
       state = load(KEY, typed);
     }
-    state.worker_id = typed; state.consent = true;
+    state.worker_id = typed; state.consent = true; state.order = state.order || drawOrder();
     state.started_at = state.started_at || new Date().toISOString(); save(); render();
   });
   $("download-json").addEventListener("click", function () { download(JSON.stringify(responses(), null, 1), "application/json", "json"); });
@@ -214,7 +232,7 @@
   document.addEventListener("keydown", function (e) {
     // Ctrl+F (find), Ctrl+J or a held key must not answer trials.
     if (preview || e.ctrlKey || e.metaKey || e.altKey || e.repeat || $("trial").classList.contains("hidden")) return;
-    var trial = data.trials[nextIndex()];
+    var trial = sequence()[nextIndex()];
     if (!trial) return;
     if (trial.task === "2afc") {
       if (e.key === "f" || e.key === "F" || e.key === "ArrowLeft") answer2afc(trial, "left");

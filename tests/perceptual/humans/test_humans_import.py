@@ -348,9 +348,12 @@ def test_a_submission_failing_checks_and_too_fast_is_counted_once(package, tmp_p
     assert reason.startswith("failed attention checks") and count == len(sub["answers"])
 
 
-def test_page_csv_downloads_carry_response_times(package, tmp_path):
+def test_page_csv_downloads_carry_response_times_and_positions(package, tmp_path):
     sid = package.manifest["surveys"][0]["survey_id"]
     sub = _timed(package, sid, "w1", 1.5)
+    for k, a in enumerate(reversed(sub["answers"])):  # the participant saw the trials in reverse (2AFC: one answer per trial)
+        a["position"] = k + 1
+    sub["answers"][0]["position"] = 0  # positions count from 1: not a position
     (tmp_path / "a.json").write_text(json.dumps(sub))
     frame = pd.DataFrame([{"package_fingerprint": package.fingerprint, "survey_id": sid, "worker_id": "w1", "session_id": "", **a} for a in sub["answers"]])
     frame.to_csv(tmp_path / "a.csv", index=False)
@@ -358,3 +361,5 @@ def test_page_csv_downloads_carry_response_times(package, tmp_path):
     from_csv = read_responses([tmp_path / "a.csv"], package).answers.drop(columns="source")
     pd.testing.assert_frame_equal(from_json, from_csv)
     assert (from_csv["rt_ms"] == 1500).all()
+    n = len(sub["answers"])
+    assert math.isnan(from_csv["position"].iloc[0]) and list(from_csv["position"].iloc[1:]) == list(range(n - 1, 0, -1))

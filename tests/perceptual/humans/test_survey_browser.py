@@ -6,6 +6,7 @@ download buttons (JSON for some workers, CSV for others) and go through :mod:`pe
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import json
@@ -43,15 +44,24 @@ def _driver(download_dir: Path):
     return driver
 
 
-@pytest.fixture(scope="module")
-def server(survey_package):
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(survey_package))
+@contextlib.contextmanager
+def _serving(folder: Path):
+    """A static server for ``folder`` on a free local port; yields its URL."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
     handler.log_message = lambda *args: None
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(survey_package):
+    with _serving(survey_package) as url:
+        yield url
 
 
 def _by(name):
@@ -163,6 +173,8 @@ def test_three_scripted_respondents_in_chromium(survey_package, server, tmp_path
     responses = read_responses(files, package)
     assert responses.excluded == []  # every trial answered, nothing unknown or repeated
     assert responses.answers["rt_ms"].notna().all() and (responses.answers["rt_ms"] >= 0).all()  # the page's times are read back
+    positions = responses.answers.groupby(["submission", "trial_id"])["position"].first().groupby(level="submission").apply(sorted)
+    assert all(p == list(range(1, len(p) + 1)) for p in positions)  # and where each trial was seen: every position once
     table = scored(responses, package)
     accuracy = table.groupby(table["worker_id"].str.split("-").str[0])["correct"].mean()
     assert accuracy["correct"] == 1.0
@@ -305,3 +317,49 @@ def test_double_clicks_platform_ids_blocked_storage_and_response_times(survey_pa
         assert driver.execute_script("return window.repalignResponses().worker_id") == "B1"
     finally:
         driver.quit()
+
+
+def _shown_order(driver, url: str, reload_after: int) -> tuple[list[str], dict]:
+    """Start ``url`` afresh, answer every trial with F, reload once; the trial ids in the order shown, and the answers."""
+    driver.get(url)
+    driver.execute_script("window.localStorage.clear()")
+    driver.get(url)
+    driver.find_element(_by("ID"), "consent-box").click()
+    driver.find_element(_by("ID"), "start").click()
+    shown = []
+    while _section(driver) == "trial":
+        shown.append(driver.find_element(_by("ID"), "stage").get_attribute("data-trial"))
+        driver.find_element(_by("TAG_NAME"), "body").send_keys("f")
+        if len(shown) == reload_after:
+            driver.refresh()  # the participant's id comes from the URL: the page continues at once
+    return shown, driver.execute_script("return window.repalignResponses()")
+
+
+def test_each_participant_sees_an_order_of_their_own_kept_across_reloads(survey_package, inversion_sets, server, tmp_path):
+    """The page showed every participant the survey's trials in the package's order, so position effects (learning,
+    fatigue) fell on the same trials for everyone; trial_order=fixed keeps that order on purpose."""
+    from stimuli.survey import build_survey
+
+    package = load_package(survey_package)
+    in_package = [t["trial_id"] for t in package.manifest["trials"] if t["survey_id"] == "2afc-000"]
+    driver = _driver(tmp_path)
+    try:
+        orders = []
+        for worker in ("O1", "O2"):
+            shown, responses = _shown_order(driver, f"{server}/surveys/2afc-000/index.html?workerId={worker}&assignmentId=A-{worker}", reload_after=4)
+            assert sorted(shown) == sorted(in_package) and len(shown) == len(in_package)  # each trial once, the reload lost none
+            assert {a["trial_id"]: a["position"] for a in responses["answers"]} == {t: k + 1 for k, t in enumerate(shown)}
+            orders.append(shown)
+        # 15 trials: two independent shuffles agree, or one equals the package's order, with probability about 1e-12
+        assert orders[0] != orders[1] and in_package not in orders
+
+        fixed = tmp_path / "fixed"
+        build_survey(inversion_sets, fixed, tasks=("2afc",), trials_per_survey=15, attention_rate=0.2, seed=0, trial_order="fixed")
+        fixed_ids = [t["trial_id"] for t in load_package(fixed).manifest["trials"] if t["survey_id"] == "2afc-000"]
+        with _serving(fixed) as url:
+            shown, _ = _shown_order(driver, f"{url}/surveys/2afc-000/index.html?workerId=F1&assignmentId=A-F1", reload_after=4)
+        assert shown == fixed_ids
+    finally:
+        driver.quit()
+    with pytest.raises(ValueError, match="unknown trial_order 'random'"):
+        build_survey(inversion_sets, tmp_path / "bad", trial_order="random")

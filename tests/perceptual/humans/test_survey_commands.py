@@ -50,7 +50,7 @@ def test_pages_hold_no_ground_truth(package_dir, inversion_sets):
         folder = package_dir / "surveys" / survey["survey_id"]
         page = (folder / "index.html").read_text()
         data = json.loads(re.search(r'<script type="application/json" id="survey-data">(.*?)</script>', page, re.S).group(1).replace("<\\/", "</"))
-        assert set(data) == {"package", "survey_id", "task", "prompt", "completion_code", "format", "trials"}
+        assert set(data) == {"package", "survey_id", "task", "prompt", "completion_code", "format", "shuffle", "trials"}
         for trial in data["trials"]:
             assert set(trial) <= {"trial_id", "task", "query", "options", "columns", "rows"}
         # no set id (which names roles: "t0003.result.noise") and no truth word anywhere in the page
