@@ -37,6 +37,7 @@ def test_survey_jobs_build_packages_apart(monkeypatch, tmp_path):
     monkeypatch.setattr(stimuli_commands, "job_path", _job_path)
     monkeypatch.setattr(stimuli_commands, "build_survey", lambda sets, out, **kw: seen.update(out=out) or {"surveys": [], "trials": [], "fingerprint": "f"})
     cfg = OmegaConf.create({"sets": ["a", "b"], "labels": ["x", "y"], "out": str(tmp_path / "survey"), "tasks": ["2afc"], "trials_per_survey": 10,
-                            "attention_rate": 0.1, "seed": 0, "distance": "lpips", "title": "t", "base_url": "", "minutes": 5, "overwrite": False})
+                            "attention_rate": 0.1, "seed": 0, "distance": "lpips", "title": "t", "base_url": "", "minutes": 5,
+                            "trial_order": "per_participant", "overwrite": False})
     stimuli_commands.survey_command(cfg)
     assert seen["out"] == tmp_path / "survey" / "eot=2"
