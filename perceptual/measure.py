@@ -208,6 +208,15 @@ def _panel_scores(observed: Mapping[str, Mapping[str, dict]], restricted: bool =
     return {task: panel_summary({o: accuracy(r) for o, r in per_observer.items()}) for task, per_observer in observed.items()}
 
 
+def panel_scores_by_seed_type(observed: Mapping[str, Mapping[str, dict]]) -> dict:
+    """``{seed type: {task: panel mean ± std}}`` from each observer's per-seed-type accuracy (:func:`summarize`'s
+    ``by_seed_type``). Nanda et al.'s Table 1 inverts from noise seeds only: its headline is this table's noise row,
+    where the main table pools every seed type measured."""
+    seed_types = sorted({s for per_observer in observed.values() for r in per_observer.values() for s in r.get("by_seed_type", {})})
+    return {s: {task: panel_summary({o: r.get("by_seed_type", {}).get(s, {}).get("accuracy", math.nan) for o, r in per_observer.items()})
+                for task, per_observer in observed.items()} for s in seed_types}
+
+
 def measure_models(
     specs: Sequence[ModelSpec],
     data_cfg: Mapping,
@@ -286,6 +295,7 @@ def measure_models(
             "clean_accuracy": accuracy["clean_accuracy"],
             "robust_accuracy": accuracy.get("robust_accuracy"),
             **_panel_scores(observed),
+            "by_seed_type": panel_scores_by_seed_type(observed),
             "convergence": convergence,
             "converged": is_converged(convergence),
             "per_observer": observed,
@@ -534,6 +544,11 @@ def seed_names(data: Mapping) -> str:
     return ", ".join(f"{t} ({kind})" if t == "noise" and kind != "uniform" else t for t in data["seed_types"])
 
 
+def _task_cells(scores: Mapping) -> list[str]:
+    """The three alignment tasks' panel mean ± std, as the report's tables print them."""
+    return [report.format_score((scores.get(t) or {}).get("mean"), (scores.get(t) or {}).get("std")) for t in ("2afc", "clustering", "clustering_hard")]
+
+
 def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] | None = None) -> None:
     """report.json, report.md, report.html, grid.png and the scatter plots."""
     models_data = data["models"]
@@ -575,6 +590,18 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
             for label, c in ((label, m["convergence"]) for label, m in with_convergence.items())
         ]
         markdown.append("")
+    with_seed_types = {label: m for label, m in models_data.items() if len(m.get("by_seed_type") or {}) > 1}
+    if with_seed_types:
+        markdown += ["## By seed type", "",
+                     "The table above pools the seed types; Nanda et al.'s Table 1 inverts from noise seeds only, so its headline "
+                     "compares with the noise rows (`seed_types=[noise]` measures those alone). Panel mean ± std.", "",
+                     "| Model | Seeds | 2AFC (%) | Clustering (%) | Hard clustering (%) | converged |", "|---|---|---|---|---|---|"]
+        for label, m in with_seed_types.items():
+            for seed_type, scores in m["by_seed_type"].items():
+                cells = _task_cells(scores)
+                conv = (m.get("convergence") or {}).get("by_seed_type", {}).get(seed_type, {}).get("converged_fraction")
+                markdown.append(f"| {label} | {seed_type} | " + " | ".join(cells) + f" | {'–' if conv is None else f'{conv:.0%}'} |")
+        markdown.append("")
     with_gaussian = [m for m in models_data.values() if "gaussian" in m]
     if with_gaussian:
         described = ", ".join(f"N({g['mean']}, {g['std']}²) ({g['name']})" for g in with_gaussian[0]["gaussian"]["gaussians"])
@@ -586,8 +613,7 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
             for kind, entry in (("test images", m), ("Gaussian", m.get("gaussian"))):
                 if entry is None:
                     continue
-                cells = [report.format_score((entry.get(t) or {}).get("mean"), (entry.get(t) or {}).get("std"))
-                         for t in ("2afc", "clustering", "clustering_hard")]
+                cells = _task_cells(entry)
                 conv = entry.get("convergence", {}).get("converged_fraction")
                 markdown.append(f"| {label} | {kind} | " + " | ".join(cells) + f" | {'–' if conv is None else f'{conv:.0%}'} |")
         markdown.append("")

@@ -59,6 +59,14 @@ def test_pipeline_end_to_end_writes_every_number_and_figure(tmp_path, tiny_check
     table = (out / "report.md").read_text()
     assert "| narrow |" in table and "Observer 2AFC" in table and "narrow keeps, wide pushed" in table
     assert data["models"]["wide"]["set"].endswith("models/wide/set")
+    # Per seed type (the authors' Table 1 is the noise row): with as many trials per seed type, the pooled 2AFC panel
+    # mean is the mean of the seed types' panel means.
+    by_seed = narrow["by_seed_type"]
+    assert set(by_seed) == {"noise", "train"}
+    noise = by_seed["noise"]["2afc"]
+    assert noise["observers"] == {o: narrow["per_observer"]["2afc"][o]["by_seed_type"]["noise"]["accuracy"] for o in ("pixel-l2", "ssim")}
+    assert narrow["2afc"]["mean"] == pytest.approx((noise["mean"] + by_seed["train"]["2afc"]["mean"]) / 2)
+    assert "## By seed type" in table and "| narrow | noise |" in table and "| wide | train |" in table
 
 
 class RecordingEngine(Engine):
@@ -316,3 +324,17 @@ def test_a_report_with_relative_set_paths_is_rewritten_from_another_folder(tmp_p
     monkeypatch.chdir(tmp_path)
     write_report(report, out)
     assert (out / "grid.png").read_bytes() == grid and "grid.png" in (out / "report.md").read_text()
+
+
+def test_panel_scores_by_seed_type_on_constructed_judgements():
+    from perceptual.measure import panel_scores_by_seed_type
+
+    def result(noise, train):
+        return {"overall": {"accuracy": (noise + train) / 2}, "by_seed_type": {"noise": {"accuracy": noise}, "train": {"accuracy": train}}}
+
+    scores = panel_scores_by_seed_type({"2afc": {"a": result(0.2, 0.6), "b": result(0.4, 1.0)}})
+    assert scores["noise"]["2afc"]["mean"] == pytest.approx(0.3) and scores["noise"]["2afc"]["std"] == pytest.approx(math.sqrt(0.02))
+    assert scores["train"]["2afc"]["mean"] == pytest.approx(0.8) and scores["train"]["2afc"]["observers"] == {"a": 0.6, "b": 1.0}
+    # an observer without a seed type's score (a cached summary from before by_seed_type) leaves the mean to the others
+    one = panel_scores_by_seed_type({"2afc": {"a": result(0.2, 0.6), "b": {"overall": {"accuracy": 0.5}}}})
+    assert one["noise"]["2afc"]["mean"] == pytest.approx(0.2) and math.isnan(one["noise"]["2afc"]["observers"]["b"])
