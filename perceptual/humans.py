@@ -352,6 +352,23 @@ def survey_kappa(table: pd.DataFrame) -> dict[str, float]:
     return out
 
 
+def order_effects(real: pd.DataFrame, package: SurveyPackage, n_boot: int = 2000, seed: int = 0) -> dict:
+    """Per task: accuracy on the real trials each participant saw in the first and in the second half of their survey
+    (by the answer's ``position``), with intervals over workers; answers without a position are left out.
+
+    Learning would raise the second half, fatigue lower it. Read it as an effect of order only where each participant
+    had an order of their own (``trial_order=per_participant``): with one order for all, the halves hold different trials.
+    """
+    n_trials = {s["survey_id"]: s["n_trials"] for s in package.manifest["surveys"]}
+    placed = real.dropna(subset=["position"])
+    out = {}
+    for task, group in placed.groupby("task", sort=True):
+        first = group["position"] <= group["survey_id"].map(n_trials) / 2
+        halves = {"first_half": _accuracy(group[first], n_boot, seed), "second_half": _accuracy(group[~first], n_boot, seed)}
+        out[task] = {**halves, "difference": halves["second_half"]["accuracy"] - halves["first_half"]["accuracy"]}
+    return out
+
+
 def human_scores(package: SurveyPackage, responses: Responses, max_attention_failures: int = 0, n_boot: int = 2000, seed: int = 0,
                  min_median_rt_ms: float = 0) -> dict:
     """Everything the report needs: per model and task accuracy with intervals, per seed type, agreement, response
@@ -406,7 +423,7 @@ def human_scores(package: SurveyPackage, responses: Responses, max_attention_fai
         "package": package.fingerprint, "submissions": responses.submissions, "kept_submissions": int(kept["submission"].nunique()),
         "kept_answers": int(len(kept)), "excluded_counts": counts, "excluded": excluded,
         "attention": attention.to_dict("records"), "max_attention_failures": max_attention_failures, "min_median_rt_ms": min_median_rt_ms,
-        "models": models, "agreement": agreement,
+        "models": models, "agreement": agreement, "order_effects": order_effects(real, package, n_boot, seed),
     }
 
 
@@ -568,6 +585,11 @@ def markdown_summary(data: Mapping) -> str:
         seconds = "–" if math.isnan(rt) else f"{rt / 1000:.1f}"
         lines.append(f"| {task} | {kappa} | {pct(a['worker_accuracy_mean'])} ± {pct(a['worker_accuracy_std'])} "
                      f"({pct(a['worker_accuracy_min'])}–{pct(a['worker_accuracy_max'])}) | {a['n_workers']} | {seconds} |")
+    if data.get("order_effects"):
+        lines += ["", "| Task | Accuracy, first half of each survey (%) | Second half (%) | Difference (points) |", "|---|---|---|---|"]
+        for task, e in data["order_effects"].items():
+            difference = "–" if math.isnan(e["difference"]) else f"{100 * e['difference']:+.1f}"
+            lines.append(f"| {task} | {pct(e['first_half']['accuracy'])} | {pct(e['second_half']['accuracy'])} | {difference} |")
     lines += ["", "## Excluded", ""] + ([f"- {n} answers: {reason}" for reason, n in data["excluded_counts"].items()] or ["- nothing"])
     if data.get("reliability"):
         lines += ["", "## Humans and observers", "", "| Observer | Task | Agreement per answer (%) | With the majority (%) | Kendall's tau | Spearman's rho |",

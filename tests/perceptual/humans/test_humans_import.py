@@ -363,3 +363,24 @@ def test_page_csv_downloads_carry_response_times_and_positions(package, tmp_path
     assert (from_csv["rt_ms"] == 1500).all()
     n = len(sub["answers"])
     assert math.isnan(from_csv["position"].iloc[0]) and list(from_csv["position"].iloc[1:]) == list(range(n - 1, 0, -1))
+
+
+def test_order_effects_split_each_participants_survey_at_its_middle(package, tmp_path):
+    sid = next(s["survey_id"] for s in package.manifest["surveys"] if s["survey_id"].startswith("2afc"))
+    n = next(s["n_trials"] for s in package.manifest["surveys"] if s["survey_id"] == sid)
+    sub = _submission(package, sid, "tiring", lambda u: u.answer)
+    checks = set(package.truth.query("attention_check")["trial_id"])
+    for k, a in enumerate(sub["answers"]):  # seen in the package's order; right in the first half, wrong after (checks always right)
+        a["position"] = k + 1
+        if k + 1 > n / 2 and a["trial_id"] not in checks:
+            a["choice"] = {"left": "right", "right": "left"}[a["choice"]]
+    (tmp_path / "a.json").write_text(json.dumps(sub))
+    result = human_scores(package, read_responses([tmp_path / "a.json"], package), n_boot=50)
+    effect = result["order_effects"]["2afc"]
+    first_real = sum(1 for k, a in enumerate(sub["answers"]) if k + 1 <= n / 2 and a["trial_id"] not in checks)
+    assert effect["first_half"]["accuracy"] == 1.0 and effect["second_half"]["accuracy"] == 0.0 and effect["difference"] == -1.0
+    assert effect["first_half"]["n_answers"] == first_real
+    assert "| 2afc | 100.0 | 0.0 | -100.0 |" in markdown_summary(result)
+    # answers without positions (older pages) give no split
+    (tmp_path / "b.json").write_text(json.dumps(_submission(package, sid, "old", lambda u: u.answer)))
+    assert human_scores(package, read_responses([tmp_path / "b.json"], package), n_boot=50)["order_effects"] == {}
