@@ -356,11 +356,12 @@ def order_effects(real: pd.DataFrame, package: SurveyPackage, n_boot: int = 2000
     """Per task: accuracy on the real trials each participant saw in the first and in the second half of their survey
     (by the answer's ``position``), with intervals over workers; answers without a position are left out.
 
-    Learning would raise the second half, fatigue lower it. Read it as an effect of order only where each participant
-    had an order of their own (``trial_order=per_participant``): with one order for all, the halves hold different trials.
+    Learning would raise the second half, fatigue lower it; controversial answers (a preference) are left out. Read it as
+    an effect of order only where each participant had an order of their own (``trial_order=per_participant``): with one
+    order for all, the halves hold different trials.
     """
     n_trials = {s["survey_id"]: s["n_trials"] for s in package.manifest["surveys"]}
-    placed = real.dropna(subset=["position"])
+    placed = real[real["task"] != "controversial"].dropna(subset=["position"])  # controversial answers are preferences, not right or wrong
     out = {}
     for task, group in placed.groupby("task", sort=True):
         first = group["position"] <= group["survey_id"].map(n_trials) / 2
