@@ -37,6 +37,7 @@ from stimuli.survey import FORMAT, truth_table
 
 from .metrics.survey import fleiss_kappa
 from .observers import Observer
+from .statistics import percentile_interval
 from .tasks import bootstrap_interval, judge_2afc, judge_clustering
 
 logger = logging.getLogger("perceptual")
@@ -354,7 +355,9 @@ def survey_kappa(table: pd.DataFrame) -> dict[str, float]:
 
 def order_effects(real: pd.DataFrame, package: SurveyPackage, n_boot: int = 2000, seed: int = 0) -> dict:
     """Per task: accuracy on the real trials each participant saw in the first and in the second half of their survey
-    (by the answer's ``position``), with intervals over workers; answers without a position are left out.
+    (by the answer's ``position``), with intervals over workers, and their difference (second minus first) with a 95 %
+    paired bootstrap interval over workers (a worker's two halves are drawn together); answers without a position are
+    left out.
 
     Learning would raise the second half, fatigue lower it; controversial answers (a preference) are left out. Read it as
     an effect of order only where each participant had an order of their own (``trial_order=per_participant``): with one
@@ -366,8 +369,22 @@ def order_effects(real: pd.DataFrame, package: SurveyPackage, n_boot: int = 2000
     for task, group in placed.groupby("task", sort=True):
         first = group["position"] <= group["survey_id"].map(n_trials) / 2
         halves = {"first_half": _accuracy(group[first], n_boot, seed), "second_half": _accuracy(group[~first], n_boot, seed)}
-        out[task] = {**halves, "difference": halves["second_half"]["accuracy"] - halves["first_half"]["accuracy"]}
+        out[task] = {**halves, "difference": halves["second_half"]["accuracy"] - halves["first_half"]["accuracy"],
+                     "ci_difference": list(_paired_half_interval(group, first.to_numpy(), n_boot, seed))}
     return out
+
+
+def _paired_half_interval(group: pd.DataFrame, first: np.ndarray, n_boot: int, seed: int) -> tuple[float, float]:
+    """Percentile bootstrap of (second-half accuracy - first-half accuracy), resampling workers."""
+    _, worker = np.unique(group["worker_id"].to_numpy(), return_inverse=True)
+    credit = group["correct"].to_numpy(float)
+    n = worker.max() + 1
+    sums = [np.bincount(worker[m], weights=credit[m], minlength=n) for m in (first, ~first)]
+    counts = [np.bincount(worker[m], minlength=n) for m in (first, ~first)]
+    draws = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+    with np.errstate(invalid="ignore", divide="ignore"):  # a draw of workers with no answers in one half: left out
+        differences = sums[1][draws].sum(1) / counts[1][draws].sum(1) - sums[0][draws].sum(1) / counts[0][draws].sum(1)
+    return percentile_interval(differences[np.isfinite(differences)], 0.95)
 
 
 def human_scores(package: SurveyPackage, responses: Responses, max_attention_failures: int = 0, n_boot: int = 2000, seed: int = 0,
@@ -587,10 +604,13 @@ def markdown_summary(data: Mapping) -> str:
         lines.append(f"| {task} | {kappa} | {pct(a['worker_accuracy_mean'])} ± {pct(a['worker_accuracy_std'])} "
                      f"({pct(a['worker_accuracy_min'])}–{pct(a['worker_accuracy_max'])}) | {a['n_workers']} | {seconds} |")
     if data.get("order_effects"):
-        lines += ["", "| Task | Accuracy, first half of each survey (%) | Second half (%) | Difference (points) |", "|---|---|---|---|"]
+        lines += ["", "| Task | Accuracy, first half of each survey (%) | Second half (%) | Difference (points) | 95 % interval over workers |",
+                  "|---|---|---|---|---|"]
+        signed = lambda v: "–" if math.isnan(v) else f"{100 * v:+.1f}"  # noqa: E731
         for task, e in data["order_effects"].items():
-            difference = "–" if math.isnan(e["difference"]) else f"{100 * e['difference']:+.1f}"
-            lines.append(f"| {task} | {pct(e['first_half']['accuracy'])} | {pct(e['second_half']['accuracy'])} | {difference} |")
+            low, high = e["ci_difference"]
+            lines.append(f"| {task} | {pct(e['first_half']['accuracy'])} | {pct(e['second_half']['accuracy'])} | {signed(e['difference'])} | "
+                         f"[{signed(low)}, {signed(high)}] |")
     lines += ["", "## Excluded", ""] + ([f"- {n} answers: {reason}" for reason, n in data["excluded_counts"].items()] or ["- nothing"])
     if data.get("reliability"):
         lines += ["", "## Humans and observers", "", "| Observer | Task | Agreement per answer (%) | With the majority (%) | Kendall's tau | Spearman's rho |",

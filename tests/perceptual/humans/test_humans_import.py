@@ -380,7 +380,15 @@ def test_order_effects_split_each_participants_survey_at_its_middle(package, tmp
     first_real = sum(1 for k, a in enumerate(sub["answers"]) if k + 1 <= n / 2 and a["trial_id"] not in checks)
     assert effect["first_half"]["accuracy"] == 1.0 and effect["second_half"]["accuracy"] == 0.0 and effect["difference"] == -1.0
     assert effect["first_half"]["n_answers"] == first_real
-    assert "| 2afc | 100.0 | 0.0 | -100.0 |" in markdown_summary(result)
+    assert effect["ci_difference"] == [-1.0, -1.0]  # one worker: every draw is that worker
+    assert "| 2afc | 100.0 | 0.0 | -100.0 | [-100.0, -100.0] |" in markdown_summary(result)
+    # with a steady worker beside the tiring one, the paired draws range from both tiring (-1) to both steady (0)
+    steady = _submission(package, sid, "steady", lambda u: u.answer)
+    for k, a in enumerate(steady["answers"]):
+        a["position"] = k + 1
+    (tmp_path / "c.json").write_text(json.dumps(steady))
+    both = human_scores(package, read_responses([tmp_path / "a.json", tmp_path / "c.json"], package), n_boot=200)["order_effects"]["2afc"]
+    assert both["ci_difference"] == [-1.0, 0.0] and both["difference"] == -0.5
     # answers without positions (older pages) give no split
     (tmp_path / "b.json").write_text(json.dumps(_submission(package, sid, "old", lambda u: u.answer)))
     assert human_scores(package, read_responses([tmp_path / "b.json"], package), n_boot=50)["order_effects"] == {}
