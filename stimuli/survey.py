@@ -69,8 +69,8 @@ def _template_env() -> jinja2.Environment:
     )
 
 
-def _check_options(sets: Mapping, tasks: Sequence[str], trials_per_survey: int, attention_rate: float, minutes: float, out: Path,
-                   overwrite: bool) -> None:
+def _check_options(sets: Mapping, tasks: Sequence[str], trials_per_survey: int, attention_rate: float, minutes: float,
+                   trial_order: str, out: Path, overwrite: bool) -> None:
     if not sets:
         raise ValueError("no stimulus sets given: pass sets={label: path} with at least one inversion set")
     unknown = [t for t in tasks if t not in SURVEY_TASKS]
@@ -85,6 +85,8 @@ def _check_options(sets: Mapping, tasks: Sequence[str], trials_per_survey: int, 
         raise ValueError(f"minutes (the duration of a full survey of trials_per_survey trials) must be a number > 0, got {minutes!r}")
     if not 0 <= attention_rate < 1:
         raise ValueError(f"attention_rate must be in [0, 1), got {attention_rate}")
+    if trial_order not in TRIAL_ORDERS:
+        raise ValueError(f"unknown trial_order {trial_order!r}: use one of {TRIAL_ORDERS}")
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"{out} is a file: give a directory for the survey package")
     if out.exists() and any(out.iterdir()):
@@ -248,9 +250,7 @@ def build_survey(
     saved there), is refused, not deleted.
     """
     out = Path(out)
-    _check_options(sets, list(tasks), trials_per_survey, attention_rate, minutes, out, overwrite)
-    if trial_order not in TRIAL_ORDERS:
-        raise ValueError(f"unknown trial_order {trial_order!r}: use one of {TRIAL_ORDERS}")
+    _check_options(sets, list(tasks), trials_per_survey, attention_rate, minutes, trial_order, out, overwrite)
     loaded = {label: s if isinstance(s, StimulusSet) else load_set(s) for label, s in sets.items()}
     for label, s in loaded.items():
         wanted = "controversial" if s.kind == "controversial" else "inversion" if s.kind == "inversion" else None
