@@ -387,13 +387,19 @@ def _paired_half_interval(group: pd.DataFrame, first: np.ndarray, n_boot: int, s
     return percentile_interval(differences[np.isfinite(differences)], 0.95)
 
 
+def check_min_median_rt_ms(value) -> float:
+    """``min_median_rt_ms`` as a float, refused unless it is a number >= 0 (NaN, text and booleans too)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"min_median_rt_ms must be >= 0 milliseconds (0 = no minimum, e.g. 1000 for one second per trial), got {value!r}")
+    return float(value)
+
+
 def human_scores(package: SurveyPackage, responses: Responses, max_attention_failures: int = 0, n_boot: int = 2000, seed: int = 0,
                  min_median_rt_ms: float = 0) -> dict:
     """Everything the report needs: per model and task accuracy with intervals, per seed type, agreement, response
     times, exclusions (attention checks, and answering too fast where ``min_median_rt_ms`` > 0:
     :func:`attention_failures`)."""
-    if not min_median_rt_ms >= 0:  # also refuses NaN
-        raise ValueError(f"min_median_rt_ms must be >= 0 milliseconds (0 = no minimum), got {min_median_rt_ms}")
+    check_min_median_rt_ms(min_median_rt_ms)
     table = scored(responses, package)
     attention = attention_failures(table, package, max_attention_failures, min_median_rt_ms)
     untimed = int(attention["median_rt_ms"].isna().sum())

@@ -35,9 +35,9 @@ def response_files(entries) -> list[Path]:
 
 
 def run(cfg: DictConfig) -> dict:
-    if cfg.max_attention_failures < 0 or cfg.n_boot < 1 or not cfg.min_median_rt_ms >= 0:
-        raise ValueError(f"max_attention_failures and min_median_rt_ms must be >= 0 and n_boot >= 1, got {cfg.max_attention_failures}, "
-                         f"{cfg.min_median_rt_ms} and {cfg.n_boot}")
+    if cfg.max_attention_failures < 0 or cfg.n_boot < 1:
+        raise ValueError(f"max_attention_failures must be >= 0 and n_boot >= 1, got {cfg.max_attention_failures} and {cfg.n_boot}")
+    humans.check_min_median_rt_ms(cfg.min_median_rt_ms)
     package = humans.load_package(cfg.package)
     files = response_files(cfg.responses)
     measure = load_report(cfg.measure_report) if cfg.measure_report else None

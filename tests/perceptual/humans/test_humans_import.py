@@ -333,8 +333,9 @@ def test_response_times_are_read_back_and_speeders_excluded_on_request(package, 
     assert strict["excluded_counts"] == {"answered too fast (median time per trial below 500 ms)": len(submissions[2]["answers"])}
     assert strict["agreement"]["2afc"]["median_rt_ms"] == 2500
     assert "median time per trial at least 500 ms" in markdown_summary(strict) and "| 2.5 |" in markdown_summary(strict)
-    with pytest.raises(ValueError, match="min_median_rt_ms must be >= 0"):
-        human_scores(package, responses, min_median_rt_ms=-1)
+    for bad in (-1, math.nan, "1s", True):
+        with pytest.raises(ValueError, match="min_median_rt_ms must be >= 0"):
+            human_scores(package, responses, min_median_rt_ms=bad)
 
 
 def test_a_submission_failing_checks_and_too_fast_is_counted_once(package, tmp_path):

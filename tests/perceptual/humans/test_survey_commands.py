@@ -163,8 +163,9 @@ def test_humans_command_adds_human_columns_to_a_measure_report(package_dir, tmp_
     results = package_dir / "results"
     assert (results / "accuracy.png").stat().st_size > 1000 and json.loads((results / "humans.json").read_text())["package"] == package.fingerprint
     assert "Fleiss' kappa" in (results / "humans.md").read_text() and "Median time per trial" in (results / "humans.md").read_text()
-    with pytest.raises(ValueError, match="min_median_rt_ms must be >= 0"):
-        humans_run(_compose("humans", [f"package={package_dir}", f"responses=[{answers}]", "min_median_rt_ms=-1"]))
+    for bad in ("-1", "1s"):
+        with pytest.raises(ValueError, match="min_median_rt_ms must be >= 0"):
+            humans_run(_compose("humans", [f"package={package_dir}", f"responses=[{answers}]", f"min_median_rt_ms={bad}"]))
 
 
 def test_controversial_survey_asks_which_direction_looks_closer_to_the_origin(controversial_set, inversion_sets, tmp_path):
