@@ -297,16 +297,40 @@ def check_overrides(config_name: str, arguments: Sequence[str]) -> DictConfig:
                     _check_composition(config_name, overrides[:i] + [f"{o.get_key_element()}={value}"] + overrides[i + 1:])
                 except ConfigError as err:
                     raise ConfigError(f"{err} (in the sweep's jobs with {o.key_or_group}={value})") from None
-    # '+key=value' adds a key Hydra accepts and no command reads: a top-level one (not a config group) is a typo.
-    added = {o.key_or_group for o in parsed if o.is_add() or o.is_force_add()}
-    top_level = {k for k in added if "." not in k and not _is_group(k)}
-    if top_level:
-        base = compose(config_name, [line for o, line in zip(parsed, overrides) if o.key_or_group not in top_level])
-        unknown = sorted(top_level - set(base))
+    # '+key=value' adds a key Hydra accepts and no command reads: one new to a closed node is a typo.
+    added = {o.key_or_group for o in parsed if (o.is_add() or o.is_force_add()) and not o.key_or_group.startswith("hydra.")
+             and ("." in o.key_or_group or not _is_group(o.key_or_group))}  # '+group=choice' adds a config group
+    if added:
+        base = compose(config_name, [line for o, line in zip(parsed, overrides) if o.key_or_group not in added])
+        unknown = sorted(filter(None, (_unknown_added_key(key, base) for key in added)))
         if unknown:
-            raise ConfigError(unknown_key_message(unknown[0], flat_keys(base) + list(base), f"conf/{config_name}.yaml")
+            known = flat_keys(base)
+            known += [k.rsplit(".", i)[0] for k in known for i in range(1, k.count(".") + 1)]
+            raise ConfigError(unknown_key_message(unknown[0], known, f"conf/{config_name}.yaml")
                               + f" ('+{unknown[0]}=...' would add a key that {config_name} never reads)")
     return config
+
+
+# Nodes whose keys are free-form, so that '+node.anything=value' is how they are filled: architecture arguments,
+# the training overrides of a reproduce preset, the parameters of (registered) abstention scores.
+OPEN_NODES = ("kwargs", "model_kwargs", "overrides", "score_params")
+
+
+def _unknown_added_key(key: str, base: DictConfig) -> str | None:
+    """The shortest part of the dotted ``key`` that ``base`` lacks (``threat.epz`` of ``threat.epz.x``) where the node
+    it would join is closed: a non-empty dict, not named in :data:`OPEN_NODES`. None when the key exists, or joins a
+    free-form, empty or null node (the command checks a dict put there, as ``measure`` checks ``controversial``)."""
+    node: Any = base
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        if not isinstance(node, DictConfig) or node._is_none() or (depth and not len(node)):
+            return None
+        if part not in node:
+            return ".".join(parts[:depth + 1])
+        if part in OPEN_NODES:
+            return None
+        node = node._get_node(part)
+    return None
 
 
 def run_checked(config_name: str, arguments: Sequence[str]) -> None:

@@ -48,6 +48,30 @@ def test_a_top_level_key_added_with_plus_is_refused_by_every_command():
     assert check_overrides("stimuli_invert", ["++n_targets=2", "+model.kwargs.width=8"]).n_targets == 2
 
 
+def test_a_nested_key_added_with_plus_is_refused_where_its_node_is_closed():
+    """Hydra accepts '+threat.epz=1' and measure would attack at its default eps; '+data.splt=train' and
+    '+controversal.lambda_=1' were accepted too. Free-form nodes (kwargs, training overrides, score parameters) and
+    a node the command leaves null (controversial: measure checks a dict's keys itself) still take new keys."""
+    with pytest.raises(ConfigError, match=r"unknown config key 'threat.epz' in conf/measure.yaml.*Did you mean threat.eps.*"
+                                          r"'\+threat.epz=\.\.\.' would add a key that measure never reads") as info:
+        check_overrides("measure", ["+threat.epz=1"])
+    assert "threat.steps" in str(info.value)  # the node's valid keys are listed
+    with pytest.raises(ConfigError, match=r"unknown config key 'invert.stepz'.*Did you mean invert.steps"):
+        check_overrides("stimuli_invert", ["-m", "++invert.stepz=10,20"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'data.splt'.*Valid keys under data: data.download, data.name, data.root"):
+        check_overrides("measure", ["+data.splt=train"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'controversal'.*Did you mean controversial"):
+        check_overrides("measure", ["+controversal.lambda_=1"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'train.augment.flop'"):
+        check_overrides("train", ["+train.augment.flop.p=0.5"])  # the shortest unknown part is named
+    # open nodes and existing keys pass
+    assert check_overrides("measure", ["+controversial.lambda_=0.5"]).controversial.lambda_ == 0.5
+    assert check_overrides("audit", ["+defence.kwargs.width=8", "++threat.eps=0.25"]).threat.eps == 0.25
+    assert check_overrides("unknown", ["+score_params.react.percentile=95"]).score_params.react.percentile == 95
+    assert check_overrides("reproduce", ["+trainings.pgd.overrides.epochs=3"]).trainings.pgd.overrides.epochs == 3
+    assert check_overrides("stimuli_invert", ["hydra/launcher=slurm_gpu", "+hydra.launcher.additional_parameters.qos=high"]).n_targets > 0
+
+
 def test_a_key_added_with_plus_is_refused_before_training(tmp_path):
     cfg = compose("train", ["+train.epoch=1", f"run_dir={tmp_path}"])
     with pytest.raises(ConfigError, match=r"unknown config key 'train.epoch' in the standard recipe.*Did you mean train.epochs"):
