@@ -335,6 +335,7 @@ def _controversial_plan(
     origin_ids = [r["id"] for r in origin_rows]
     start_rows, start_images = [], []
     start_of: dict[tuple[int, int], int] = {}
+    start_type = "origin" if start == "origin" else "noise"  # the seed_type of the starts and of the results from them
     for k in range(n):
         for r in range(restarts):
             # Keyed by (origin, restart) alone: neither n nor the number of restarts moves a start.
@@ -349,7 +350,7 @@ def _controversial_plan(
                 "position": n + len(start_rows),
                 "role": "seed",
                 "origin_id": origin_ids[k],
-                "seed_type": "noise",
+                "seed_type": start_type,
                 "restart": r,
                 "source": "origin_plus_noise" if start == "origin" else f"{start}_noise",
             })
@@ -392,7 +393,7 @@ def _controversial_plan(
                     "role": "result",
                     "origin_id": origin_ids[k],
                     "seed_id": start_rows[start_of[(k, r)]]["id"],
-                    "seed_type": "noise",
+                    "seed_type": start_type,
                     "direction": direction,
                     "restart": r,
                     "label": origin_rows[k]["label"],
@@ -799,7 +800,8 @@ def make_controversial_set(
     origin (smooth minimum with sharpness ``alpha``); needs ``classifier`` on both models.
     Starts (:data:`CONTROVERSIAL_STARTS`) are keyed by (origin, restart) and shared by both directions:
     noise of a kind of :data:`invert.NOISE_KINDS` (``uniform`` by default; :func:`stimuli.sources.noise_image`), or ``origin``: the
-    origin plus Gaussian noise of std ``start_sigma``, clamped. Other arguments as :func:`make_inversion_set`.
+    origin plus Gaussian noise of std ``start_sigma``, clamped; the starts and their results carry ``seed_type`` ``noise``
+    or ``origin`` accordingly. Other arguments as :func:`make_inversion_set`.
     """
     if objective not in CONTROVERSIAL_OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}: use one of {CONTROVERSIAL_OBJECTIVES}")

@@ -386,6 +386,8 @@ def test_controversial_starts_near_the_origin_are_the_origin_plus_keyed_noise(tm
         seeds, images = s.role("seed")
         starts[start] = images
         assert set(seeds["source"]) == ({"origin_plus_noise"} if start == "origin" else {"uniform_noise"})
+        # a start near the origin is no noise seed: human answers and reports group by seed_type
+        assert set(seeds["seed_type"]) == set(s.role("result")[0]["seed_type"]) == {"origin" if start == "origin" else "noise"}
     assert 0 < (starts["origin"][0] - origins.images[0]).abs().mean() < 0.06
     assert (starts["uniform"][0] - origins.images[0]).abs().mean() > 0.2
     with pytest.raises(ValueError, match="start must be one of"):
