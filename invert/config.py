@@ -164,7 +164,10 @@ class InvertConfig:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"unknown invert config keys {unknown}; valid keys are {sorted(known)}")
-        return cls(**dict(values))
+        try:
+            return cls(**dict(values))
+        except ValueError as err:  # 'steps must be >= 0' reads as the invert node's, whichever command composed it
+            raise ValueError(f"invert config: {err}") from None
 
     def to_dict(self) -> dict[str, Any]:
         """The config as plain YAML-ready values (the inverse of :meth:`from_dict`)."""

@@ -52,6 +52,9 @@ def test_errors():
         InvertConfig.from_dict({"iterations": 10})
     with pytest.raises(ValueError, match="unknown stepper 'pgd'"):
         load_preset("paper", stepper="pgd")
+    # a value from a Hydra node (invert.steps=-1) is named as the invert config's
+    with pytest.raises(ValueError, match=r"^invert config: steps must be >= 0, got -1$"):
+        InvertConfig.from_dict({"steps": -1})
 
 
 @pytest.mark.parametrize("override, message", [
