@@ -36,9 +36,15 @@ GAP = 0.05  # a gradient-free or transfer attack beating the best white-box atta
 PGD_OVERESTIMATE = 0.10  # PGD above the worst case by more than this
 UNBOUNDED_MAX = 0.05  # accuracy left by an attack that may reach any image
 LOW_ALIGNMENT = 0.5  # alignment below halfway from the standard to the robust reference model
+CHANCE_ALPHA = 0.01  # clean accuracy must beat the chance agreement of the defence's answers at this significance
 
 DECISION_RULE = f"""\
 Verdict rule (thresholds in accuracy points of the audited images):
+0. The defence must classify: its clean accuracy must be above the chance agreement of its answers with the labels
+   (Cohen's: sum over classes of P(answer c) P(label c), what answers with the same class frequencies but independent
+   of the images score; one-sided binomial test, p < {CHANCE_ALPHA}). A constant or broken classifier (wrong weights, input
+   range or class order) has nothing for an attack to lower, so `audit` stops before any attack. Audited anyway
+   (allow_chance_accuracy=true), the verdict is "no verdict: the defence does not classify" and the defence is flagged.
 1. Masking checks (each pass / fail / n.a.):
    - black_box_not_stronger: Square (gradient-free) and transfer accuracy are not below the best white-box
      gradient attack (min of PGD, APGD-CE, APGD-T) by more than {GAP:.0%}.
@@ -64,7 +70,8 @@ Verdict rule (thresholds in accuracy points of the audited images):
    observers favour is reported next to the verdict as evidence; it never flips the verdict either.
 5. The audit FLAGS the defence (audit.json "flagged") when the verdict is "suspected gradient masking", or
    when it is "no sign of gradient masking" but the alignment is at the standard model's level (the
-   defence's robustness is not backed by aligned invariances, the pattern of the defences later broken).
+   defence's robustness is not backed by aligned invariances, the pattern of the defences later broken), or
+   when the defence does not classify (rule 0).
 """
 
 
@@ -96,6 +103,8 @@ class RobustnessAudit:
     bpda: Optional[str] = None
     warnings: list[str] = field(default_factory=list)
     noise_floor: Optional[float] = None  # randomised defences: the worst case of as many evaluations with no attack
+    chance_agreement: Optional[float] = None  # the clean answers' chance agreement with the labels (rule 0)
+    above_chance: bool = True
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -128,6 +137,54 @@ def check_classifier(model: nn.Module, x: Tensor, n_classes: int | None = None) 
         raise ValueError("the defence returns probabilities (rows sum to 1); return logits (before softmax) so the losses are right")
     if (out <= 0).all() and torch.allclose(out.float().exp().sum(1), torch.ones(out.shape[0]), atol=1e-4):
         raise ValueError("the defence returns log-probabilities (log_softmax); return logits (before softmax) so the DLR and margin losses are right")
+
+
+def chance_agreement(predictions: Tensor, y: Tensor) -> float:
+    """Cohen's chance agreement of ``predictions`` with the labels ``y``: sum over classes of P(answer c) P(label c), the
+    accuracy expected of answers with the same class frequencies but drawn independently of the images. A constant
+    classifier's accuracy equals it; a classifier guessing uniformly at random scores it on average."""
+    if y.ndim != 1 or not len(y) or predictions.shape != y.shape:
+        raise ValueError(f"one answer per label, both 1-d and non-empty: answers of shape {tuple(predictions.shape)}, labels {tuple(y.shape)}")
+    classes = int(max(predictions.max(), y.max())) + 1
+    answered = torch.bincount(predictions.long().cpu(), minlength=classes).double() / len(y)
+    labelled = torch.bincount(y.long().cpu(), minlength=classes).double() / len(y)
+    return float((answered * labelled).sum())
+
+
+def is_above_chance(predictions: Tensor, y: Tensor, alpha: float = CHANCE_ALPHA) -> bool:
+    """Rule 0 of :data:`DECISION_RULE`: whether the accuracy of ``predictions`` is above their :func:`chance_agreement` with
+    ``y``, by a one-sided exact binomial test at level ``alpha`` (``scipy.stats.binomtest``; the test treats the chance
+    agreement as known, as Cohen's kappa does). A constant classifier never passes (its accuracy is its chance
+    agreement); a weakly trained one does: 15 of 64 CIFAR images right with answers spread over the classes (chance
+    agreement about 10 %) has p = 0.001, where a test against always answering the sample's most frequent class
+    (11 of the 64) gave p = 0.12 and stopped it."""
+    from scipy.stats import binomtest
+
+    chance = chance_agreement(predictions, y)
+    correct = int((predictions.cpu() == y.cpu()).sum())
+    if not 0 < chance < 1:  # one class answered and labelled throughout, or no answer is a labelled class (none right)
+        return False
+    return bool(binomtest(correct, len(y), chance, alternative="greater").pvalue < alpha)
+
+
+def chance_message(predictions: Tensor, y: Tensor) -> str:
+    """Why a defence that fails rule 0 cannot be audited, and what to check."""
+    accuracy = float((predictions.cpu() == y.cpu()).float().mean())
+    answered = torch.unique(predictions).numel()
+    return (f"the defence's clean accuracy ({accuracy:.1%} of {len(y)} images) is not above the chance agreement of its answers with the "
+            f"labels ({chance_agreement(predictions, y):.1%}; it answered {answered} distinct class{'es' if answered != 1 else ''}; one-sided "
+            f"binomial test at p < {CHANCE_ALPHA}): it does not classify these images, so no attack has anything to lower and the audit would "
+            "measure nothing. Check the weights (defence.checkpoint, or what your factory loads), the input range (the defence takes "
+            "[0, 1] images and normalises inside) and the order of the classes")
+
+
+def clean_predictions(model: nn.Module, x: Tensor, eot_samples: int = 1, batch_size: int = 256, seed: int = 0) -> Tensor:
+    """The answers on the unattacked images, a randomised defence's averaged over ``eot_samples`` passes (as the audit
+    predicts it). Its random draws are seeded and forked off, so the attacks that follow draw as they would without it."""
+    predict = _ensemble_predict(model, max(1, eot_samples))
+    with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        return torch.cat([predict(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
 
 
 def randomness_warning(randomised: bool, eot_samples: int) -> Optional[str]:
@@ -283,6 +340,7 @@ def audit_robustness(model: nn.Module, x: Tensor, y: Tensor, norm: str, eps: flo
     key = cache_key(module_identity(model, identity), reference is not None and module_identity(reference), tensor_digest(x, y), norm, steps,
                     square_queries, n_targets, eot_samples, seed, bpda, "audit-v2", *([smoothing_samples, smoothing_sigma] if smoothing_samples else []))
     predict = _ensemble_predict(model, eot_samples) if randomised else None
+    answers = clean_predictions(model, x, eot_samples if randomised else 1, seed=seed)  # rule 0
 
     def run_at(value: float) -> dict[str, float]:
         store = JsonAttackStore(Path(cache_dir) / "attacks" / f"{norm}-eps{value:.6g}", cache_key(key, value)) if cache_dir else None
@@ -303,8 +361,11 @@ def audit_robustness(model: nn.Module, x: Tensor, y: Tensor, norm: str, eps: flo
         warnings.append(f"with no attack, the worst case of the same {len(accuracy) - 1} random predictions is {floor:.1%} "
                         f"(clean {accuracy['clean']:.1%}): on this randomised defence, differences between attacks up to "
                         f"{accuracy['clean'] - floor:.1%} can be prediction noise; a larger eot narrows it")
+    above = is_above_chance(answers, y)
+    if not above:
+        warnings.insert(0, chance_message(answers, y))
     audit = RobustnessAudit(norm, eps, len(y), accuracy, randomised, eot_samples, masking, sweep=sweep, bpda=bpda, warnings=warnings,
-                            noise_floor=floor)
+                            noise_floor=floor, chance_agreement=chance_agreement(answers, y), above_chance=above)
     audit.checks = masking_checks(accuracy, masking["checks"], masking["unbounded_accuracy"], randomised, eot_samples, masking)
     return audit
 
@@ -431,6 +492,9 @@ def verdict(audit: RobustnessAudit, alignment: Optional[float] = None, controver
         text += f"; alignment {level} (position {alignment:.2f})"
     if controversial:
         text += f"; controversial stimuli against the robust reference: {controversial}"
+    if not audit.above_chance:
+        return (f"{text}: {NOT_A_CLASSIFIER} (clean accuracy not above the chance agreement of its answers, "
+                f"{audit.chance_agreement:.0%}; check its weights, input range and class order)")
     if failed:
         return f"{text}: suspected gradient masking (failed: {', '.join(c.name for c in failed)})"
     if acc["worst_case"] <= UNBOUNDED_MAX:
@@ -441,13 +505,14 @@ def verdict(audit: RobustnessAudit, alignment: Optional[float] = None, controver
 
 
 LOW_ALIGNMENT_WARNING = "low alignment predicts stronger attacks may break it"
+NOT_A_CLASSIFIER = "no verdict: the defence does not classify"
 
 
 def is_flagged(text: str) -> bool:
-    """Rule 5 of :data:`DECISION_RULE`: suspected gradient masking, or robustness without alignment."""
-    return "suspected gradient masking" in text or LOW_ALIGNMENT_WARNING in text
+    """Rule 5 of :data:`DECISION_RULE`: suspected gradient masking, robustness without alignment, or no classifier."""
+    return "suspected gradient masking" in text or LOW_ALIGNMENT_WARNING in text or NOT_A_CLASSIFIER in text
 
 
 __all__ = ["Check", "DECISION_RULE", "JsonAttackStore", "RobustnessAudit", "alignment_position", "attack_suite", "audit_robustness",
-           "check_budgets", "check_classifier", "check_smoothing", "controversial_summary", "is_flagged", "is_randomised", "masking_checks",
-           "noise_floor", "randomness_warning", "reference_accuracy", "verdict"]
+           "chance_agreement", "chance_message", "check_budgets", "check_classifier", "check_smoothing", "clean_predictions", "controversial_summary",
+           "is_above_chance", "is_flagged", "is_randomised", "masking_checks", "noise_floor", "randomness_warning", "reference_accuracy", "verdict"]

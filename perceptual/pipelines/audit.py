@@ -4,7 +4,8 @@ Sec. 3.2 and Fig. 4: poorly aligned defences such as k-WTA were later broken by 
 Stages, each cached in ``out`` so that an interrupted audit resumes and a repeated one recomputes nothing:
 
 1. Checks before any long work: the defence builds (zoo name or ``module:function`` factory), maps [0, 1]
-   images to logits of the data set's classes (not probabilities), its representation layer can be traced
+   images to logits of the data set's classes (not probabilities), classifies the audited images above chance
+   (rule 0 of the decision rule; ``allow_chance_accuracy=true`` goes on anyway), its representation layer can be traced
    (for the alignment), the ``bpda`` submodule exists; a randomised forward pass without ``eot`` is a warning
    stated in the report.
 2. Reference models: ``reference.standard`` and ``reference.robust`` as given, or a standard and a PGD model
@@ -38,10 +39,13 @@ from training.sweeps import job_path
 from ..audit import (
     alignment_position,
     audit_robustness,
+    chance_message,
     check_budgets,
     check_classifier,
     check_smoothing,
+    clean_predictions,
     controversial_summary,
+    is_above_chance,
     is_flagged,
     is_randomised,
     randomness_warning,
@@ -148,6 +152,9 @@ def run(cfg: DictConfig) -> dict:
     defence = load_defence(defence_spec, dataset).to(device).eval()
     defence_spec.module = defence  # the alignment measures this very object, not a second build of the factory
     check_classifier(defence, x[:8], NUM_CLASSES.get(dataset))
+    answers = clean_predictions(defence, x, int(cfg.eot), seed=int(cfg.seed))
+    if not is_above_chance(answers, y) and not cfg.allow_chance_accuracy:  # rule 0: before references train and attacks run
+        raise ValueError(f"{chance_message(answers, y)}. allow_chance_accuracy=true audits it anyway (verdict: no verdict, flagged)")
     warnings = [w for w in [randomness_warning(is_randomised(defence, x[:8]), int(cfg.eot))] if w]
     for warning in warnings:
         print(f"warning: {warning}")

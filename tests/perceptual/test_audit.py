@@ -11,8 +11,10 @@ from perceptual.audit import (
     DECISION_RULE,
     alignment_position,
     audit_robustness,
+    chance_agreement,
     check_classifier,
     controversial_summary,
+    is_above_chance,
     is_flagged,
     masking_checks,
     noise_floor,
@@ -130,6 +132,41 @@ def test_standard_model_is_not_flagged_and_quantised_one_is(digits, tmp_path):
     assert text.index("Verdict") < text.index("Masking checks") and "| square |" in text
     page = audit_html(report)
     assert page.index("Verdict") < page.index("Masking checks") and "suspected gradient masking" in page
+
+
+def test_rule_0_a_classifier_must_beat_the_chance_agreement_of_its_answers():
+    y = torch.arange(10).repeat(2)  # 20 labels, 2 per class
+    assert chance_agreement(torch.full((20,), 3), y) == pytest.approx(0.1)  # a constant answer: its class's share
+    assert chance_agreement(y.roll(1), y) == pytest.approx(0.1)  # uniform answers, uniform labels: 1/10
+    assert chance_agreement(torch.zeros(4, dtype=torch.long), torch.tensor([0, 0, 1, 1])) == pytest.approx(0.5)
+    assert not is_above_chance(torch.full((20,), 3), y)  # right on 2 of 20, its chance agreement exactly
+    half_right = torch.where(torch.arange(20) < 10, y, (y + 1) % 10)
+    assert is_above_chance(half_right, y)  # 10 of 20 against 10 %: p = 7e-6
+    three_right = torch.where(torch.arange(20) < 3, y, (y + 1) % 10)
+    assert not is_above_chance(three_right, y)  # 3 of 20 against 10 %: p = 0.32
+    assert not is_above_chance(torch.ones(8, dtype=torch.long), torch.ones(8, dtype=torch.long))  # one class only: nothing to beat
+    with pytest.raises(ValueError, match="one answer per label"):
+        chance_agreement(torch.zeros(3, dtype=torch.long), torch.zeros(4, dtype=torch.long))
+
+
+class Constant(torch.nn.Module):
+    """Answers class 3 for every image (a classifier whose weights did not load)."""
+
+    def forward(self, x):
+        return torch.nn.functional.one_hot(torch.full((len(x),), 3), 10).float() * 5 + 0 * x.mean()
+
+
+def test_a_constant_classifier_gets_no_verdict_and_is_flagged(digits):
+    model, x, y = digits
+    kwargs = dict(steps=2, square_queries=5, n_targets=1, masking_eps=[4 / 255], unbounded_steps=2, smoothing_samples=0)
+    broken = audit_robustness(Constant(), x, y, "linf", 8 / 255, **kwargs)
+    assert broken.accuracy["clean"] == broken.accuracy["worst_case"] == float((y == 3).float().mean())  # no attack lowers it
+    assert not broken.above_chance and broken.chance_agreement == pytest.approx(float((y == 3).float().mean()))
+    text = verdict(broken)
+    assert "no verdict: the defence does not classify" in text and is_flagged(text)
+    assert "does not classify these images" in broken.warnings[0]
+    working = audit_robustness(model, x[:16], y[:16], "linf", 8 / 255, **kwargs)  # the weakly trained CNN, 7 of 16 right
+    assert working.above_chance is True and "does not classify" not in verdict(working)
 
 
 def test_randomised_defence_is_detected(digits):

@@ -17,8 +17,9 @@ from invert import Engine
 from perceptual.pipelines import COMMANDS
 from perceptual.pipelines.audit import load_factory, run
 
+# The untrained CNNs these tests audit do not classify: rule 0 would stop them (tested on its own below).
 QUICK = ["n_images=8", "threat.steps=2", "square_queries=5", "n_targets=1", "unbounded_steps=2", "eps_sweep=[4/255]", "masking_eps=[8/255]",
-         "smoothing.samples=4"]
+         "smoothing.samples=4", "allow_chance_accuracy=true"]
 RANDOM_REFERENCES = [f"reference.{label}.factory=training.models:build_model" for label in ("standard", "robust")] + [
     f"+reference.{label}.kwargs={{name: small_cnn, dataset: digits, width: 4}}" for label in ("standard", "robust")]
 
@@ -136,6 +137,26 @@ def test_bad_defences_are_refused_before_any_work(user_models, factory, error, m
     monkeypatch.setattr(audit_module, "worst_case", _refuse)
     with pytest.raises(error, match=match):
         run(_cfg(user_models / "out", f"defence.factory={factory}"))
+
+
+def test_a_defence_that_does_not_classify_is_refused_before_any_work(tmp_path, monkeypatch):
+    """An untrained CNN (a forgotten checkpoint) answered one class for every image: 12% clean and 12% under every
+    attack, which the audit called "no sign of gradient masking". It is stopped before references train or attacks run;
+    audited anyway, it gets no verdict and is flagged."""
+    untrained = ["defence.name=small_cnn", "+defence.kwargs.width=4", "n_images=64", "alignment.enabled=false", *RANDOM_REFERENCES]
+    with monkeypatch.context() as patched:
+        patched.setattr(references_module, "train", _refuse)
+        patched.setattr(audit_module, "worst_case", _refuse)
+        with pytest.raises(ValueError, match=r"clean accuracy \(\d+\.\d% of 64 images\) is not above the chance agreement of its answers "
+                                             r"with the labels \(\d+\.\d%; it answered \d distinct class.*Check the weights.*"
+                                             r"allow_chance_accuracy=true audits it anyway"):
+            run(_cfg(tmp_path, *untrained, "allow_chance_accuracy=false"))
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+    result = run(_cfg(tmp_path, *untrained))  # QUICK allows it
+    report = json.loads((tmp_path / "audit.json").read_text())
+    assert "no verdict: the defence does not classify" in result["verdict"] and result["flagged"] and report["flagged"]
+    assert "does not classify these images" in report["warnings"][0] and not report["robustness"]["above_chance"]
+    assert report["robustness"]["chance_agreement"] == pytest.approx(report["robustness"]["accuracy"]["clean"], abs=0.05)
 
 
 def test_randomised_defence_without_eot_is_warned_in_the_report(user_models):
