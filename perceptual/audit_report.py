@@ -107,6 +107,12 @@ def _convergence_note(alignment: Mapping) -> str:
 ALIGNMENT_HEADER = ["model", "2AFC (%)", "clustering (%)", "hard clustering (%)", "clean acc. (%)", "robust acc., worst case (%)"]
 
 
+def _chance_note(robustness: Mapping) -> str:
+    """Rule 0's number beside the threat: the chance agreement the clean accuracy was tested against (absent from older reports)."""
+    chance = robustness.get("chance_agreement")
+    return "" if chance is None else f"; chance agreement of the clean answers {chance:.1%} (rule 0)"
+
+
 def audit_markdown(report: Mapping) -> str:
     """``audit.md``: the verdict and warnings first, then accuracy per attack, the masking checks, the eps sweep,
     alignment, controversial stimuli, the references, the figures and the decision rule."""
@@ -115,7 +121,7 @@ def audit_markdown(report: Mapping) -> str:
     lines += [f"> **Warning:** {w}" for w in report.get("warnings", [])]
     lines += ["", f"Defence: {report.get('defence_name', 'the defence')}. Threat: {robustness['norm']} eps={robustness['eps']:.4g}, "
               f"{robustness['n']} images; randomised: {robustness['randomised']} (eot_samples={robustness['eot_samples']}); "
-              f"BPDA: {robustness.get('bpda') or 'off'}.", "", "## Accuracy per attack", "", "| attack | accuracy |", "|---|---|"]
+              f"BPDA: {robustness.get('bpda') or 'off'}{_chance_note(robustness)}.", "", "## Accuracy per attack", "", "| attack | accuracy |", "|---|---|"]
     lines += [f"| {k} | {v:.1%} |" for k, v in robustness["accuracy"].items()]
     lines += ["", "## Masking checks", "", "| check | status | numbers |", "|---|---|---|"]
     lines += [f"| {c['name']} | {c['status']} | {c['detail']} |" for c in robustness["checks"]]
@@ -158,7 +164,7 @@ td,th{border:1px solid #ccc;padding:3px 8px}.verdict{font-size:1.25em;padding:12
 <div class="verdict"><b>Verdict:</b> {{ report.verdict }}</div>
 {% for w in report.warnings %}<p class="warn"><b>Warning:</b> {{ w }}</p>{% endfor %}
 <p>Defence: {{ report.defence_name }}. Threat: {{ r.norm }} eps={{ '%.4g' % r.eps }}, {{ r.n }} images; randomised: {{ r.randomised }}
-(eot_samples={{ r.eot_samples }}); BPDA: {{ r.bpda or 'off' }}.</p>
+(eot_samples={{ r.eot_samples }}); BPDA: {{ r.bpda or 'off' }}{{ chance_note }}.</p>
 <h2>Accuracy per attack</h2><table><tr><th>attack</th><th>accuracy</th></tr>
 {% for k, v in r.accuracy.items() %}<tr><td>{{ k }}</td><td>{{ '%.1f%%' % (100 * v) }}</td></tr>{% endfor %}</table>
 <h2>Masking checks</h2><table><tr><th>check</th><th>status</th><th>numbers</th></tr>
@@ -187,7 +193,7 @@ def audit_html(report: Mapping) -> str:
     colour = "#ffcdd2" if flagged else ("#fff3cd" if "not robust" in report["verdict"] or "low alignment" in report["verdict"] else "#c8e6c9")
     return _HTML.render(report={"warnings": [], "figures": [], "alignment": {}, "references": {}, "defence_name": "the defence", **report},
                         r=report["robustness"], alignment_rows=_alignment_rows(report.get("alignment") or {}), header=ALIGNMENT_HEADER,
-                        convergence=_convergence_note(report.get("alignment") or {}),
+                        convergence=_convergence_note(report.get("alignment") or {}), chance_note=_chance_note(report["robustness"]),
                         rule=DECISION_RULE, colour=colour)
 
 

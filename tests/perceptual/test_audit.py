@@ -165,6 +165,9 @@ def test_a_constant_classifier_gets_no_verdict_and_is_flagged(digits):
     text = verdict(broken)
     assert "no verdict: the defence does not classify" in text and is_flagged(text)
     assert "does not classify these images" in broken.warnings[0]
+    report = {"verdict": text, "flagged": True, "warnings": broken.warnings, "robustness": broken.to_dict()}
+    note = f"chance agreement of the clean answers {broken.chance_agreement:.1%} (rule 0)"
+    assert note in audit_markdown(report) and note in audit_html(report)
     working = audit_robustness(model, x[:16], y[:16], "linf", 8 / 255, **kwargs)  # the weakly trained CNN, 7 of 16 right
     assert working.above_chance is True and "does not classify" not in verdict(working)
 
