@@ -340,7 +340,11 @@ def audit_robustness(model: nn.Module, x: Tensor, y: Tensor, norm: str, eps: flo
     key = cache_key(module_identity(model, identity), reference is not None and module_identity(reference), tensor_digest(x, y), norm, steps,
                     square_queries, n_targets, eot_samples, seed, bpda, "audit-v2", *([smoothing_samples, smoothing_sigma] if smoothing_samples else []))
     predict = _ensemble_predict(model, eot_samples) if randomised else None
-    answers = clean_predictions(model, x, eot_samples if randomised else 1, seed=seed)  # rule 0
+    answers = clean_predictions(model, x, eot_samples if randomised else 1, seed=seed)
+    above = is_above_chance(answers, y)  # rule 0: said before the attacks start, and first in the report
+    if not above:
+        warnings.insert(0, chance_message(answers, y))
+        log.warning("%s", warnings[0])
 
     def run_at(value: float) -> dict[str, float]:
         store = JsonAttackStore(Path(cache_dir) / "attacks" / f"{norm}-eps{value:.6g}", cache_key(key, value)) if cache_dir else None
@@ -361,9 +365,6 @@ def audit_robustness(model: nn.Module, x: Tensor, y: Tensor, norm: str, eps: flo
         warnings.append(f"with no attack, the worst case of the same {len(accuracy) - 1} random predictions is {floor:.1%} "
                         f"(clean {accuracy['clean']:.1%}): on this randomised defence, differences between attacks up to "
                         f"{accuracy['clean'] - floor:.1%} can be prediction noise; a larger eot narrows it")
-    above = is_above_chance(answers, y)
-    if not above:
-        warnings.insert(0, chance_message(answers, y))
     audit = RobustnessAudit(norm, eps, len(y), accuracy, randomised, eot_samples, masking, sweep=sweep, bpda=bpda, warnings=warnings,
                             noise_floor=floor, chance_agreement=chance_agreement(answers, y), above_chance=above)
     audit.checks = masking_checks(accuracy, masking["checks"], masking["unbounded_accuracy"], randomised, eot_samples, masking)
