@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from invert.validation import check_images
 from training.attacks import ThreatModel, fgsm, pgd
 from training.evaluate import gradient_masking_report
 from training.io import atomic_write_json
@@ -145,6 +146,9 @@ def chance_agreement(predictions: Tensor, y: Tensor) -> float:
     classifier's accuracy equals it; a classifier guessing uniformly at random scores it on average."""
     if y.ndim != 1 or not len(y) or predictions.shape != y.shape:
         raise ValueError(f"one answer per label, both 1-d and non-empty: answers of shape {tuple(predictions.shape)}, labels {tuple(y.shape)}")
+    if bool((y < 0).any()) or bool((predictions < 0).any()):
+        raise ValueError("answers and labels must be class indices >= 0 (images without a class, such as Gaussian targets, have no "
+                         "accuracy to test)")
     classes = int(max(predictions.max(), y.max())) + 1
     answered = torch.bincount(predictions.long().cpu(), minlength=classes).double() / len(y)
     labelled = torch.bincount(y.long().cpu(), minlength=classes).double() / len(y)
@@ -160,6 +164,8 @@ def is_above_chance(predictions: Tensor, y: Tensor, alpha: float = CHANCE_ALPHA)
     (11 of the 64) gave p = 0.12 and stopped it."""
     from scipy.stats import binomtest
 
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha (the test's significance level) must lie in (0, 1), e.g. 0.01; got {alpha!r}")
     chance = chance_agreement(predictions, y)
     correct = int((predictions.cpu() == y.cpu()).sum())
     if not 0 < chance < 1:  # one class answered and labelled throughout, or no answer is a labelled class (none right)
@@ -181,7 +187,9 @@ def chance_message(predictions: Tensor, y: Tensor) -> str:
 def clean_predictions(model: nn.Module, x: Tensor, eot_samples: int = 1, batch_size: int = 256, seed: int = 0) -> Tensor:
     """The answers on the unattacked images, a randomised defence's averaged over ``eot_samples`` passes (as the audit
     predicts it). Its random draws are seeded and forked off, so the attacks that follow draw as they would without it."""
-    predict = _ensemble_predict(model, max(1, eot_samples))
+    check_images(x, "audited images")
+    check_budgets(eot=eot_samples, batch_size=batch_size)
+    predict = _ensemble_predict(model, eot_samples)
     with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
         torch.manual_seed(seed)
         return torch.cat([predict(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])

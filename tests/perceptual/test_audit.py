@@ -13,6 +13,7 @@ from perceptual.audit import (
     audit_robustness,
     chance_agreement,
     check_classifier,
+    clean_predictions,
     controversial_summary,
     is_above_chance,
     is_flagged,
@@ -147,6 +148,19 @@ def test_rule_0_a_classifier_must_beat_the_chance_agreement_of_its_answers():
     assert not is_above_chance(torch.ones(8, dtype=torch.long), torch.ones(8, dtype=torch.long))  # one class only: nothing to beat
     with pytest.raises(ValueError, match="one answer per label"):
         chance_agreement(torch.zeros(3, dtype=torch.long), torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="class indices >= 0"):
+        chance_agreement(torch.zeros(4, dtype=torch.long), torch.full((4,), -1))  # Gaussian targets' label
+    with pytest.raises(ValueError, match=r"alpha .* must lie in \(0, 1\)"):
+        is_above_chance(half_right, y, alpha=5)
+
+
+def test_clean_predictions_refuse_bad_images_and_budgets(digits):
+    model, x, _ = digits
+    assert torch.equal(clean_predictions(model, x[:8]), model(x[:8]).argmax(1))
+    with pytest.raises(ValueError, match=r"audited images .*\[0, 1\]"):
+        clean_predictions(model, x[:8] * 255)
+    with pytest.raises(ValueError, match="eot must be an integer >= 1"):
+        clean_predictions(model, x[:8], eot_samples=0)
 
 
 class Constant(torch.nn.Module):
