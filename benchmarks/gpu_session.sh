@@ -8,8 +8,8 @@
 # Uses `python3` with the project on PYTHONPATH (no virtual environment: a machine that cannot reach PyPI runs the
 # interpreter that already holds torch). Besides torch, torchvision, numpy, scipy, scikit-learn, scikit-image, pandas,
 # matplotlib, pillow, jinja2, tqdm, safetensors and pytest, it needs hydra-core, omegaconf, antlr4-python3-runtime,
-# kornia, kornia_rs, lpips and, for the anchors, robustness with cox, dill and tensorboardX (carry them as wheels where
-# they are missing). CIFAR-10 comes from $CIFAR_ROOT (a folder holding cifar-10-batches-py/; default
+# kornia, kornia_rs, lpips, markdown-it-py with mdurl and, for the anchors, robustness with cox, dill and tensorboardX
+# (carry them as wheels where they are missing). CIFAR-10 comes from $CIFAR_ROOT (a folder holding cifar-10-batches-py/; default
 # ../shared/data/cifar-10-mini): without it the inversion targets are random images and measure cannot run.
 set -uo pipefail
 usage="usage: bash benchmarks/gpu_session.sh OUT STEP... (STEP: test, inversion, measure, training, all)"

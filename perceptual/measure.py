@@ -680,8 +680,9 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
         markdown += ["", f"**Reading:** {c['verdict']}.", ""]
         notes.append(f"Controversial stimuli: {c['verdict']}.")
     markdown += [f"- {n}" for n in notes] + [f"- ![{f}]({f})" for f in figures]
-    report.write_text(out / "report.md", "\n".join(markdown) + "\n")
-    report.write_text(out / "report.html", report.html_report(marked, caption, figures, notes))
+    text = "\n".join(markdown) + "\n"
+    report.write_text(out / "report.md", text)
+    report.write_text(out / "report.html", report.markdown_page(text, "repalign alignment report"))
     atomic_write_json(out / "report.json", data)
 
 

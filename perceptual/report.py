@@ -1,4 +1,4 @@
-"""Reports: the paper's Table 1 as Markdown and HTML, image grids, and the alignment-vs-robustness scatter.
+"""Reports: the paper's Table 1 as Markdown, Markdown reports as HTML pages, image grids, and the alignment-vs-robustness scatter.
 
 Everything is written atomically next to a JSON file that holds every number (``report.json``).
 """
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import torch
+from markdown_it import MarkdownIt
 
 from training.io import atomic_write_bytes, atomic_write_text
 
@@ -73,18 +74,18 @@ def markdown_table(models: Mapping[str, Mapping], caption: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def html_report(models: Mapping[str, Mapping], caption: str, figures: Sequence[str], notes: Sequence[str] = ()) -> str:
-    header = "".join(f"<th>{html.escape(title)}</th>" for _, title in table_columns(models))
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in table_rows(models))
-    notes_html = "".join(f"<li>{html.escape(n)}</li>" for n in notes)
-    images = "".join(f'<figure><img src="{html.escape(f)}" style="max-width:100%"><figcaption>{html.escape(f)}</figcaption></figure>' for f in figures)
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>repalign report</title>"
-        "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child{text-align:left}</style></head><body>"
-        f"<h1>Alignment report</h1><p>{html.escape(caption)}</p><table><tr>{header}</tr>{body}</table>"
-        f"<ul>{notes_html}</ul>{images}</body></html>\n"
-    )
+REPORT_STYLE = (
+    "body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;margin-bottom:1em}"
+    "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child,th:first-child{text-align:left}img{max-width:100%}"
+)
+
+
+def markdown_page(markdown: str, title: str = "repalign report") -> str:
+    """An HTML page of a Markdown report, so that ``report.html`` holds everything ``report.md`` does: its sections,
+    tables, notes and figures. CommonMark with tables (markdown-it-py); HTML inside the text is escaped, not passed on."""
+    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(markdown)
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{REPORT_STYLE}</style></head>"
+            f"<body>\n{body}</body></html>\n")
 
 
 def save_figure(fig, path: Path) -> Path:

@@ -1,8 +1,10 @@
 """The measurement pipeline end to end on tiny data: report contents, caching, refusals."""
 from __future__ import annotations
 
+import html
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -67,6 +69,21 @@ def test_pipeline_end_to_end_writes_every_number_and_figure(tmp_path, tiny_check
     assert noise["observers"] == {o: narrow["per_observer"]["2afc"][o]["by_seed_type"]["noise"]["accuracy"] for o in ("pixel-l2", "ssim")}
     assert narrow["2afc"]["mean"] == pytest.approx((noise["mean"] + by_seed["train"]["2afc"]["mean"]) / 2)
     assert "## By seed type" in table and "| narrow | noise |" in table and "| wide | train |" in table
+    # report.html holds every section, table and figure of report.md, not only Table 1
+    page = (out / "report.html").read_text()
+    headings = re.findall(r"^## (.+)$", table, flags=re.MULTILINE)
+    assert len(headings) >= 3 and all(f"<h2>{html.escape(h, quote=False)}</h2>" in page for h in headings)
+    assert page.count("<table>") == len(re.findall(r"^\|---", table, flags=re.MULTILINE)) >= 3
+    assert "narrow keeps, wide pushed" in page and '<img src="grid.png"' in page
+
+
+def test_a_markdown_report_becomes_a_page_with_its_tables_and_figures_and_no_raw_html():
+    from perceptual.report import markdown_page
+
+    page = markdown_page("# Report\n\n| Model | 2AFC |\n|---|---|\n| a <b> | 50.0 |\n\n- note <script>alert(1)</script>\n- ![grid.png](grid.png)\n")
+    assert page.startswith("<!doctype html>") and "<h1>Report</h1>" in page
+    assert "<th>Model</th>" in page and "<td>a &lt;b&gt;</td>" in page and '<img src="grid.png" alt="grid.png"' in page
+    assert "<script>" not in page and "<b>" not in page  # text is text, never markup
 
 
 class RecordingEngine(Engine):
