@@ -631,8 +631,9 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
     if stats.get("ranking_agreement"):
         markdown += ["## Does the model ranking hold? (Kendall's tau, 95 % bootstrap interval over targets)", "",
                      "| Rankings compared | tau | interval |", "|---|---|---|"]
-        markdown += [f"| {name} | {r['tau']:+.2f} | [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}] |" for name, r in stats["ranking_agreement"].items()]
-        markdown += ["", "With two models tau is +1 (same order) or -1 (reversed); the interval says how often resampled targets keep it.", ""]
+        markdown += [f"| {name} | {_tau_cell(r['tau'])} | {_interval_cell(r['ci_low'], r['ci_high'])} |" for name, r in stats["ranking_agreement"].items()]
+        markdown += ["", "With two models tau is +1 (same order) or -1 (reversed); the interval says how often resampled targets keep it. "
+                     "A ranking that ties the models (equal scores) has no tau.", ""]
     if data.get("converged_only"):
         restricted = {label: {**m, **m["converged_only"]} for label, m in models_data.items() if "converged_only" in m}
         markdown += ["## Converged items only", "", report.markdown_table(restricted, "The same scores over the converged inversions only."), ""]
@@ -684,6 +685,15 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
     report.write_text(out / "report.md", text)
     report.write_text(out / "report.html", report.markdown_page(text, "repalign alignment report"))
     atomic_write_json(out / "report.json", data)
+
+
+
+def _tau_cell(tau: float) -> str:
+    return "undefined (tied scores)" if math.isnan(tau) else f"{tau:+.2f}"
+
+
+def _interval_cell(low: float, high: float) -> str:
+    return "–" if math.isnan(low) or math.isnan(high) else f"[{low:+.2f}, {high:+.2f}]"
 
 
 def _grid(models_data: Mapping[str, dict], path: Path, n_columns: int = 6) -> Path:
