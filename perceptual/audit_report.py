@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping, Sequence
 
-import jinja2
+from markdown_it.token import Token
 
 from .audit import DECISION_RULE
-from .report import alignment_scatter, format_score, save_figure
+from .report import alignment_scatter, format_score, markdown_page, save_figure
 
 ALIGNMENT_TASKS = ("2afc", "clustering", "clustering_hard")
 STATUS_COLOURS = {"pass": "#c8e6c9", "fail": "#ffcdd2", "n.a.": "#eeeeee"}
@@ -113,6 +113,10 @@ def _chance_note(robustness: Mapping) -> str:
     return "" if chance is None else f"; chance agreement of the clean answers {chance:.1%} (rule 0)"
 
 
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
 def audit_markdown(report: Mapping) -> str:
     """``audit.md``: the verdict and warnings first, then accuracy per attack, the masking checks, the eps sweep,
     alignment, controversial stimuli, the references, the figures and the decision rule."""
@@ -142,7 +146,7 @@ def audit_markdown(report: Mapping) -> str:
         if controversial:
             lines += ["", f"Controversial stimuli ({controversial['model_a']} vs {controversial['model_b']}, Table 2 score per direction, "
                       f"panel mean): " + "; ".join(f"{controversial['directions'][d]} {s['mean']:.4f}" for d, s in controversial["spread"].items()),
-                      "", f"Controversial: {controversial['summary']}. {controversial['verdict']}."]
+                      "", f"Controversial: {controversial['summary']}. {_sentence(controversial['verdict'])}."]
     else:
         lines.append(alignment.get("note", "not measured (alignment.enabled=false)"))
     references = report.get("references") or {}
@@ -156,45 +160,31 @@ def audit_markdown(report: Mapping) -> str:
     return "\n".join(lines)
 
 
-_HTML = jinja2.Template("""<!doctype html><html><head><meta charset="utf-8"><title>Defence audit</title>
-<style>body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;margin:8px 0}
-td,th{border:1px solid #ccc;padding:3px 8px}.verdict{font-size:1.25em;padding:12px;border-radius:6px;background:{{ colour }}}
-.pass{background:#c8e6c9}.fail{background:#ffcdd2}.na{background:#eee}.warn{background:#fff3cd;padding:8px}</style></head><body>
-<h1>Defence audit</h1>
-<div class="verdict"><b>Verdict:</b> {{ report.verdict }}</div>
-{% for w in report.warnings %}<p class="warn"><b>Warning:</b> {{ w }}</p>{% endfor %}
-<p>Defence: {{ report.defence_name }}. Threat: {{ r.norm }} eps={{ '%.4g' % r.eps }}, {{ r.n }} images; randomised: {{ r.randomised }}
-(eot_samples={{ r.eot_samples }}); BPDA: {{ r.bpda or 'off' }}{{ chance_note }}.</p>
-<h2>Accuracy per attack</h2><table><tr><th>attack</th><th>accuracy</th></tr>
-{% for k, v in r.accuracy.items() %}<tr><td>{{ k }}</td><td>{{ '%.1f%%' % (100 * v) }}</td></tr>{% endfor %}</table>
-<h2>Masking checks</h2><table><tr><th>check</th><th>status</th><th>numbers</th></tr>
-{% for c in r.checks %}<tr class="{{ 'na' if c.status == 'n.a.' else c.status }}">
-<td>{{ c.name }}</td><td>{{ c.status }}</td><td>{{ c.detail }}</td></tr>{% endfor %}
-</table>
-<h2>Alignment</h2>
-{% if alignment_rows %}<p>Position between the standard (0) and the robust (1) reference:
-{{ 'n.a.' if report.alignment.position is none else '%.2f' % report.alignment.position }}</p>
-<table><tr>{% for h in header %}<th>{{ h }}</th>{% endfor %}</tr>
-{% for row in alignment_rows %}<tr>{% for cell in row %}<td>{{ cell }}</td>{% endfor %}</tr>{% endfor %}</table>
-<p>{{ convergence }}</p>
-{% if report.alignment.controversial %}<p>Controversial stimuli: {{ report.alignment.controversial.summary }}.
-{{ report.alignment.controversial.verdict }}.</p>{% endif %}
-{% else %}<p>{{ report.alignment.note or 'not measured (alignment.enabled=false)' }}</p>{% endif %}
-{% if report.references %}<h2>Reference models</h2><ul>{% for label, ref in report.references.items() %}<li>{{ label }}: {{ ref.source }}</li>{% endfor %}
-</ul>{% endif %}
-{% for f in report.figures %}<figure><img src="{{ f }}" style="max-width:100%"><figcaption>{{ f }}</figcaption></figure>{% endfor %}
-<h2>Decision rule</h2><pre>{{ rule }}</pre></body></html>
-""", autoescape=True)
+STATUS_CLASSES = {"pass": "pass", "fail": "fail", "n.a.": "na"}
+
+
+def _mark_verdict_and_checks(tokens: list[Token]) -> None:
+    """Classes for audit.html's styles: the verdict's paragraph, and each masking check's row by its status."""
+    section = ""
+    for i, token in enumerate(tokens):
+        if token.type == "heading_open":
+            section = tokens[i + 1].content
+        elif token.type == "paragraph_open" and tokens[i + 1].content.startswith("**Verdict:**"):
+            token.attrSet("class", "verdict")
+        elif section == "Masking checks" and token.type == "tr_open" and tokens[i + 4].type == "td_open":
+            status = tokens[i + 5].content  # the row's second cell
+            if status in STATUS_CLASSES:
+                token.attrSet("class", STATUS_CLASSES[status])
 
 
 def audit_html(report: Mapping) -> str:
-    """``audit.html``: the same content as :func:`audit_markdown`, with the verdict in a coloured box."""
-    flagged = report.get("flagged")
-    colour = "#ffcdd2" if flagged else ("#fff3cd" if "not robust" in report["verdict"] or "low alignment" in report["verdict"] else "#c8e6c9")
-    return _HTML.render(report={"warnings": [], "figures": [], "alignment": {}, "references": {}, "defence_name": "the defence", **report},
-                        r=report["robustness"], alignment_rows=_alignment_rows(report.get("alignment") or {}), header=ALIGNMENT_HEADER,
-                        convergence=_convergence_note(report.get("alignment") or {}), chance_note=_chance_note(report["robustness"]),
-                        rule=DECISION_RULE, colour=colour)
+    """``audit.html``: :func:`audit_markdown` as a page (:func:`perceptual.report.markdown_page`, so the two never
+    differ), the verdict in a box coloured by its outcome and the masking checks coloured by their status."""
+    verdict = report["verdict"]
+    colour = "#ffcdd2" if report.get("flagged") else ("#fff3cd" if "not robust" in verdict or "low alignment" in verdict else "#c8e6c9")
+    style = (f".verdict{{font-size:1.25em;padding:12px;border-radius:6px;background:{colour}}}blockquote{{background:#fff3cd;margin:8px 0;"
+             "padding:2px 8px}td,th{text-align:left}" + "".join(f"tr.{name}{{background:{STATUS_COLOURS[status]}}}" for status, name in STATUS_CLASSES.items()))
+    return markdown_page(audit_markdown(report), "Defence audit", style=style, mark_tokens=_mark_verdict_and_checks)
 
 
 __all__ = ["accuracy_bars_figure", "accuracy_vs_eps_figure", "alignment_figures", "audit_html", "audit_markdown", "masking_checks_figure"]

@@ -8,10 +8,11 @@ import html
 import io
 import math
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 from markdown_it import MarkdownIt
+from markdown_it.token import Token
 
 from training.io import atomic_write_bytes, atomic_write_text
 
@@ -80,11 +81,16 @@ REPORT_STYLE = (
 )
 
 
-def markdown_page(markdown: str, title: str = "repalign report") -> str:
-    """An HTML page of a Markdown report, so that ``report.html`` holds everything ``report.md`` does: its sections,
-    tables, notes and figures. CommonMark with tables (markdown-it-py); HTML inside the text is escaped, not passed on."""
-    body = MarkdownIt("commonmark", {"html": False}).enable("table").render(markdown)
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{REPORT_STYLE}</style></head>"
+def markdown_page(markdown: str, title: str = "repalign report", *, style: str = "", mark_tokens: Callable[[list[Token]], None] | None = None) -> str:
+    """An HTML page of a Markdown report, so that a report's ``.html`` holds everything its ``.md`` does: its sections,
+    tables, notes and figures. CommonMark with tables (markdown-it-py); HTML inside the text is escaped, not passed on.
+    ``style`` adds CSS; ``mark_tokens`` may set attributes (a CSS class) on the parsed tokens before they are rendered."""
+    parser = MarkdownIt("commonmark", {"html": False}).enable("table")
+    tokens = parser.parse(markdown)
+    if mark_tokens is not None:
+        mark_tokens(tokens)
+    body = parser.renderer.render(tokens, parser.options, {})
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{REPORT_STYLE}{style}</style></head>"
             f"<body>\n{body}</body></html>\n")
 
 

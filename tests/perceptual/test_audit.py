@@ -3,6 +3,8 @@ PGD-trained model are not flagged, the standard model behind input quantisation 
 a PGD-trained k-WTA CNN is; the per-attack cache; the report's layout."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -133,6 +135,12 @@ def test_standard_model_is_not_flagged_and_quantised_one_is(digits, tmp_path):
     assert text.index("Verdict") < text.index("Masking checks") and "| square |" in text
     page = audit_html(report)
     assert page.index("Verdict") < page.index("Masking checks") and "suspected gradient masking" in page
+    # the page is audit.md's content, every section and table of it, with the verdict boxed and the checks coloured
+    assert all(f"<h2>{h}</h2>" in page for h in re.findall(r"^## (.+)$", text, flags=re.MULTILINE))
+    assert page.count("<table>") == len(re.findall(r"^\|---", text, flags=re.MULTILINE)) >= 3
+    assert '<p class="verdict"><strong>Verdict:</strong>' in page
+    for status, name in (("fail", "fail"), ("pass", "pass"), ("n.a.", "na")):
+        assert page.count(f'<tr class="{name}">') == sum(c.status == status for c in masked.checks)
 
 
 def test_rule_0_a_classifier_must_beat_the_chance_agreement_of_its_answers():
