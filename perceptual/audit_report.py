@@ -122,7 +122,8 @@ def audit_markdown(report: Mapping) -> str:
     alignment, controversial stimuli, the references, the figures and the decision rule."""
     robustness = report["robustness"]
     lines = ["# Defence audit", "", f"**Verdict:** {report['verdict']}", ""]
-    lines += [f"> **Warning:** {w}" for w in report.get("warnings", [])]
+    for warning in report.get("warnings", []):  # a blank line between: consecutive quoted lines would run into one paragraph
+        lines += [f"> **Warning:** {warning}", ""]
     lines += ["", f"Defence: {report.get('defence_name', 'the defence')}. Threat: {robustness['norm']} eps={robustness['eps']:.4g}, "
               f"{robustness['n']} images; randomised: {robustness['randomised']} (eot_samples={robustness['eot_samples']}); "
               f"BPDA: {robustness.get('bpda') or 'off'}{_chance_note(robustness)}.", "", "## Accuracy per attack", "", "| attack | accuracy |", "|---|---|"]

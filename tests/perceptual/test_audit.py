@@ -190,6 +190,8 @@ def test_a_constant_classifier_gets_no_verdict_and_is_flagged(digits):
     report = {"verdict": text, "flagged": True, "warnings": broken.warnings, "robustness": broken.to_dict()}
     note = f"chance agreement of the clean answers {broken.chance_agreement:.1%} (rule 0)"
     assert note in audit_markdown(report) and note in audit_html(report)
+    two = {**report, "warnings": ["first thing", "second thing"]}
+    assert audit_html(two).count("<blockquote>") == 2  # each warning a paragraph of its own, not run together
     working = audit_robustness(model, x[:16], y[:16], "linf", 8 / 255, **kwargs)  # the weakly trained CNN, 7 of 16 right
     assert working.above_chance is True and "does not classify" not in verdict(working)
 
