@@ -113,9 +113,9 @@ def _chance_note(robustness: Mapping) -> str:
     return "" if chance is None else f"; chance agreement of the clean answers {chance:.1%} (rule 0)"
 
 
-
 def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:]
+
 
 def audit_markdown(report: Mapping) -> str:
     """``audit.md``: the verdict and warnings first, then accuracy per attack, the masking checks, the eps sweep,

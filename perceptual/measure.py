@@ -687,7 +687,6 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
     atomic_write_json(out / "report.json", data)
 
 
-
 def _tau_cell(tau: float) -> str:
     return "undefined (tied scores)" if math.isnan(tau) else f"{tau:+.2f}"
 
