@@ -11,6 +11,7 @@ checkpoint-interoperability tests, which load this file by path. Two patches, bo
 """
 from __future__ import annotations
 
+import importlib
 import sys
 import types
 
@@ -44,11 +45,9 @@ def import_robustness():
     """Return the patched ``robustness`` package; a clear ImportError when it is not installed."""
     apply_patches()
     try:
-        import robustness
-        import robustness.attacker
-        import robustness.cifar_models
-        import robustness.datasets
-        import robustness.model_utils
+        robustness = importlib.import_module("robustness")
+        for submodule in ("attacker", "cifar_models", "datasets", "model_utils"):  # attributes of the package once imported
+            importlib.import_module(f"robustness.{submodule}")
     except ImportError as err:
         raise ImportError(
             "the `robustness` library is not installed: pip install 'repalign[robustness]' "

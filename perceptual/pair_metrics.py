@@ -177,8 +177,6 @@ def _mean_rank(table: np.ndarray, higher_is_better: Sequence[bool]) -> list[floa
     return M.mean_rank(table[:, usable], list(np.asarray(higher_is_better)[usable])).tolist()
 
 
-
-
 __all__ = [
     "MVH_RANKING", "MetricContext", "NESTED_METRICS", "PAIR_METRIC_REGISTRY", "PairMetric", "Responses", "metric_correlations",
     "nanmean_matrices", "pair_metric_names", "pairwise_matrices", "rankings", "register_pair_metric",

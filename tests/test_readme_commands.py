@@ -19,6 +19,8 @@ import pytest
 from training.config import check_overrides
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+
+
 def _configs() -> dict[tuple[str, ...], str]:
     """Every command's config: ``python -m perceptual X`` reads ``conf/X.yaml``, ``python -m stimuli X`` reads
     ``conf/stimuli_X.yaml`` (taken from the two dispatch tables, so a new command is checked without editing this)."""

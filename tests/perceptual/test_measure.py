@@ -343,7 +343,6 @@ def test_a_report_with_relative_set_paths_is_rewritten_from_another_folder(tmp_p
     assert (out / "grid.png").read_bytes() == grid and "grid.png" in (out / "report.md").read_text()
 
 
-
 def test_an_undefined_ranking_agreement_is_written_as_undefined_not_nan(tmp_path, tiny_checkpoints):
     from perceptual.measure import load_report, write_report
 
@@ -356,6 +355,7 @@ def test_an_undefined_ranking_agreement_is_written_as_undefined_not_nan(tmp_path
     text = (out / "report.md").read_text()
     assert "| 2afc: noise vs train seeds | undefined (tied scores) | – |" in text and "| random vs hard clustering | -1.00 | [-1.00, +1.00] |" in text
     assert not re.search(r"\bnan\b", text, flags=re.IGNORECASE)
+
 
 def test_panel_scores_by_seed_type_on_constructed_judgements():
     from perceptual.measure import panel_scores_by_seed_type

@@ -86,6 +86,7 @@ def test_trials_from_a_generated_set_hard_triplets_nearest_in_pixels(one_go):
     ids = list(s.role("target")[0]["id"])
     for _, group in table.groupby("trial"):
         columns = set(group[["column_0", "column_1", "column_2"]].iloc[0])
+
         def nearest(a):
             i = ids.index(a)
             order = sorted((j for j in range(len(ids)) if j != i), key=lambda j: float((targets[i] - targets[j]).norm()))

@@ -68,6 +68,7 @@ def test_trials_counterbalanced_checks_and_mixed_models(package_dir):
     truth = package.truth
     real = truth[(truth["task"] == "2afc") & ~truth["attention_check"]]
     assert abs((real["answer"] == "left").mean() - 0.5) <= 0.05  # sides balanced per model within one trial
+
     def pixels(t, name):  # the served bytes: names never repeat, so a script cannot find the checks or targets by name
         return (package_dir / "surveys" / t["survey_id"] / "images" / name).read_bytes()
 

@@ -25,6 +25,7 @@ from perceptual.metrics import (
 
 # ---------- AURC / E-AURC ----------
 
+
 def test_aurc_hand_computed():
     # risks at coverage 1/4..4/4: 0, 1/2, 1/3, 1/2
     coverage, risk = risk_coverage_curve([0.9, 0.8, 0.7, 0.6], [1, 0, 1, 0])
