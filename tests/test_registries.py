@@ -128,3 +128,29 @@ def test_a_registered_distortion_and_pair_metric_run_through_the_compare_command
     assert metric in data["aggregated"] and data["aggregated"][metric].shape == (2, 2)
     assert data["aggregated"][metric][0, 0] == 1.0  # a system always gives its own answers
     assert (tmp_path / "compare" / "figures" / f"heatmap_{metric}.png").is_file()
+
+
+@pytest.fixture
+def toy_sweep_source():
+    from perceptual.sweep_summary import SWEEP_SOURCES, SweepMetric, SweepSource, register_sweep_source
+
+    register_sweep_source(SweepSource(
+        kind="toy", filename="toy_result.json", metrics=(SweepMetric("score", "Score (%)"),), plotted=("score",),
+        recognise=lambda data: "score" in data, rows=lambda data: [{"model": "toy", "score": data["score"]}],
+        config=lambda data, folder: data["settings"],
+    ))
+    yield "toy"
+    SWEEP_SOURCES.pop("toy")
+
+
+def test_a_registered_sweep_source_is_read_by_the_sweep_command(tmp_path, toy_sweep_source):
+    import json
+
+    from perceptual.pipelines.sweep import run
+
+    for width, score in ((16, 0.75), (8, 0.5)):
+        (tmp_path / f"width={width}").mkdir()
+        (tmp_path / f"width={width}" / "toy_result.json").write_text(json.dumps({"score": score, "settings": {"width": width, "out": "x"}}))
+    tables = run(compose("sweep", [f"root={tmp_path}"]))
+    assert tables[toy_sweep_source].swept == ["width"] and list(tables[toy_sweep_source].frame["score"]) == [0.5, 0.75]
+    assert "| width=8 | 8 | toy | 50.0 |" in (tmp_path / "sweep.md").read_text() and (tmp_path / "sweep_toy.png").is_file()

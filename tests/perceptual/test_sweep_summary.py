@@ -1,0 +1,129 @@
+"""``python -m perceptual sweep``: the jobs of a sweep in one table, the swept keys found from the jobs' configs."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from perceptual.sweep_summary import collect_sweep, find_jobs, flatten_config, numeric_value, write_sweep_summary
+from training.config import compose
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def python_m(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def write_training_job(folder: Path, lr, clean: float, status: str = "completed") -> None:
+    """A training run's two files, as the trainer writes them (only the keys the summary reads)."""
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(f"run_dir: {folder}\ndevice: cpu\nseed: 0\ntrain:\n  name: standard\n  optimizer:\n    lr: {lr}\n")
+    (folder / "summary.json").write_text(json.dumps({"status": status, "model": "small_cnn", "epochs_completed": 1, "clean_accuracy": clean,
+                                                     "robust_accuracy": None, "train_seconds": 1.0, "images_per_second": 10.0}))
+
+
+def test_a_training_sweep_from_the_command_line_becomes_one_table_and_figure(tmp_path):
+    runs = tmp_path / "runs"
+    common = ["train.epochs=1", "train.batch_size=32", "data_limit.train=64", "data_limit.test=32", "train.eval.every=0",
+              "train.eval.final_subset=16", "train.eval.attack.steps=1", "progress=false", f"run_dir={runs}"]
+    python_m("training", "-m", *common, "train.optimizer.lr=0.1,0.05", cwd=tmp_path)
+    printed = python_m("perceptual", "sweep", f"root={runs}", cwd=tmp_path).stdout
+    assert "## training (2 jobs)" in printed and "`train.optimizer.lr`" in printed
+    table = pd.read_csv(runs / "sweep_training.csv")
+    assert list(table["train.optimizer.lr"]) == [0.05, 0.1]  # the one swept key; sorted as numbers
+    for _, row in table.iterrows():
+        summary = json.loads((runs / row["job"] / "summary.json").read_text())
+        assert row["clean_accuracy"] == pytest.approx(summary["clean_accuracy"]) and row["status"] == "completed"
+    saved = json.loads((runs / "sweep.json").read_text())
+    assert saved["kinds"]["training"]["swept"] == ["train.optimizer.lr"]
+    assert (runs / "sweep_training.png").stat().st_size > 0 and "![training sweep](sweep_training.png)" in (runs / "sweep.md").read_text()
+
+
+def test_measure_jobs_are_read_per_model_and_an_audits_inner_report_is_not_a_job(tmp_path):
+    from perceptual.pipelines.measure import run
+    from training.checkpoints import save_checkpoint
+    from training.models import build_model
+
+    torch.manual_seed(0)
+    checkpoint = save_checkpoint(build_model("small_cnn", "digits", width=8), tmp_path / "m.safetensors")
+    root = tmp_path / "sweep"
+    for steps in (4, 2):
+        run(compose("measure", [
+            f"out='{root / f'invert.steps={steps}'}'", f"models=[{{name:small_cnn,checkpoint:'{checkpoint}',label:tiny,kwargs:{{width:8}}}}]",
+            "observers=[pixel-l2]", "n_targets=3", "tasks=[2afc]", "threat=null", "accuracy_limit=8", "device=cpu",
+            f"invert.steps={steps}", "invert.progress=false",
+        ]))
+    # an audit writes a measure report into its alignment/ folder: that report is part of the audit, not a job
+    (root / "invert.steps=2" / "alignment").mkdir()
+    (root / "invert.steps=2" / "alignment" / "report.json").write_text((root / "invert.steps=2" / "report.json").read_text())
+    # another command's report.json (humans-mvh) is not a measure result
+    (root / "humans").mkdir()
+    (root / "humans" / "report.json").write_text(json.dumps({"experiments": []}))
+
+    tables = write_sweep_summary(root)
+    assert list(tables) == ["measure"]
+    table = tables["measure"]
+    assert table.swept == ["invert.steps"]  # out differs too, but says where a job ran, not what it made
+    assert list(table.frame["job"]) == ["invert.steps=2", "invert.steps=4"] and list(table.frame["model"]) == ["tiny", "tiny"]
+    for _, row in table.frame.iterrows():
+        report = json.loads((root / row["job"] / "report.json").read_text())["models"]["tiny"]
+        assert row["2afc"] == pytest.approx(report["2afc"]["mean"]) and row["clean_accuracy"] == pytest.approx(report["clean_accuracy"])
+        assert row["converged_fraction"] == pytest.approx(report["convergence"]["converged_fraction"])
+    markdown = (root / "sweep.md").read_text()
+    assert "| Job | invert.steps | Model | Observer 2AFC (%) |" in markdown and "| invert.steps=2 | 2 | tiny |" in markdown
+
+
+def test_swept_values_sort_as_numbers_and_jobs_without_a_config_are_named(tmp_path, caplog):
+    for lr in (10, 2, "8/255"):
+        write_training_job(tmp_path / f"lr={lr}".replace("/", "%2F"), lr, clean=0.5)
+    (tmp_path / "by-hand").mkdir()
+    (tmp_path / "by-hand" / "summary.json").write_text(json.dumps({"status": "stopped", "epochs_completed": 0, "clean_accuracy": 0.1}))
+    with caplog.at_level(logging.WARNING, logger="perceptual.sweep_summary"):
+        table = collect_sweep(tmp_path)["training"]
+    assert table.swept == ["train.optimizer.lr"]  # run_dir and device differ or not: they never count
+    assert [numeric_value(v) for v in table.frame["train.optimizer.lr"]] == [pytest.approx(8 / 255), 2.0, 10.0, None]
+    assert table.without_config == ["by-hand"] and "by-hand" in caplog.text
+
+
+def test_flatten_config_and_numeric_values():
+    assert flatten_config({"train": {"beta": 3, "attack": {"eps": "8/255"}}, "tasks": ["2afc", "clustering"], "kwargs": {}}) == {
+        "train.beta": 3, "train.attack.eps": "8/255", "tasks": '["2afc","clustering"]', "kwargs": "{}"}
+    assert numeric_value("8/255") == pytest.approx(8 / 255) and numeric_value("0.5") == 0.5 and numeric_value(np.int64(3)) == 3.0
+    for not_a_number in (True, np.bool_(False), None, "pgd", "[1,2]", float("nan"), "1/0"):
+        assert numeric_value(not_a_number) is None
+
+
+def test_refusals_name_the_folder_and_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="is not a folder"):
+        collect_sweep(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match=r"no finished job below .*report.json \(measure\), summary.json \(training\)"):
+        collect_sweep(tmp_path)
+    write_training_job(tmp_path / "a", 0.1, 0.5)
+    write_training_job(tmp_path / "b", 0.2, 0.6)
+    with pytest.raises(ValueError, match=r"x='train.beta' is not a swept key; swept: training: \['train.optimizer.lr'\]"):
+        write_sweep_summary(tmp_path, x="train.beta")
+    assert not (tmp_path / "sweep.md").exists()  # refused before anything was written
+    (tmp_path / "b" / "summary.json").write_text('{"status": "compl')
+    with pytest.raises(ValueError, match=r"b/summary.json is not valid JSON"):
+        find_jobs(tmp_path)
+
+
+def test_a_categorical_swept_key_is_plotted_by_position(tmp_path):
+    for name, clean in (("sgd", 0.4), ("adam", 0.6)):
+        folder = tmp_path / name
+        write_training_job(folder, 0.1, clean)
+        (folder / "config.yaml").write_text(f"train:\n  optimizer:\n    name: {name}\n")
+    tables = write_sweep_summary(tmp_path)
+    assert tables["training"].swept == ["train.optimizer.name"] and list(tables["training"].frame["train.optimizer.name"]) == ["adam", "sgd"]
+    assert (tmp_path / "sweep_training.png").is_file()
