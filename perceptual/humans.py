@@ -25,7 +25,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -195,13 +195,51 @@ def _number(value, minimum: float) -> float:
     return number if math.isfinite(number) and number >= minimum else math.nan
 
 
+LATER_ATTEMPT = ("a later attempt at a survey the worker had already submitted (the earliest is kept: by the page's started_at, "
+                 "else the first file read)")
+COPY = "another copy of a submission already read (the page's JSON and CSV downloads and the MTurk row hold the same answers; counted once)"
+
+
+def _answer_signature(submission: Mapping) -> tuple:
+    """What a submission answered, whatever file it came from (the page's JSON or CSV download, an MTurk row): copies of
+    one attempt have the same signature."""
+    return tuple(sorted((str(a.get("trial_id")), str(a.get("row")), str(a.get("choice"))) for a in submission.get("answers") or []))
+
+
+def _earliest_attempts(submissions: Sequence[Mapping], exclude: Callable[[str, Mapping, int], None]) -> list[Mapping]:
+    """One submission per worker and survey: copies of an attempt (the same answers) collapse into one, and of several
+    attempts the earliest by the page's ``started_at`` (ISO time, so text order is time order) is kept, an attempt
+    without one coming after those with one, then in the order the files were read. The rest go to ``exclude`` as
+    :data:`LATER_ATTEMPT` or :data:`COPY`. Returns the kept submissions in the order they were read."""
+    by_key: dict[tuple[str, str], list[int]] = {}
+    for index, sub in enumerate(submissions):
+        by_key.setdefault((str(sub.get("worker_id")).strip(), sub["survey_id"]), []).append(index)
+    kept = []
+    for indices in by_key.values():
+        attempts: dict[tuple, list[int]] = {}
+        for index in indices:
+            attempts.setdefault(_answer_signature(submissions[index]), []).append(index)
+
+        def order(copies: list[int]) -> tuple:
+            started = min((str(submissions[i]["started_at"]) for i in copies if submissions[i].get("started_at")), default=None)
+            return (started is None, started or "", copies[0])
+
+        first, *later = sorted(attempts.values(), key=order)
+        kept.append(first[0])
+        for reason, index in [(COPY, i) for i in first[1:]] + [(LATER_ATTEMPT if i == copies[0] else COPY, i) for copies in later for i in copies]:
+            exclude(reason, submissions[index], max(len(submissions[index].get("answers") or []), 1))
+    return [submissions[i] for i in sorted(kept)]
+
+
 def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Responses:
     """Read and validate answers from files (page JSON/CSV downloads, MTurk batch results) against ``package``.
 
     Excluded, each with its reason: submissions from another package (fingerprint), of unknown surveys, without a
     worker id, rejected on MTurk, returned, rejected, timed out or screened out on Prolific (a Prolific export among
-    ``paths``: :class:`ProlificStatuses`), or repeated (a worker's second submission of a survey: the first is kept);
-    answers to unknown trials or rows, with invalid choices, or repeated within a submission. Trials a worker
+    ``paths``: :class:`ProlificStatuses`; an assignment rejected on MTurk takes the page's downloads of the same answers
+    with it), or repeated (:func:`_earliest_attempts`: of a worker's attempts at a survey the earliest is kept; further
+    copies of one attempt, such as the page's JSON and CSV downloads beside the MTurk row, are counted once and listed
+    as copies); answers to unknown trials or rows, with invalid choices, or repeated within a submission. Trials a worker
     left unanswered are counted as ``missing answer``. An answer keeps its ``rt_ms`` and the ``position`` (from 1) at which
     its trial was shown to this participant (NaN where the file has none or it is not a number); neither excludes anything.
     """
@@ -213,20 +251,24 @@ def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Respo
     for f in files:
         if not f.is_file():
             raise FileNotFoundError(f"response file {f} not found")
-    rows, excluded, seen = [], [], set()
+    rows, excluded = [], []
 
     def exclude(reason: str, sub: Mapping, n: int) -> None:
         excluded.append({"reason": reason, "source": sub.get("source"), "worker_id": sub.get("worker_id"), "survey_id": sub.get("survey_id"), "answers": n})
 
     prolific = ProlificStatuses()
     submissions = [sub for f in files for sub in _submissions_from_file(f, prolific)]  # every export is read before any answer is judged
+    # A worker does an MTurk HIT (a survey) once: a rejected assignment rejects its answers in every file, the page's downloads too.
+    rejected_on_mturk = {(str(sub.get("worker_id") or "").strip(), sub.get("survey_id")) for sub in submissions
+                         if "invalid" not in sub and str(sub.get("status") or "").lower() == "rejected"}  # an empty CSV cell reads as NaN
+    valid = []
     for sub in submissions:
         answers = sub.get("answers") or []
         n = max(len(answers), 1)
         if "invalid" in sub:
             exclude(sub["invalid"], sub, n)
             continue
-        if str(sub.get("status") or "").lower() == "rejected":  # an empty CSV cell reads as NaN
+        if (str(sub.get("worker_id") or "").strip(), sub.get("survey_id")) in rejected_on_mturk:
             exclude("assignment rejected on MTurk", sub, n)
             continue
         withdrawn = prolific.exclusion(sub)
@@ -240,15 +282,13 @@ def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Respo
         if sub.get("survey_id") not in surveys:
             exclude(f"unknown survey id {sub.get('survey_id')!r}", sub, n)
             continue
-        worker = str(sub.get("worker_id") or "").strip()
-        if not worker:
+        if not str(sub.get("worker_id") or "").strip():
             exclude("no worker id", sub, n)
             continue
-        key = (worker, sub["survey_id"])
-        if key in seen:
-            exclude("duplicate submission (the worker's first submission of this survey is kept)", sub, n)
-            continue
-        seen.add(key)
+        valid.append(sub)
+    for sub in _earliest_attempts(valid, exclude):
+        answers = sub.get("answers") or []
+        worker = str(sub["worker_id"]).strip()
         submission = f"{worker}@{sub['survey_id']}"
         kept, answered = 0, set()
         for a in answers:

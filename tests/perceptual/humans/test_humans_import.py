@@ -11,6 +11,8 @@ import pandas as pd
 import pytest
 
 from perceptual.humans import (
+    COPY,
+    LATER_ATTEMPT,
     human_scores,
     load_package,
     markdown_summary,
@@ -93,11 +95,13 @@ def test_mturk_batch_results_three_workers_per_survey(package, tmp_path):
 def test_validation_names_every_exclusion(package, tmp_path):
     sid = package.manifest["surveys"][0]["survey_id"]
     good = _submission(package, sid, "w1", lambda u: u.answer)
+    units = list(package.truth[package.truth["survey_id"] == sid].itertuples())
     partial = _submission(package, sid, "w2", lambda u: u.answer)
     partial["answers"] = partial["answers"][:-2] + [{"trial_id": "nope/000", "row": 0, "choice": "left"}, dict(partial["answers"][0], choice="up")]
     rows = [
         ("Approved", good),
-        ("Approved", dict(good)),  # the same worker again
+        ("Approved", dict(good)),  # the same answers again: a copy of w1's submission
+        ("Approved", dict(good, answers=[dict(a, choice=_wrong(u)) for a, u in zip(good["answers"], units)])),  # w1 again, other answers
         ("Approved", dict(good, worker_id="w3", package_fingerprint="0000")),
         ("Approved", dict(good, worker_id="w4", survey_id="2afc-999")),
         ("Rejected", dict(good, worker_id="w5")),
@@ -112,7 +116,7 @@ def test_validation_names_every_exclusion(package, tmp_path):
     responses = read_responses([path], package)
     counts = responses.exclusion_counts()
     n = len(good["answers"])
-    assert counts["duplicate submission (the worker's first submission of this survey is kept)"] == n
+    assert counts[COPY] == n and counts[LATER_ATTEMPT] == n
     assert counts[f"answers from a package with another fingerprint ('0000', this package is {package.fingerprint!r})"] == n
     assert counts["unknown survey id '2afc-999'"] == n
     assert counts["assignment rejected on MTurk"] == n
@@ -393,3 +397,52 @@ def test_order_effects_split_each_participants_survey_at_its_middle(package, tmp
     # answers without positions (older pages) give no split
     (tmp_path / "b.json").write_text(json.dumps(_submission(package, sid, "old", lambda u: u.answer)))
     assert human_scores(package, read_responses([tmp_path / "b.json"], package), n_boot=50)["order_effects"] == {}
+
+
+def _page_csv(path, package, sub):
+    """The page's CSV download of ``sub`` (the columns of survey.js's responsesCsv; no assignment id, no times of day)."""
+    pd.DataFrame([{"package_fingerprint": package.fingerprint, "survey_id": sub["survey_id"], "worker_id": sub["worker_id"], "session_id": "",
+                   **a} for a in sub["answers"]]).to_csv(path, index=False)
+
+
+def test_a_rejected_mturk_assignment_takes_the_page_downloads_of_its_answers_with_it(package, tmp_path):
+    from perceptual.pipelines.humans import response_files
+
+    sid = package.manifest["surveys"][0]["survey_id"]
+    cheat = _submission(package, sid, "W1", lambda u: u.answer)
+    honest = _submission(package, sid, "W2", lambda u: u.answer)
+    answers = tmp_path / "answers"
+    answers.mkdir()
+    (answers / f"responses-{sid}-W1.json").write_text(json.dumps(cheat))
+    _page_csv(answers / f"responses-{sid}-W1.csv", package, cheat)
+    _write_mturk(tmp_path / "Batch_1_batch_results.csv", [("Rejected", cheat), ("Approved", honest)])
+    n = len(cheat["answers"])
+    for order in ([answers, tmp_path / "Batch_1_batch_results.csv"], [tmp_path / "Batch_1_batch_results.csv", answers]):
+        responses = read_responses(response_files([str(p) for p in order]), package)
+        assert set(responses.answers["worker_id"]) == {"W2"}  # nothing of the rejected worker counts, from any file
+        assert responses.exclusion_counts() == {"assignment rejected on MTurk": 3 * n}
+
+
+def test_of_two_attempts_the_earliest_is_kept_and_copies_are_not_counted_as_attempts(package, tmp_path):
+    from perceptual.pipelines.humans import response_files
+
+    sid = package.manifest["surveys"][0]["survey_id"]
+    first = dict(_submission(package, sid, "W1", lambda u: u.answer), started_at="2026-05-01T10:00:00.000Z")
+    second = dict(_submission(package, sid, "W1", lambda u: "left" if u.task == "2afc" else "0"), started_at="2026-05-01T11:00:00.000Z")
+    answers = tmp_path / "answers"
+    answers.mkdir()
+    (answers / f"responses-{sid}-W1.json").write_text(json.dumps(first))
+    (answers / f"responses-{sid}-W1 (1).json").write_text(json.dumps(second))  # a browser's name for the second download: read first
+    _page_csv(answers / f"responses-{sid}-W1 (1).csv", package, second)  # the second attempt's CSV: a copy of it, without started_at
+    _write_mturk(tmp_path / "Batch_1_batch_results.csv", [("Approved", first)])  # the first attempt's MTurk row: a copy
+    files = response_files([str(answers), str(tmp_path / "Batch_1_batch_results.csv")])
+    assert files[0].name == f"responses-{sid}-W1 (1).csv"
+    responses = read_responses(files, package)
+    n = len(first["answers"])
+    assert responses.answers["source"].str.endswith(f"responses-{sid}-W1.json").all()  # the 10:00 attempt, though read later
+    assert (responses.answers["choice"].to_numpy() == [a["choice"] for a in first["answers"]]).all()
+    assert responses.exclusion_counts() == {LATER_ATTEMPT: n, COPY: 2 * n}
+    # without start times (the CSV downloads alone) the first file read is kept
+    _page_csv(tmp_path / "first.csv", package, first)
+    only_csv = read_responses([answers / f"responses-{sid}-W1 (1).csv", tmp_path / "first.csv"], package)
+    assert only_csv.answers["source"].str.endswith("W1 (1).csv").all() and only_csv.exclusion_counts() == {LATER_ATTEMPT: n}
