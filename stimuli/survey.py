@@ -14,8 +14,9 @@ learning and fatigue do not fall on the same trials for everyone; the paper does
 A package is a folder::
 
     manifest.json               every trial's ground truth (model, seed type, answer, attention check); NOT served
-    input.csv                   one row per survey: MTurk's batch input (survey_url placeholder, completion code,
-                                Prolific completion URL)
+    input.csv                   one row per survey: MTurk's batch input (survey_url, completion code, Prolific
+                                completion URL); NOT served
+    surveys/                    the only folder to serve: ``base_url`` is its address, a survey's URL base_url/<id>/index.html
     surveys/<survey_id>/index.html   a self-contained page (Jinja2 template, inline dependency-free JS)
     surveys/<survey_id>/images/*.png the 8-bit PNGs it shows, under opaque names, one per appearance
 
@@ -349,7 +350,7 @@ def _write_package(root: Path, loaded: Mapping[str, StimulusSet], surveys: list[
             "survey_id": sid, "task": survey["task"], "n_trials": len(page_trials), "minutes": survey_minutes,
             "n_attention_checks": sum(r["attention_check"] for r in survey["trials"]),
             "models": sorted({r["model"] for r in survey["trials"]}),
-            "survey_url": f"{base_url.rstrip('/')}/surveys/{sid}/index.html", "completion_code": code,
+            "survey_url": f"{base_url.rstrip('/')}/{sid}/index.html", "completion_code": code,  # base_url serves surveys/ alone
             "prolific_completion_url": PROLIFIC_COMPLETE.format(code=code),
         })
 

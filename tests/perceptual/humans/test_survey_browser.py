@@ -60,7 +60,7 @@ def _serving(folder: Path):
 
 @pytest.fixture(scope="module")
 def server(survey_package):
-    with _serving(survey_package) as url:
+    with _serving(survey_package / "surveys") as url:  # the folder the README serves: base_url is its address
         yield url
 
 
@@ -147,13 +147,13 @@ def test_three_scripted_respondents_in_chromium(survey_package, server, tmp_path
     files = []
     try:
         # MTurk's preview (before a worker accepts the HIT) cannot start, even with consent and an id.
-        driver.get(f"{server}/surveys/2afc-000/index.html?assignmentId=ASSIGNMENT_ID_NOT_AVAILABLE&workerId=preview")
+        driver.get(f"{server}/2afc-000/index.html?assignmentId=ASSIGNMENT_ID_NOT_AVAILABLE&workerId=preview")
         driver.find_element(_by("ID"), "consent-box").click()
         assert not driver.find_element(_by("ID"), "start").is_enabled()
         # One survey per task keeps the test near 25 s on 2 shared cores (the others are built the same way).
         for survey in [s for s in package.manifest["surveys"] if s["survey_id"] in ("2afc-000", "clustering-000")]:
             sid, n_trials = survey["survey_id"], survey["n_trials"]
-            url = f"{server}/surveys/{sid}/index.html"
+            url = f"{server}/{sid}/index.html"
             for strategy in ("correct", "random", "inattentive"):
                 worker = f"{strategy}-{sid}".replace("_", "-")
                 first = sid in ("2afc-000", "clustering-000") and strategy == "correct"
@@ -216,7 +216,7 @@ def test_every_participant_and_assignment_has_answers_of_its_own(survey_package,
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.keys import Keys
 
-    url = f"{server}/surveys/2afc-000/index.html"
+    url = f"{server}/2afc-000/index.html"
     driver = _driver(tmp_path)
     try:
         def start(query: str, worker: str | None = None):
@@ -278,7 +278,7 @@ def test_double_clicks_platform_ids_blocked_storage_and_response_times(survey_pa
 
     driver = _driver(tmp_path)
     try:
-        url = f"{server}/surveys/2afc-000/index.html"
+        url = f"{server}/2afc-000/index.html"
         driver.get(url)
         driver.execute_script("window.localStorage.clear()")
         driver.get(f"{url}?PROLIFIC_PID=P1&SESSION_ID=S1")
@@ -294,7 +294,7 @@ def test_double_clicks_platform_ids_blocked_storage_and_response_times(survey_pa
         assert responses["worker_id"] == "P1" and len(responses["answers"]) == 1
 
         # Clustering: each row's time counts from the trial's display.
-        driver.get(f"{server}/surveys/clustering-000/index.html?workerId=RT&assignmentId=A-RT")
+        driver.get(f"{server}/clustering-000/index.html?workerId=RT&assignmentId=A-RT")
         driver.find_element(_by("ID"), "consent-box").click()
         driver.find_element(_by("ID"), "start").click()
         n_rows = len(driver.find_elements(_by("CSS_SELECTOR"), "#stage .row"))
@@ -346,7 +346,7 @@ def test_each_participant_sees_an_order_of_their_own_kept_across_reloads(survey_
     try:
         orders = []
         for worker in ("O1", "O2"):
-            shown, responses = _shown_order(driver, f"{server}/surveys/2afc-000/index.html?workerId={worker}&assignmentId=A-{worker}", reload_after=4)
+            shown, responses = _shown_order(driver, f"{server}/2afc-000/index.html?workerId={worker}&assignmentId=A-{worker}", reload_after=4)
             assert sorted(shown) == sorted(in_package) and len(shown) == len(in_package)  # each trial once, the reload lost none
             assert {a["trial_id"]: a["position"] for a in responses["answers"]} == {t: k + 1 for k, t in enumerate(shown)}
             orders.append(shown)
@@ -356,8 +356,8 @@ def test_each_participant_sees_an_order_of_their_own_kept_across_reloads(survey_
         fixed = tmp_path / "fixed"
         build_survey(inversion_sets, fixed, tasks=("2afc",), trials_per_survey=15, attention_rate=0.2, seed=0, trial_order="fixed")
         fixed_ids = [t["trial_id"] for t in load_package(fixed).manifest["trials"] if t["survey_id"] == "2afc-000"]
-        with _serving(fixed) as url:
-            shown, _ = _shown_order(driver, f"{url}/surveys/2afc-000/index.html?workerId=F1&assignmentId=A-F1", reload_after=4)
+        with _serving(fixed / "surveys") as url:
+            shown, _ = _shown_order(driver, f"{url}/2afc-000/index.html?workerId=F1&assignmentId=A-F1", reload_after=4)
         assert shown == fixed_ids
     finally:
         driver.quit()

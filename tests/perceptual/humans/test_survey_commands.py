@@ -92,7 +92,9 @@ def test_trials_counterbalanced_checks_and_mixed_models(package_dir):
     with open(package_dir / "input.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["survey_id"] for r in rows] == [s["survey_id"] for s in package.manifest["surveys"]]
-    assert all(r["survey_url"] == f"https://example.org/study/surveys/{r['survey_id']}/index.html" for r in rows)
+    # base_url is the address of the surveys/ folder alone, which holds every page and nothing of the ground truth
+    assert all(r["survey_url"] == f"https://example.org/study/{r['survey_id']}/index.html" for r in rows)
+    assert all((package_dir / "surveys" / r["survey_url"].removeprefix("https://example.org/study/")).is_file() for r in rows)
     assert all(r["prolific_completion_url"].endswith(f"cc={r['completion_code']}") for r in rows)
 
 
