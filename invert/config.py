@@ -8,6 +8,7 @@ channels-last.
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Union
@@ -42,8 +43,8 @@ class InvertConfig:
         keep_best: return each sample's lowest-loss iterate (``robustness``'s use_best) instead of
             the last one.
     Early stopping (per sample; a frozen sample costs nothing more once compacted away)
-        patience: freeze a sample whose best loss improved by less than ``rtol`` (relative) over the
-            last ``patience`` steps; None turns it off.
+        patience: freeze a sample whose best loss (its last loss with ``keep_best=False``) improved by less
+            than ``rtol`` (relative) over the last ``patience`` steps; None turns it off.
         rtol: the relative improvement required per window.
         loss_threshold: freeze a sample as soon as its best loss is at or below this; None: off.
     Objective extras, added to the caller's objective by the engine
@@ -129,23 +130,29 @@ class InvertConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.steps < 0:
             raise ValueError(f"steps must be >= 0, got {self.steps}")
-        if self.step_size <= 0:
-            raise ValueError(f"step_size must be positive, got {self.step_size}")
-        if len(self.adam_betas) != 2 or not all(0 <= beta < 1 for beta in self.adam_betas) or not self.adam_eps > 0:
-            raise ValueError(f"adam_betas must be two numbers in [0, 1) and adam_eps positive, got {list(self.adam_betas)}, {self.adam_eps}")
+        # NaN and inf fail every check below: a NaN step size would surface later as a NaN loss blamed on the objective
+        if not (math.isfinite(self.step_size) and self.step_size > 0):
+            raise ValueError(f"step_size must be a positive finite number, got {self.step_size}")
+        if (len(self.adam_betas) != 2 or not all(0 <= beta < 1 for beta in self.adam_betas)
+                or not (math.isfinite(self.adam_eps) and self.adam_eps > 0)):
+            raise ValueError(f"adam_betas must be two numbers in [0, 1) and adam_eps positive and finite, got {list(self.adam_betas)}, {self.adam_eps}")
         for name in ("rtol", "tv_weight", "lp_weight"):  # a negative prior weight would reward rough or saturated images
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("tv_beta", "lp_p"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)}")
+        if not (math.isfinite(self.tv_beta) and self.tv_beta > 0):
+            raise ValueError(f"tv_beta must be a positive finite number, got {self.tv_beta}")
+        if not (math.isfinite(self.lp_p) and self.lp_p >= 1):  # |t|^p has an infinite slope at t = 0 for p < 1
+            raise ValueError(f"lp_p must be a finite number >= 1 (below 1 the prior's gradient is infinite at a mid-grey pixel), got {self.lp_p}")
+        if self.stop_at_bounds and self.parametrization != "pixel":
+            raise ValueError(f"stop_at_bounds applies to parametrization=pixel only (a {self.parametrization} image never sits at a clamp); "
+                             "set stop_at_bounds=false")
         if self.patience is not None and self.patience < 1:
             raise ValueError(f"patience must be at least 1 step (or None to disable), got {self.patience}")
         if self.micro_batch is not None and self.micro_batch < 1:
             raise ValueError(f"micro_batch must be at least 1 (or None for automatic), got {self.micro_batch}")
-        if isinstance(self.cuda_graph, int):  # YAML/CLI 0 and 1 as booleans
+        if isinstance(self.cuda_graph, numbers.Integral) and self.cuda_graph in (0, 1):  # YAML/CLI 0 and 1 as booleans
             self.cuda_graph = bool(self.cuda_graph)
-        if self.cuda_graph not in CUDA_GRAPH_MODES:
+        if not any(self.cuda_graph is mode for mode in CUDA_GRAPH_MODES[:2]) and self.cuda_graph != "auto":  # 0.0 == False, but is not off
             raise ValueError(f"cuda_graph must be one of {list(CUDA_GRAPH_MODES)}, got {self.cuda_graph!r}")
         if self.cuda_graph is True and self.compile:
             raise ValueError(

@@ -77,8 +77,8 @@ class InversionResult:
     last_loss: (N,) the loss of each item's last iterate (where it stopped, or at ``steps``); with ``keep_best``
         ``best_loss`` may be lower. The two together say whether an item was still moving.
     steps_used: (N,) gradient steps each item took before it finished or was frozen.
-    loss_curve: (len(curve_steps), N) each item's best loss so far at ``curve_steps``
-        (0, log_every, 2 log_every, ..., steps).
+    loss_curve: (len(curve_steps), N) each item's best loss so far at ``curve_steps`` (0, log_every, 2 log_every,
+        ..., steps); with ``keep_best=False``, its current loss (which may rise).
     curve_steps: the step of each row of ``loss_curve``.
     micro_batch: the micro-batch size that was used.
     loop: how the steps ran: ``eager`` (frozen items compacted away at each report), ``masked`` (fixed shapes, frozen
@@ -208,7 +208,7 @@ class Engine:
         is used for every item, as a shared seed. ``item_offset`` shifts the items' random keys (for runs
         split into shards that should draw as one run). The objective is run in eval mode with its
         parameters frozen; both are restored afterwards. With ``channels_last``, its 4-D weights are
-        converted to channels-last in place (numerically harmless). The search runs in float32 whatever
+        channels-last for the run and back in their own layout afterwards (numerically harmless). The search runs in float32 whatever
         ``init``'s dtype (``precision`` says how the objective computes); the images come back in ``init``'s dtype.
         """
         cfg = self.config
@@ -263,16 +263,18 @@ class Engine:
     # ------------------------------------------------------------------ helpers
 
     def _with_extras(self, objective: Objective, item_offset: int, device: torch.device) -> Objective:
-        """The caller's objective plus the config's priors and transformation robustness."""
+        """The caller's objective under transformation robustness, plus the config's priors on the image itself: the
+        transformations serve the representation term only, as in the authors' deep-learning-base (``BaseLoss`` warps
+        the input of its representation losses; "regularization must be applied to the original image")."""
         cfg = self.config
-        if cfg.tv_weight:
-            objective = objective + TotalVariation(cfg.tv_weight, cfg.tv_beta)
-        if cfg.lp_weight:
-            objective = objective + LpPrior(cfg.lp_weight, cfg.lp_p)
         if cfg.transform_robust:
             objective = TransformRobust(
                 objective, samples=cfg.transform_samples, seed=cfg.seed, item_offset=item_offset
             ).to(device)
+        if cfg.tv_weight:
+            objective = objective + TotalVariation(cfg.tv_weight, cfg.tv_beta)
+        if cfg.lp_weight:
+            objective = objective + LpPrior(cfg.lp_weight, cfg.lp_p)
         return objective
 
     def _micro_batch_size(self, runner: "_Runner", init: Tensor) -> int:

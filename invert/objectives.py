@@ -344,10 +344,13 @@ class TotalVariation(Objective):
 class LpPrior(Objective):
     """``weight * mean(|x - 0.5| ** p)`` per sample: the alpha-norm prior of Mahendran & Vedaldi
     (2015) around mid-grey, as a mean (size-independent ``weight``) and without the 1/p root, whose
-    gradient is infinite at x = 0.5. The authors' ``LpLoss`` is ``||x||_p`` with the root and no 0.5 offset."""
+    gradient is infinite at x = 0.5. The authors' ``LpLoss`` is ``||x||_p`` with the root and no 0.5 offset. ``p`` is at
+    least 1: below, ``|t| ** p`` itself has an infinite slope at t = 0, so a mid-grey pixel would give a NaN gradient."""
 
     def __init__(self, weight: float = 1.0, p: float = 6.0):
         super().__init__()
+        if not p >= 1:
+            raise ValueError(f"p must be >= 1 (below 1 the prior's gradient is infinite at a mid-grey pixel), got {p}")
         self.weight, self.p = weight, p
 
     def forward(self, x: Tensor, items: Tensor | None = None, step: Step = 0) -> Tensor:

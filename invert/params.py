@@ -105,7 +105,8 @@ class Fourier:
     (N, C, H, W // 2 + 1, 2).
 
     Differences from Lucid, on purpose: orthonormal FFTs and ``scale`` normalised to 1 at DC (so a
-    step of length eta moves the image by at most about eta in L2, as the pixel step does); no
+    step of length eta moves the image by at most sqrt(2) eta in L2: the parameters are the half spectrum
+    of ``rfft2``, where each interior column stands for two conjugate bins); no
     sigmoid at the end: the image is kept in [0, 1] by :meth:`project`, which clamps *in image
     space* and maps back (the map is linear and invertible), instead of clamping the spectrum.
     """

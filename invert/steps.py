@@ -43,12 +43,16 @@ def per_sample(value: Radius, like: Tensor) -> Radius:
 
 def per_sample_norm(x: Tensor, p: float = 2.0) -> Tensor:
     """The p-norm of each sample, shape (N,). Reduces over all non-batch dims without copying
-    (``flatten`` would copy a channels-last tensor)."""
+    (``flatten`` would copy a channels-last tensor); an (N,) tensor holds N one-number samples."""
+    if x.ndim == 1:  # vector_norm reads dim=() as "every dim": the whole batch's norm
+        return x.abs()
     return torch.linalg.vector_norm(x, ord=p, dim=tuple(range(1, x.ndim)))
 
 
 def _broadcast_norm(x: Tensor) -> Tensor:
     """Per-sample L2 norm shaped (N, 1, ..., 1) for broadcasting."""
+    if x.ndim == 1:
+        return x.abs()
     return torch.linalg.vector_norm(x, dim=tuple(range(1, x.ndim)), keepdim=True)
 
 
@@ -66,8 +70,8 @@ class L2Step:
     library (``L2Step.step``) and of Nanda et al.'s inversions (eta 1.0).
 
     Differs from ``robustness`` in one detail: it divides by ``max(||g||, 1e-12)`` instead of
-    ``||g|| + 1e-10``, so a zero gradient gives exactly zero step and large gradients are not
-    shrunk by the epsilon.
+    ``||g|| + 1e-10``, so a step is exactly ``step_size`` long for any gradient above 1e-12, where the
+    library's falls short once ``||g||`` nears 1e-10 (a zero gradient gives a zero step in both).
     """
 
     step_size: Radius = 1.0

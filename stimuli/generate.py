@@ -163,7 +163,10 @@ NEUTRAL_DEFAULTS = {"step_schedule": "constant"}
 
 def _engine_parameters(engine: Engine) -> dict:
     values = engine.config.to_dict()
-    return {k: v for k, v in values.items() if k not in EXECUTION_KEYS and not (k in NEUTRAL_DEFAULTS and v == NEUTRAL_DEFAULTS[k])}
+    parameters = {k: v for k, v in values.items() if k not in EXECUTION_KEYS and not (k in NEUTRAL_DEFAULTS and v == NEUTRAL_DEFAULTS[k])}
+    if values["transform_robust"] and (values["tv_weight"] or values["lp_weight"]):
+        parameters["priors_on"] = "image"  # the engine once put priors inside the transformations: such sets are remade, not reused
+    return parameters
 
 
 # ------------------------------------------------------------------------------------------- plans

@@ -61,13 +61,23 @@ def test_errors():
     ({"steps": 1e3}, r"steps must be an integer, got 1000.0 \(write 1000"),
     ({"patience": 50.0}, "patience must be an integer"),
     ({"seed": True}, "seed must be an integer"),
-    ({"rtol": -1e-3}, "rtol must be >= 0"),
-    ({"tv_weight": -0.1}, "tv_weight must be >= 0"),
-    ({"lp_weight": float("nan")}, "lp_weight must be >= 0"),
-    ({"lp_p": 0}, "lp_p must be positive"),
+    ({"rtol": -1e-3}, "rtol must be a finite number >= 0"),
+    ({"rtol": float("inf")}, "rtol must be a finite number >= 0"),  # every item would freeze after exactly `patience` steps
+    ({"tv_weight": -0.1}, "tv_weight must be a finite number >= 0"),
+    ({"lp_weight": float("nan")}, "lp_weight must be a finite number >= 0"),
+    ({"lp_p": 0}, "lp_p must be a finite number >= 1"),
+    ({"lp_p": 0.5}, "lp_p must be a finite number >= 1"),  # a mid-grey pixel would give a NaN gradient
+    ({"tv_beta": float("inf")}, "tv_beta must be a positive finite number"),
+    ({"step_size": float("nan")}, "step_size must be a positive finite number, got nan"),  # NaN <= 0 is False
+    ({"step_size": float("inf")}, "step_size must be a positive finite number"),
     ({"adam_betas": [0.9]}, r"adam_betas must be two numbers in \[0, 1\)"),
     ({"adam_betas": [0.9, 1.0]}, r"adam_betas must be two numbers in \[0, 1\)"),
     ({"adam_eps": 0.0}, "adam_eps positive"),
+    ({"adam_eps": float("inf")}, "adam_eps positive and finite"),  # Adam's step would be 0: the seeds come back unchanged
+    ({"cuda_graph": 0.0}, "cuda_graph must be one of"),  # 0.0 == False, yet `is False` read it as on
+    ({"cuda_graph": 1.0}, "cuda_graph must be one of"),
+    ({"cuda_graph": 2}, "cuda_graph must be one of"),
+    ({"stop_at_bounds": True, "parametrization": "sigmoid"}, "stop_at_bounds applies to parametrization=pixel only"),
 ])
 def test_a_value_the_engine_cannot_use_is_named_when_the_config_is_built(override, message):
     with pytest.raises(ValueError, match=message):

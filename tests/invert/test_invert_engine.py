@@ -547,7 +547,7 @@ def test_bad_inputs_have_clear_messages(inversion):
         (dict(step_schedule="exp"), "unknown step_schedule 'exp'; choose one of \\['constant', 'cosine', 'linear'\\]"),
         (dict(precision="fp16"), "unknown precision 'fp16'; choose one of \\['fp32', 'bf16', 'auto'\\]"),
         (dict(steps=-1), "steps must be >= 0"),
-        (dict(step_size=0.0), "step_size must be positive"),
+        (dict(step_size=0.0), "step_size must be a positive finite number"),
         (dict(log_every=0), "log_every must be at least 1"),
         (dict(patience=0), "patience must be at least 1 step"),
         (dict(micro_batch=0), "micro_batch must be at least 1"),

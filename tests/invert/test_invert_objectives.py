@@ -91,6 +91,22 @@ def test_priors():
     assert torch.allclose(TotalVariation(1.0, beta=1.0)(flat), torch.zeros(2), atol=1e-3)
     assert torch.equal(LpPrior(1.0, 6.0)(torch.full((2, 3, 8, 8), 0.5)), torch.zeros(2))
     torch.testing.assert_close(LpPrior(2.0, 2.0)(flat), torch.full((2,), 2 * 0.2**2))
+    with pytest.raises(ValueError, match="p must be >= 1"):  # |t|^0.5 has an infinite slope at a mid-grey pixel: NaN gradients
+        LpPrior(1.0, 0.5)
+
+
+def test_the_engine_puts_priors_on_the_image_and_transformations_on_the_representation_term_only():
+    """deep-learning-base warps only its representation losses' input ("regularization must be applied to the original
+    image"); a prior on warped copies would see a blurred image (a third of its total variation, measured)."""
+    from invert import Objective, invert_batch
+
+    class Zero(Objective):
+        def forward(self, x, items=None, step=0):
+            return x.new_zeros(x.shape[0])
+
+    x = noise_images(4, (3, 16, 16), seed=3)
+    result = invert_batch(Zero(), x, steps=0, tv_weight=1.0, lp_weight=0.5, transform_robust=True, transform_samples=4, progress=False)
+    torch.testing.assert_close(result.initial_loss, TotalVariation(1.0)(x) + LpPrior(0.5)(x))
 
 
 def test_objectives_add(tiny_representation, wave_images):

@@ -37,6 +37,13 @@ def test_l2_step_accepts_per_sample_step_sizes_and_channels_last():
     torch.testing.assert_close(per_sample_norm(new - x), sizes)
 
 
+def test_a_one_dimensional_batch_is_n_samples_of_one_number():
+    x = torch.tensor([3.0, -4.0])
+    torch.testing.assert_close(per_sample_norm(x), torch.tensor([3.0, 4.0]))  # not the batch's norm, 5
+    torch.testing.assert_close(L2Step(1.0).step(torch.zeros(2), x, {}), torch.tensor([-1.0, 1.0]))
+    torch.testing.assert_close(project_l2(x, torch.zeros(2), 1.0), torch.tensor([1.0, -1.0]))
+
+
 def test_zero_gradient_gives_zero_step_not_nan():
     x = torch.rand(2, 3, 4, 4)
     grad = torch.zeros_like(x)
