@@ -259,7 +259,7 @@ def measure_models(
     out = Path(out)
     device = resolve_device(device)
     engine = validate_inputs(specs, n_targets=n_targets, seed_types=seed_types, tasks=tasks, engine=engine, controversial=controversial,
-                             noise_kind=noise_kind, chunk_size=chunk_size)
+                             noise_kind=noise_kind, chunk_size=chunk_size, accuracy_limit=accuracy_limit)
     dataset = data_cfg["name"]
     test = dataset_from_config(data_cfg, "test")
     train = dataset_from_config(data_cfg, "train") if "train" in seed_types else None
@@ -366,7 +366,8 @@ def _keep_human_columns(report_data: dict, previous: Path) -> None:
 
 
 def validate_inputs(specs: Sequence[ModelSpec], *, n_targets: int, seed_types: Sequence[str], tasks: Sequence[str], engine: Any,
-                    controversial: Mapping | None, noise_kind: str = "uniform", chunk_size: int | None = None) -> Engine:
+                    controversial: Mapping | None, noise_kind: str = "uniform", chunk_size: int | None = None,
+                    accuracy_limit: int | None = None) -> Engine:
     """Check everything a measurement needs before the first model is built, so that a bad value costs
     seconds rather than a run: returns the engine (a bad engine key is refused with the valid keys)."""
     if not specs:
@@ -384,6 +385,8 @@ def validate_inputs(specs: Sequence[ModelSpec], *, n_targets: int, seed_types: S
     if noise_kind not in NOISE_KINDS:
         raise ValueError(f"unknown noise_kind {noise_kind!r}: use one of {sorted(NOISE_KINDS)}")
     stimuli.check_chunk_size(chunk_size)
+    if accuracy_limit is not None and (isinstance(accuracy_limit, bool) or not isinstance(accuracy_limit, int) or accuracy_limit < 1):
+        raise ValueError(f"accuracy_limit must be a positive number of test images (or null for all), got {accuracy_limit!r}")
     needed = max((MIN_TARGETS[t] for t in tasks), default=1)
     if int(n_targets) < needed:
         raise ValueError(f"n_targets={n_targets} is too few: {', '.join(t for t in tasks if MIN_TARGETS[t] > n_targets)} needs at least {needed} targets")

@@ -15,7 +15,7 @@ the negated gradient. Nothing here synchronises with the host: the step loop has
 runs inside ``invert.validation.hot_loop()``.
 
 Deliberate differences from the reference code: the random L2 start is uniform in the ball
-(``invert.steps.random_start_l2``) where ``robustness`` renormalises a uniform cube sample; the
+(``invert.steps.random_start_l2``) where ``robustness`` (1.2.1) puts it on the sphere of radius eps; the
 last iterate is returned (``robustness``' ``use_best=False``), which is what Madry et al.'s training
 uses; an attack in ``train`` batch-norm mode leaves the running statistics untouched (Wong et al.'s
 code lets the FGSM pass update them).

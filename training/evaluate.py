@@ -18,6 +18,7 @@ not disturb the global random state of a training run.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, field
 from typing import Iterator, Sequence, Union
 
@@ -40,6 +41,11 @@ def _length(data: Data) -> int:
 
 def _prepare(data: Data, limit: int | None) -> Data:
     """Validate once (so batches can skip the device-syncing range check) and cut to ``limit``."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, numbers.Integral) or limit < 1):
+        raise ValueError(f"limit must be a positive number of images (or None for all), got {limit!r}: "
+                         "0 would evaluate nothing and report 0 % accuracy, a negative limit would drop images from the end")
+    if _length(data) == 0:
+        raise ValueError("no images to evaluate: the data set is empty")
     if isinstance(data, ImageSet):
         return data if limit is None or limit >= len(data) else data.subset(torch.arange(limit))
     images, labels = data

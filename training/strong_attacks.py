@@ -148,8 +148,9 @@ LossGrad = Callable[[nn.Module, Tensor, Callable[[Tensor], Tensor]], tuple[Tenso
 
 
 def _apgd_single_run(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel, loss_of: Callable[[Tensor], Tensor],
-                     loss_grad: LossGrad, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-    """One APGD run from a random start; returns (adversarial images, fooled mask)."""
+                     loss_grad: LossGrad, generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
+    """One APGD run from a random start; returns (adversarial images, fooled mask, the highest loss found: the loss of
+    the returned image of a sample that was not fooled)."""
     steps = threat.steps
     k, k_min, k_decrement = apgd_schedule(steps)
     n = x.shape[0]
@@ -197,7 +198,7 @@ def _apgd_single_run(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel
                 grad = torch.where(halve.view(-1, 1, 1, 1), grad_best, grad)
                 k = max(k - k_decrement, k_min)
                 since_check = 0
-    return torch.where(fooled.view(-1, 1, 1, 1), x_best_adv, x_best).detach(), fooled
+    return torch.where(fooled.view(-1, 1, 1, 1), x_best_adv, x_best).detach(), fooled, loss_best.detach()
 
 
 def apgd(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel, *, loss: str = "ce", restarts: int = 1,
@@ -210,7 +211,9 @@ def apgd(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel, *, loss: s
     ``loss``: ``"ce"`` (APGD-CE, ``restarts`` runs), ``"dlr"`` or ``"dlr-targeted"`` (APGD-T: one run per
     target, the ``n_targets`` best-scoring wrong classes of the clean logits, each repeated ``restarts``
     times). Later runs attack only the samples not yet fooled. Returns images in the ball and in [0, 1]:
-    a misclassified point where one was found, otherwise the highest-loss point.
+    a misclassified point where one was found, otherwise the highest-loss point of all runs (for APGD-T, whose
+    targets' losses do not compare, the point of the run whose margin, the highest wrong logit minus the true
+    one, is largest).
 
     ``smoothing_sigma`` > 0 attacks the Gaussian-smoothed loss instead, with gradients estimated from
     ``smoothing_samples`` queries per step (:func:`smoothed_loss_grad`, Tramer et al. 2020's attack on
@@ -232,6 +235,7 @@ def apgd(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel, *, loss: s
         clean_logits = model(x)
     n_classes = clean_logits.shape[1]
     x_out = x.clone()
+    kept_score = torch.full((x.shape[0],), -math.inf, device=x.device)  # of each unfooled sample's point in x_out
     remaining = clean_logits.argmax(dim=1) == y  # misclassified clean images need no attack
     if loss == "dlr-targeted":
         order = clean_logits.sort(dim=1).indices
@@ -244,8 +248,15 @@ def apgd(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel, *, loss: s
             if index.numel() == 0:
                 return x_out
             loss_of = _loss_fn(loss, y[index], None if target is None else target[index])
-            x_adv, fooled = _apgd_single_run(model, x[index], y[index], threat, loss_of, loss_grad, generator)
-            x_out[index] = x_adv
+            x_adv, fooled, run_loss = _apgd_single_run(model, x[index], y[index], threat, loss_of, loss_grad, generator)
+            if len(targets) == 1:
+                score = run_loss
+            else:
+                with torch.no_grad():
+                    score = -margin(model(x_adv), y[index])  # higher: nearer to a wrong answer
+            better = fooled | (score > kept_score[index])  # a later run replaces a point only with a stronger one
+            x_out[index[better]] = x_adv[better]
+            kept_score[index[better]] = score[better]
             remaining[index[fooled]] = False
     return x_out
 
@@ -308,7 +319,7 @@ def square_linf(model: nn.Module, x: Tensor, y: Tensor, eps: float, *, queries: 
             if active.numel() == 0:
                 break
             x_curr, x_best_curr = x[active], x_best[active]
-            side = min(max(int(round(math.sqrt(_square_p(iteration, queries, p_init) * h * w))), 1), h)
+            side = min(max(int(round(math.sqrt(_square_p(iteration, queries, p_init) * h * w))), 1), h, w)  # as the reference: min(h, w)
             vh = int(torch.randint(0, h - side + 1, (1,), generator=generator, device=device))
             vw = int(torch.randint(0, w - side + 1, (1,), generator=generator, device=device))
             delta = torch.zeros(c, h, w, device=device, dtype=x.dtype)
@@ -425,7 +436,7 @@ def square_l2(model: nn.Module, x: Tensor, y: Tensor, eps: float, *, queries: in
             x_curr, x_best_curr = x[active], x_best[active]
             delta = x_best_curr - x_curr
             side = max(int(round(math.sqrt(_square_p(iteration, queries, p_init) * h * w))), 3)
-            side = min(side + 1 - side % 2, h - (1 - h % 2))  # odd, and not larger than the image
+            side = min(side + 1 - side % 2, min(h, w) - (1 - min(h, w) % 2))  # odd, and not larger than the image
             first, second = position(side), position(side)
             patch = square_l2_patch(side, coin(), device, dtype) * rand_sign(len(active), c, 1, 1)
             delta = square_l2_proposal(delta, first, second, side, patch, eps)

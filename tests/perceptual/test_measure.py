@@ -192,7 +192,8 @@ def test_pipeline_refusals(tmp_path, tiny_checkpoints):
     ({"engine": {"steps": 2, "step": 3}}, r"unknown invert config keys \['step'\]; valid keys are"),
     ({"seed_types": ["noise", "trian"]}, "seed_types must be a non-empty list of"),
     ({"noise_kind": "normal"}, r"unknown noise_kind 'normal': use one of \['gaussian', 'light', 'super', 'uniform'\]"),
-], ids=["controversial-label", "controversial-key", "controversial-lambda", "too-few-targets", "engine-key", "seed-type", "noise-kind"])
+    ({"accuracy_limit": 0}, r"accuracy_limit must be a positive number of test images \(or null for all\), got 0"),
+], ids=["controversial-label", "controversial-key", "controversial-lambda", "too-few-targets", "engine-key", "seed-type", "noise-kind", "accuracy-limit"])
 def test_bad_measure_inputs_are_refused_before_any_model_is_built(tmp_path, tiny_checkpoints, change, message):
     specs = [ModelSpec("small_cnn", str(tiny_checkpoints["narrow"]), "narrow", kwargs={"width": 8}),
              ModelSpec("small_cnn", str(tiny_checkpoints["wide"]), "wide", kwargs={"width": 12})]

@@ -62,6 +62,11 @@ def test_float_pairs_are_checked_and_counted():
         correct_counts(model, (images * 255, labels))
     with pytest.raises(ValueError, match="one label per image"):
         correct_counts(model, (images, labels[:3]))
+    for limit in (0, -2, 2.5, True):  # 0 evaluated nothing and reported 0 % accuracy; -2 dropped the last two images
+        with pytest.raises(ValueError, match="limit must be a positive number of images"):
+            correct_counts(model, (images, labels), limit=limit)
+    with pytest.raises(ValueError, match="no images to evaluate"):
+        correct_counts(model, (images[:0], labels[:0]))
 
 
 def test_masking_report_passes_for_an_ordinary_model(trained):

@@ -84,3 +84,15 @@ def test_linear_probe_is_the_same_on_every_rank_and_ignores_a_dead_unit():
         before = model(x)
         bn.bias[3] = 5.0  # the unit wakes on new images: the head does not see it
         assert torch.allclose(model(x), before)
+
+
+def test_the_probe_settings_keep_their_types_from_the_recipe_config():
+    """A probe seed or feature batch size read as a float failed in linear_probe, after the whole pre-training."""
+    from omegaconf import OmegaConf
+
+    from training.recipes import _simclr_kwargs
+
+    train = load_dataset("digits", "train")
+    probe = _simclr_kwargs(OmegaConf.create({"probe": {"epochs": 2, "batch_size": 32, "seed": 3, "feature_batch_size": 64, "lr": 1}}), train)["probe"]
+    assert probe == {"epochs": 2, "batch_size": 32, "seed": 3, "feature_batch_size": 64, "lr": 1.0}
+    assert all(type(probe[k]) is int for k in ("epochs", "batch_size", "seed", "feature_batch_size")) and type(probe["lr"]) is float

@@ -285,3 +285,42 @@ def test_smoothed_gradient_settings_are_checked(digits_model):
         apgd(model, x[:2], y[:2], ThreatModel("linf", 0.03, steps=2), smoothing_sigma=-0.1)
     with pytest.raises(AttackConfigError, match="smoothing_samples >= 2"):
         apgd(model, x[:2], y[:2], ThreatModel("linf", 0.03, steps=2), smoothing_sigma=0.03, smoothing_samples=1)
+
+
+@pytest.mark.parametrize("loss", ["ce", "dlr-targeted"])
+def test_apgd_keeps_the_strongest_point_of_all_its_runs_for_a_sample_it_did_not_fool(digits_model, monkeypatch, loss):
+    """Each later run used to overwrite the point of an unfooled sample: the last run's best, not the best found."""
+    import training.strong_attacks as strong
+
+    model, x, y = digits_model
+    runs = []
+    single_run = strong._apgd_single_run
+
+    def recorded(model, x, y, threat, loss_of, loss_grad, generator):
+        out = single_run(model, x, y, threat, loss_of, loss_grad, generator)
+        runs.append((out[0], loss_of))
+        return out
+
+    monkeypatch.setattr(strong, "_apgd_single_run", recorded)
+    with torch.no_grad():
+        right = model(x).argmax(1) == y
+    x, y = x[right], y[right]
+    threat = ThreatModel("linf", 0.01 / 255, steps=4)  # too small a ball to fool anything
+    adv = apgd(model, x, y, threat, loss=loss, restarts=4, n_targets=2, generator=torch.Generator().manual_seed(0))
+    assert [point.shape[0] for point, _ in runs] == [len(x)] * (4 if loss == "ce" else 8)  # nothing fooled: every run saw every sample
+    with torch.no_grad():  # one loss: the highest of the runs; several targets' losses do not compare: the smallest margin
+        strength = torch.stack([loss_of(model(point)) if loss == "ce" else -margin(model(point), y) for point, loss_of in runs])
+    strongest = torch.stack([point for point, _ in runs])[strength.argmax(0), torch.arange(len(x))]
+    assert torch.equal(adv, strongest)
+
+
+def test_square_attacks_take_images_wider_or_taller_than_the_square():
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 64 * 16, 10)).eval()
+    x = torch.rand(4, 3, 64, 16)
+    y = model(x).argmax(1).detach()
+    for attack, eps, norm in ((square_linf, 8 / 255, "linf"), (square_l2, 0.5, "l2")):
+        adv = attack(model, x, y, eps, queries=20, generator=torch.Generator().manual_seed(0))  # the side is bounded by min(h, w)
+        distance = (adv - x).abs().amax(dim=(1, 2, 3)) if norm == "linf" else (adv - x).flatten(1).norm(dim=1)
+        assert (distance <= eps + 1e-5).all() and adv.shape == x.shape
+        adv = attack(model, x.transpose(2, 3).contiguous(), y, eps, queries=20, generator=torch.Generator().manual_seed(0))
+        assert adv.shape == (4, 3, 16, 64)

@@ -98,6 +98,9 @@ def _fast_at(cfg, model, train_data, seed):
                         attack_bn=cfg.get("attack_bn", "train"), **_common(cfg))
 
 
+PROBE_INT_KEYS = ("epochs", "batch_size", "seed", "feature_batch_size")  # linear_probe's counts; its other settings are floats
+
+
 def _simclr_kwargs(cfg, train_data: ImageSet) -> dict[str, Any]:
     s = cfg.get("simclr") or {}
     augment = SimCLRAugment(
@@ -109,7 +112,7 @@ def _simclr_kwargs(cfg, train_data: ImageSet) -> dict[str, Any]:
     )
     probe = dict(cfg.get("probe") or {})
     return {"augment": augment, "temperature": float(s.get("temperature", 0.5)), "projection_dim": int(s.get("projection_dim", 128)),
-            "probe": {k: (int(v) if k in ("epochs", "batch_size") else float(v)) for k, v in probe.items()}}
+            "probe": {k: (int(v) if k in PROBE_INT_KEYS else float(v)) for k, v in probe.items()}}
 
 
 @register_recipe("simclr")
