@@ -36,6 +36,7 @@ import pandas as pd
 from .decisions import TRIAL_TABLE_COLUMNS
 from .human_trials import texture_category
 from .metrics import SIXTEEN_CLASS_NAMES, error_consistency, observed_consistency, shape_bias
+from .metrics._validation import as_binary
 from .metrics.trials import human_test as is_human_test
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ def _check(trials: pd.DataFrame, extra: tuple[str, ...] = ()) -> pd.DataFrame:
         raise ValueError(f"trials lack the column(s) {missing}; required: {REQUIRED + extra}")
     if trials.empty:
         raise ValueError("trials is empty")
+    # NaN or the text "False" would read as correct in a boolean cast: refused, as aggregate_trials refuses them
+    as_binary(trials["correct"].infer_objects().to_numpy(), "trials' correct column")
     repeated = trials.duplicated(["dataset", "condition", "subject", "image_id"])
     if repeated.any():
         example = trials.loc[repeated, ["dataset", "condition", "subject", "image_id"]].iloc[0].tolist()
@@ -207,7 +210,7 @@ def shape_bias_per_category(trials: pd.DataFrame, humans: Any = None, dataset: s
 
 # The benchmark's order (``datasets/experiments.py``) for its conditions that are not numbers: colour before greyscale,
 # true colour before opponent colour, the original before the equalised power spectrum.
-NAMED_CONDITION_ORDER = ("cr", "bw", "True", "False", "0", "pow")
+NAMED_CONDITION_ORDER = ("cr", "bw", "true", "false", "0", "pow")  # compared in lower case: the raw CSVs write true/false
 
 
 def condition_order(conditions: Collection) -> list:
@@ -227,7 +230,7 @@ def condition_order(conditions: Collection) -> list:
     if all(number(v) is not None for v in values):
         return sorted(values, key=lambda v: (number(v), v))
     rank = {name: i for i, name in enumerate(NAMED_CONDITION_ORDER)}
-    return sorted(values, key=lambda v: (rank.get(v, len(rank)), v))
+    return sorted(values, key=lambda v: (rank.get(v.lower(), len(rank)), v))
 
 
 __all__ = [

@@ -157,7 +157,7 @@ def fpr_at_tpr(id_scores: Any, ood_scores: Any, tpr: float = 0.95) -> float:
     """
     target = check_scalar(tpr, "tpr", low=0.0, high=1.0, low_open=True)
     id_s, ood_s = _id_ood(id_scores, ood_scores)
-    k = int(np.ceil(round(target * id_s.size, 9)))  # round() keeps 0.95·20 = 19.000000000000004 at 19
+    k = max(int(np.ceil(round(target * id_s.size, 9))), 1)  # round() keeps 0.95·20 = 19.000000000000004 at 19; k >= 1: the top score
     threshold = np.sort(id_s)[::-1][k - 1]
     return float(np.mean(ood_s >= threshold))
 

@@ -100,6 +100,17 @@ def test_repeated_images_are_refused():
         accuracy_per_subject(table(CELL + [("net", "exp", "c1", 1, 0)]))
 
 
+def test_a_correct_column_that_is_not_right_or_wrong_is_refused():
+    """NaN (a model without decisions, after a merge) and the text "False" both read as correct in a boolean cast: the
+    model got consistency as if it were always right, while its accuracy was NaN."""
+    missing = table(CELL).astype({"correct": float})
+    missing.loc[missing["subject"] == "net", "correct"] = np.nan
+    with pytest.raises(ValueError, match="correct column must contain only 0/1 or True/False"):
+        pairwise_consistency(missing)
+    with pytest.raises(TypeError, match="correct column must be booleans or 0/1 numbers"):
+        accuracy_per_subject(table(CELL).assign(correct=lambda t: t["correct"].map({1: "True", 0: "False"})))
+
+
 def cue(subject, shape, texture, response, trial):
     name = f"{trial:04d}_s5n_s01_0_{shape}_00_{shape}1-{texture}2.png"
     return {"subject": subject, "dataset": "cue-conflict", "condition": "0", "image_id": name.split("_", 4)[4], "category": shape,
@@ -133,6 +144,7 @@ def test_condition_order():
     assert condition_order(["16-10-10", "2-10-10", "128-10-10"]) == ["2-10-10", "16-10-10", "128-10-10"]
     # the benchmark's order for named conditions; contrast by its percentage (as strings c100 sat between c10 and c15)
     assert condition_order(["bw", "cr"]) == ["cr", "bw"] and condition_order(["False", "True"]) == ["True", "False"]
+    assert condition_order(["false", "true"]) == ["true", "false"]  # as the raw CSVs write false-colour's conditions
     assert condition_order(["pow", "0"]) == ["0", "pow"]
     assert condition_order(["c100", "c05", "c10", "c15", "c01"]) == ["c01", "c05", "c10", "c15", "c100"]
 
@@ -154,6 +166,11 @@ def test_real_human_shape_bias_recomputed_from_the_raw_files(real_trials):
     result = shape_bias_table(real_trials).set_index("subject")
     assert result.loc["all humans", "shape_bias"] == pytest.approx(shape / (shape + texture_hits))
     assert (result.loc["all humans", "shape_decisions"], result.loc["all humans", "texture_decisions"]) == (shape, texture_hits)
+
+
+def test_real_false_colour_conditions_come_in_the_benchmarks_order(real_trials):
+    conditions = real_trials.loc[real_trials["dataset"] == "false-colour", "condition"].unique()
+    assert condition_order(conditions) == ["true", "false"]  # true colour before opponent colour, as the benchmark lists them
 
 
 def test_real_human_error_consistency_per_condition(real_trials):

@@ -63,6 +63,10 @@ def test_linear_cka_accepts_tensors():
 
 def test_linear_cka_constant_representation_is_nan():
     assert math.isnan(linear_cka(np.ones((5, 3)), np.arange(10.0).reshape(5, 2)))
+    # a constant the mean does not reproduce exactly (0.1) left 1e-17 residues and a CKA of ~1e-33, not NaN
+    rng = np.random.default_rng(0)
+    assert math.isnan(linear_cka(np.full((10, 3), 0.1), rng.normal(size=(10, 4))))
+    assert math.isnan(linear_cka(np.tile(rng.normal(size=(1, 50)), (5, 1)), rng.normal(size=(5, 60))))  # the wide (Gram) branch
 
 
 @pytest.mark.parametrize(

@@ -174,6 +174,7 @@ def test_fpr_at_tpr_hand_computed():
     assert fpr_at_tpr(id_s, ood_s, tpr=0.9) == pytest.approx(2 / 3)  # k = 9 -> threshold 2
     assert fpr_at_tpr(id_s, ood_s, tpr=0.5) == pytest.approx(1 / 3)  # k = 5 -> threshold 6
     assert fpr_at_tpr(id_s, ood_s, tpr=0.05) == pytest.approx(0.0)  # k = 1 -> threshold 10
+    assert fpr_at_tpr(id_s, ood_s, tpr=1e-12) == pytest.approx(0.0)  # k = 0 wrapped round to the lowest threshold (2/3)
 
 
 def test_fpr_at_tpr_exact_fraction_is_not_rounded_up():
