@@ -152,7 +152,7 @@ class InvertConfig:
             raise ValueError(f"micro_batch must be at least 1 (or None for automatic), got {self.micro_batch}")
         if isinstance(self.cuda_graph, numbers.Integral) and self.cuda_graph in (0, 1):  # YAML/CLI 0 and 1 as booleans
             self.cuda_graph = bool(self.cuda_graph)
-        if not any(self.cuda_graph is mode for mode in CUDA_GRAPH_MODES[:2]) and self.cuda_graph != "auto":  # 0.0 == False, but is not off
+        if not (isinstance(self.cuda_graph, bool) or self.cuda_graph == "auto"):  # 0.0 == False, yet the engine tests `is False`
             raise ValueError(f"cuda_graph must be one of {list(CUDA_GRAPH_MODES)}, got {self.cuda_graph!r}")
         if self.cuda_graph is True and self.compile:
             raise ValueError(

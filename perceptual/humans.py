@@ -125,7 +125,7 @@ class ProlificStatuses:
         if session in self.by_session:
             statuses = {self.by_session[session]}
         else:
-            statuses = self.by_participant.get(str(submission.get("worker_id") or "").strip(), set())
+            statuses = self.by_participant.get(_worker_id(submission), set())
         withdrawn = statuses & set(PROLIFIC_WITHDRAWN)
         if not withdrawn:
             return None
@@ -200,6 +200,11 @@ LATER_ATTEMPT = ("a later attempt at a survey the worker had already submitted (
 COPY = "another copy of a submission already read (the page's JSON and CSV downloads and the MTurk row hold the same answers; counted once)"
 
 
+def _worker_id(submission: Mapping) -> str:
+    """The submission's worker id as the import compares it: stripped; missing or blank is no id."""
+    return str(submission.get("worker_id") or "").strip()
+
+
 def _answer_signature(submission: Mapping) -> tuple:
     """What a submission answered, whatever file it came from (the page's JSON or CSV download, an MTurk row): copies of
     one attempt have the same signature."""
@@ -213,7 +218,7 @@ def _earliest_attempts(submissions: Sequence[Mapping], exclude: Callable[[str, M
     :data:`LATER_ATTEMPT` or :data:`COPY`. Returns the kept submissions in the order they were read."""
     by_key: dict[tuple[str, str], list[int]] = {}
     for index, sub in enumerate(submissions):
-        by_key.setdefault((str(sub.get("worker_id")).strip(), sub["survey_id"]), []).append(index)
+        by_key.setdefault((_worker_id(sub), sub["survey_id"]), []).append(index)
     kept = []
     for indices in by_key.values():
         attempts: dict[tuple, list[int]] = {}
@@ -259,7 +264,7 @@ def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Respo
     prolific = ProlificStatuses()
     submissions = [sub for f in files for sub in _submissions_from_file(f, prolific)]  # every export is read before any answer is judged
     # A worker does an MTurk HIT (a survey) once: a rejected assignment rejects its answers in every file, the page's downloads too.
-    rejected_on_mturk = {(str(sub.get("worker_id") or "").strip(), sub.get("survey_id")) for sub in submissions
+    rejected_on_mturk = {(_worker_id(sub), sub.get("survey_id")) for sub in submissions
                          if "invalid" not in sub and str(sub.get("status") or "").lower() == "rejected"}  # an empty CSV cell reads as NaN
     valid = []
     for sub in submissions:
@@ -268,7 +273,7 @@ def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Respo
         if "invalid" in sub:
             exclude(sub["invalid"], sub, n)
             continue
-        if (str(sub.get("worker_id") or "").strip(), sub.get("survey_id")) in rejected_on_mturk:
+        if (_worker_id(sub), sub.get("survey_id")) in rejected_on_mturk:
             exclude("assignment rejected on MTurk", sub, n)
             continue
         withdrawn = prolific.exclusion(sub)
@@ -282,13 +287,13 @@ def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Respo
         if sub.get("survey_id") not in surveys:
             exclude(f"unknown survey id {sub.get('survey_id')!r}", sub, n)
             continue
-        if not str(sub.get("worker_id") or "").strip():
+        if not _worker_id(sub):
             exclude("no worker id", sub, n)
             continue
         valid.append(sub)
     for sub in _earliest_attempts(valid, exclude):
         answers = sub.get("answers") or []
-        worker = str(sub["worker_id"]).strip()
+        worker = _worker_id(sub)
         submission = f"{worker}@{sub['survey_id']}"
         kept, answered = 0, set()
         for a in answers:

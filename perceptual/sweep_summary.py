@@ -19,18 +19,19 @@ import json
 import logging
 import math
 import numbers
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+from omegaconf import OmegaConf
 
+from training.attacks import AttackConfigError, config_number
 from training.io import atomic_write_json, atomic_write_text
-from training.sweeps import RUN_LOCATION_KEYS
+from training.sweeps import is_run_location
 
-from .report import save_figure
+from .report import format_score, save_figure
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +95,6 @@ def _training_config(summary: Mapping, folder: Path) -> Mapping | None:
     path = folder / "config.yaml"
     if not path.is_file():
         return None
-    from omegaconf import OmegaConf
-
     return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
 
 
@@ -154,13 +153,6 @@ def flatten_config(config: Mapping, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _run_location(key: str) -> bool:
-    return any(key == k or key.startswith(k + ".") for k in RUN_LOCATION_KEYS)
-
-
-_FRACTION = re.compile(r"^\s*(-?\d+(?:\.\d*)?)\s*/\s*(\d+(?:\.\d*)?)\s*$")
-
-
 def numeric_value(value: Any) -> float | None:
     """A swept value as a number where it is one: ints and floats, and fractions written as text (``8/255``, how
     eps is often given on the command line); None otherwise (booleans, names, lists)."""
@@ -169,12 +161,9 @@ def numeric_value(value: Any) -> float | None:
     if isinstance(value, numbers.Real):  # numpy's numbers too, as a DataFrame holds them
         return None if math.isnan(value) else float(value)
     if isinstance(value, str):
-        match = _FRACTION.match(value)
-        if match and float(match.group(2)) != 0:
-            return float(match.group(1)) / float(match.group(2))
         try:
-            return float(value)
-        except ValueError:
+            return config_number(value, "a swept value")
+        except AttackConfigError:
             return None
     return None
 
@@ -227,11 +216,12 @@ def collect_sweep(root: str | Path, sources: Mapping[str, SweepSource] | None = 
     """Read every job below ``root`` (see the module docstring): one :class:`SweepTable` per kind of result found,
     rows sorted by the swept values (numbers as numbers, ``8/255`` included) and then by model."""
     root = Path(root)
+    sources = SWEEP_SOURCES if sources is None else sources
     if not root.is_dir():
         raise FileNotFoundError(f"root={root} is not a folder: give the `out` (or `run_dir`) that the sweep wrote its jobs below")
     jobs = find_jobs(root, sources)
     if not jobs:
-        looked_for = ", ".join(f"{s.filename} ({s.kind})" for s in (sources or SWEEP_SOURCES).values())
+        looked_for = ", ".join(f"{s.filename} ({s.kind})" for s in sources.values())
         raise FileNotFoundError(f"no finished job below {root}: looked for {looked_for}. Give the `out` (or `run_dir`) the sweep "
                                 "wrote its jobs below; a job that did not finish has written no result yet")
     tables = {}
@@ -240,9 +230,9 @@ def collect_sweep(root: str | Path, sources: Mapping[str, SweepSource] | None = 
         source = of_kind[0][1]
         configs, without_config = {}, []
         for folder, _, data in of_kind:
-            job = folder.relative_to(root).as_posix() if folder != root else "."
+            job = folder.relative_to(root).as_posix()  # "." for the root itself
             config = source.config(data, folder)
-            configs[job] = {} if config is None else {k: v for k, v in flatten_config(config).items() if not _run_location(k)}
+            configs[job] = {} if config is None else {k: v for k, v in flatten_config(config).items() if not is_run_location(k)}
             if config is None:
                 without_config.append(job)
         keys = sorted({k for flat in configs.values() for k in flat})
@@ -250,12 +240,10 @@ def collect_sweep(root: str | Path, sources: Mapping[str, SweepSource] | None = 
         swept = [k for k in keys if len({json.dumps(flat.get(k), sort_keys=True, default=str) for flat in with_config}) > 1]
         records = []
         for folder, _, data in of_kind:
-            job = folder.relative_to(root).as_posix() if folder != root else "."
-            for row in source.rows(data):
-                records.append({"job": job, **{k: configs[job].get(k) for k in swept}, **row})
-        frame = pd.DataFrame.from_records(records)
-        order = sorted(range(len(frame)), key=lambda i: ([_sort_key(frame.iloc[i][k]) for k in swept], str(frame.iloc[i]["model"]), frame.iloc[i]["job"]))
-        tables[kind] = SweepTable(source, frame.iloc[order].reset_index(drop=True), swept, without_config)
+            job = folder.relative_to(root).as_posix()
+            records += [{"job": job, **{k: configs[job].get(k) for k in swept}, **row} for row in source.rows(data)]
+        records.sort(key=lambda r: ([_sort_key(r[k]) for k in swept], str(r["model"]), r["job"]))
+        tables[kind] = SweepTable(source, pd.DataFrame.from_records(records), swept, without_config)
         if without_config:
             log.warning("%d %s job(s) saved no config, so their swept values are unknown: %s", len(without_config), kind, ", ".join(without_config))
     return tables
@@ -265,7 +253,7 @@ def _cell(value: Any, metric: SweepMetric | None = None) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     if metric is not None and metric.percent and not isinstance(value, bool):
-        return f"{float(value) * 100:.1f}"
+        return format_score(float(value))
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value).replace("|", "\\|")
@@ -325,10 +313,10 @@ def sweep_figure(table: SweepTable, path: str | Path, x: str | None = None) -> P
     metrics = [m for m in table.source.metrics if m.column in table.source.plotted and frame[m.column].notna().any()]
     if not metrics:
         return None
-    numbers = [numeric_value(v) for v in frame[x]]
-    is_numeric = all(n is not None for n in numbers)
+    values_as_numbers = [numeric_value(v) for v in frame[x]]
+    is_numeric = all(n is not None for n in values_as_numbers)
     categories = sorted(dict.fromkeys(frame[x]), key=_sort_key)
-    positions = numbers if is_numeric else [categories.index(v) for v in frame[x]]
+    positions = values_as_numbers if is_numeric else [categories.index(v) for v in frame[x]]
     others = [k for k in table.swept if k != x]
     models = [frame["model"].astype(str)] if frame["model"].nunique() > 1 else []
     if len(others) > MAX_LEGEND_KEYS:  # jobs that differ in many keys (runs gathered by hand): a line per job folder
@@ -339,9 +327,8 @@ def sweep_figure(table: SweepTable, path: str | Path, x: str | None = None) -> P
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics) + 1.5, 3.6), squeeze=False)
     for ax, metric in zip(axes[0], metrics):
         scale = 100 if metric.percent else 1
-        for group in dict.fromkeys(groups):
-            index = [i for i in range(len(frame)) if groups.iloc[i] == group]
-            index.sort(key=lambda i: positions[i])
+        for group, members in groups.groupby(groups, sort=False).groups.items():
+            index = sorted(members, key=lambda i: positions[i])  # the frame's index is 0..n-1
             values = [frame[metric.column].iloc[i] for i in index]
             ax.plot([positions[i] for i in index], [math.nan if v is None else float(v) * scale for v in values], marker="o", label=group)
         ax.set_xlabel(x)

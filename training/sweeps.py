@@ -41,6 +41,11 @@ def _excluded(key: str, exclude: Iterable[str]) -> bool:
     return any(key == k or key.startswith(k + ".") for k in exclude)
 
 
+def is_run_location(key: str) -> bool:
+    """Whether a config key only says where or how a job runs (:data:`RUN_LOCATION_KEYS`, or a key below one)."""
+    return _excluded(key, RUN_LOCATION_KEYS)
+
+
 def job_name(overrides: Iterable[str], exclude: Iterable[str] = RUN_LOCATION_KEYS) -> str:
     """A folder name for a job: its overrides without the excluded keys, sorted and joined by commas,
     with path separators escaped; a name too long for a file system is cut and ends in a hash of the
@@ -91,4 +96,4 @@ def job_path(base: str | Path, exclude: Iterable[str] = RUN_LOCATION_KEYS) -> Pa
     return Path(base) / name if name else Path(base)
 
 
-__all__ = ["RUN_LOCATION_KEYS", "job_name", "job_path", "swept_keys"]
+__all__ = ["RUN_LOCATION_KEYS", "is_run_location", "job_name", "job_path", "swept_keys"]
