@@ -188,9 +188,10 @@ def _read_json(path: Path) -> Mapping:
     return data
 
 
-def find_jobs(root: Path, sources: Mapping[str, SweepSource] | None = None) -> list[tuple[Path, SweepSource, Mapping]]:
+def find_jobs(root: str | Path, sources: Mapping[str, SweepSource] | None = None) -> list[tuple[Path, SweepSource, Mapping]]:
     """Every job folder below ``root`` (``root`` itself included) with its source and result: the highest folder
     holding a result file that its source recognises; result files further down belong to that job."""
+    root = Path(root)
     sources = SWEEP_SOURCES if sources is None else sources
     candidates = sorted(((path, source) for source in sources.values() for path in root.rglob(source.filename) if path.is_file()),
                         key=lambda item: (len(item[0].relative_to(root).parts), str(item[0])))
