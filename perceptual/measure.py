@@ -271,17 +271,20 @@ def measure_models(
     for spec in tqdm(specs, desc="models", unit="model"):
         classifier = spec.build(dataset).to(device)
         default_dir = out / "models" / spec.label
-        if spec.factory or spec.module is not None:  # a factory's settings need not show in its weights, which key a set
-            entry = {"factory": spec.factory, "kwargs": dict(spec.kwargs), "checkpoint": spec.checkpoint}
-            default_dir = out / "models" / f"{spec.label}-{module_identity(classifier, entry)[:10]}"
+        settings = dict(spec.kwargs)  # a zoo model's kwargs (e.g. a k-WTA ratio) change what it computes, not its weights
+        if spec.factory or spec.module is not None:  # nor need a factory's settings, or a built module's, show in its weights
+            identity = module_identity(classifier, {"factory": spec.factory, "kwargs": dict(spec.kwargs), "checkpoint": spec.checkpoint})
+            default_dir = out / "models" / f"{spec.label}-{identity[:10]}"
+            settings = {"identity": identity[:16]}
         model_dir = Path((model_dirs or {}).get(spec.label) or default_dir)
-        ref = stimuli.ModelRef.from_classifier(classifier, name=spec.label, checkpoint=spec.checkpoint, layer=spec.layer, fake_relu=spec.fake_relu)
+        ref = stimuli.ModelRef.from_classifier(classifier, name=spec.label, checkpoint=spec.checkpoint, layer=spec.layer, fake_relu=spec.fake_relu,
+                                               settings=settings)
         classifiers[spec.label] = ref
         stimulus_set = stimuli.make_inversion_set(
             model_dir / "set", ref, targets, seed_types=seed_types, noise_kind=noise_kind, train_set=train, seed=seed, engine=engine,
             chunk_size=chunk_size, device=device, config=config, overwrite=SETS_OUT_OF_DATE,
         )
-        accuracy_key = accuracy_cache_key(ref.provenance()["weights_sha256"], threat, accuracy_limit, data_cfg)
+        accuracy_key = accuracy_cache_key(ref.provenance()["weights_sha256"], threat, accuracy_limit, data_cfg, settings=ref.settings)
         accuracy = model_accuracy(classifier, test, threat, model_dir, accuracy_key, accuracy_limit)
         convergence = convergence_summary(stimulus_set, convergence_threshold)
         observed = observe_set(stimulus_set, panel, model_dir, tasks=tasks, seed=seed, attention_rate=attention_rate, judge_8bit=judge_8bit,
@@ -342,12 +345,15 @@ CONTROVERSIAL_KEYS = ("model_a", "model_b", "lambda_", "n_origins", "restarts", 
 MIN_TARGETS = {"2afc": 1, "clustering": 3, "clustering_hard": 3}  # a clustering trial shows three targets
 
 
-def accuracy_cache_key(weights_sha256: str, threat: ThreatModel | None, accuracy_limit: int | None, data_cfg: Mapping) -> str:
-    """What a model's cached accuracies are keyed by: its weights, the threat, the image limit and the data config with
-    its root resolved (cifar-10-mini and CIFAR-10 share the name cifar10; ``~/data`` and its expansion are one root)."""
+def accuracy_cache_key(weights_sha256: str, threat: ThreatModel | None, accuracy_limit: int | None, data_cfg: Mapping,
+                       settings: Mapping | None = None) -> str:
+    """What a model's cached accuracies are keyed by: its weights and the settings its weights do not show
+    (:attr:`stimuli.ModelRef.settings`), the threat, the image limit and the data config with its root resolved
+    (cifar-10-mini and CIFAR-10 share the name cifar10; ``~/data`` and its expansion are one root)."""
     root = data_cfg.get("root")
-    return cache_key(weights_sha256, threat and vars(threat), accuracy_limit,
-                     {**dict(data_cfg), "root": root and str(Path(expand_path(root)).resolve())})
+    data = {**dict(data_cfg), "root": root and str(Path(expand_path(root)).resolve())}
+    # Without settings the key is the one accuracies were cached under before settings were recorded.
+    return cache_key(weights_sha256, threat and vars(threat), accuracy_limit, data, *([dict(settings)] if settings else []))
 
 
 def _keep_human_columns(report_data: dict, previous: Path) -> None:

@@ -65,7 +65,9 @@ def _model(model_cfg: DictConfig, data_name: str, device, seed: int, role: str) 
     classifier = model_from_config(model_cfg, data_name).to(device)
     representation = representation_from_config(classifier, model_cfg)
     checkpoint = model_cfg.get("checkpoint")
-    return ModelRef(model_cfg.name, representation, classifier, checkpoint=str(checkpoint) if checkpoint else None, layer=representation.layer)
+    settings = OmegaConf.to_container(model_cfg.kwargs, resolve=True) if model_cfg.get("kwargs") else None  # e.g. a k-WTA ratio
+    return ModelRef(model_cfg.name, representation, classifier, checkpoint=str(checkpoint) if checkpoint else None, layer=representation.layer,
+                    settings=settings)
 
 
 def _summary(stimulus_set: StimulusSet) -> str:

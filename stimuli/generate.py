@@ -108,7 +108,9 @@ class ModelRef:
     representation: [0, 1] images → features (for inversion and controversial sets), e.g. a
     :class:`training.Representation`. classifier: [0, 1] images → logits (for the
     class-controversial objective). name, checkpoint, layer: provenance (``layer`` defaults to the
-    representation's ``layer`` attribute).
+    representation's ``layer`` attribute). settings: what changes the model's function but not its weights (a
+    zoo model's kwargs such as a k-WTA ratio, a factory and its kwargs); part of every set's fingerprint, so a
+    set made with other settings is not taken for this model's.
     """
 
     name: str
@@ -116,6 +118,7 @@ class ModelRef:
     classifier: nn.Module | None = None
     checkpoint: str | None = None
     layer: str | None = None
+    settings: dict | None = None
 
     def __post_init__(self) -> None:
         if self.representation is None and self.classifier is None:
@@ -128,14 +131,15 @@ class ModelRef:
     @classmethod
     def from_classifier(
         cls, classifier: nn.Module, name: str | None = None, checkpoint: str | None = None,
-        layer: str | None = None, fake_relu: bool | None = None,
+        layer: str | None = None, fake_relu: bool | None = None, settings: Mapping | None = None,
     ) -> "ModelRef":
         """Wrap a zoo :class:`training.Classifier`: its representation at ``layer`` (default the
         penultimate) and its logits."""
         from training import Representation
 
         representation = Representation(classifier, layer=layer, fake_relu=fake_relu)
-        return cls(name or getattr(classifier, "arch", type(classifier).__name__), representation, classifier, checkpoint)
+        return cls(name or getattr(classifier, "arch", type(classifier).__name__), representation, classifier, checkpoint,
+                   settings=dict(settings) if settings else None)
 
     def module(self, what: str) -> nn.Module:
         module = self.representation if what == "representation" else self.classifier
@@ -147,13 +151,16 @@ class ModelRef:
         return module_device(self.representation, self.classifier)
 
     def provenance(self) -> dict:
-        return {
+        provenance = {
             "name": self.name,
             "checkpoint": self.checkpoint,
             "layer": self.layer,
             "fake_relu": getattr(self.representation, "fake_relu", None),
             "weights_sha256": weights_hash(self.classifier if self.classifier is not None else self.representation),
         }
+        if self.settings:  # left out when empty, so sets made before settings were recorded keep their fingerprint
+            provenance["settings"] = self.settings
+        return provenance
 
 
 # Options added after sets were first written, at the value that reproduces the old behaviour: left out of the

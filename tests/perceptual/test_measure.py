@@ -147,6 +147,25 @@ def test_a_factory_model_with_other_settings_gets_sets_of_its_own(tmp_path):
     assert first != second and Path(first).parent.name.startswith("q-") and Path(second).is_dir()
 
 
+def test_a_zoo_model_with_other_kwargs_is_not_served_the_old_sets_and_accuracy(tmp_path):
+    """A k-WTA ratio changes what the model computes, not its weights: keyed by weights, ratio 0.9 got ratio 0.1's numbers."""
+    from training.config import dataset_from_config
+    from training.evaluate import clean_accuracy
+
+    torch.manual_seed(0)
+    checkpoint = save_checkpoint(build_model("kwta_small_cnn", "digits", width=8, ratio=0.1), tmp_path / "kwta.safetensors")
+    test = dataset_from_config({"name": "digits", "root": None}, "test").subset(torch.arange(100))
+    fingerprints = []
+    for ratio in (0.1, 0.9):
+        spec = ModelSpec("kwta_small_cnn", str(checkpoint), "kwta", kwargs={"width": 8, "ratio": ratio})
+        data = measure_models([spec], {"name": "digits", "root": None}, tmp_path / "report", engine=ENGINE, n_targets=2, seed_types=["noise"],
+                              tasks=["2afc"], panel=Panel([PixelL2Observer()]), threat=None, accuracy_limit=100, device=TEST_DEVICE)
+        model = build_model("kwta_small_cnn", "digits", checkpoint=str(checkpoint), width=8, ratio=ratio)
+        assert data["models"]["kwta"]["clean_accuracy"] == pytest.approx(clean_accuracy(model, test))
+        fingerprints.append(json.loads((Path(data["models"]["kwta"]["set"]) / "manifest.json").read_text())["fingerprint"])
+    assert fingerprints[0] != fingerprints[1]
+
+
 def test_an_observer_is_cached_by_its_weights_and_settings_not_its_name(tmp_path, tiny_checkpoints):
     """LPIPS from another weights file keeps its name: keyed by the name, it was served the first file's judgements."""
     from perceptual.measure import observe_set

@@ -205,6 +205,18 @@ def test_a_step_schedule_is_a_different_set(tmp_path, digits):
     assert cosine.parameters["engine"]["step_schedule"] == "cosine" and cosine.fingerprint != constant.fingerprint
 
 
+def test_settings_the_weights_do_not_show_make_another_set(digits, one_go):
+    """A k-WTA ratio changes the model, not its weights: recorded as settings, it is part of the fingerprint; a model
+    without settings keeps the fingerprint sets had before settings were recorded."""
+    s, _ = one_go
+    assert "settings" not in s.parameters["model"]
+    test, train = digits
+    model = ModelRef("tiny", tiny_representation(0), checkpoint="tiny.safetensors", layer="features", settings={"ratio": 0.5})
+    with pytest.raises(StimulusSetError, match="already holds a different stimulus set"):
+        make_inversion_set(s.path, model, select_targets(test, N_TARGETS, seed=0), seed_types=["noise", "train"], train_set=train,
+                           chunk_size=CHUNK, engine=CountingEngine(), preview=False)
+
+
 def test_shards_merge_to_the_unsharded_set(tmp_path, digits, one_go):
     shards = []
     for shard in range(2):
