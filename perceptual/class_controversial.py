@@ -55,6 +55,8 @@ def nearest_class_choice(observer: Observer, stimuli: Tensor, candidates: Tensor
     or -1 on a tie; class distance = mean of the ``k`` smallest distances to the class's exemplars."""
     if candidates.ndim != 2 or candidates.shape != (len(stimuli), 2):
         raise ValueError(f"candidates must be (N, 2) class indices for N={len(stimuli)} stimuli, got {tuple(candidates.shape)}")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k (the nearest exemplars a class distance averages) must be a whole number >= 1, got {k!r}")
     missing = sorted(set(candidates.flatten().tolist()) - set(exemplar_labels.tolist()))
     if missing:
         raise ValueError(f"no exemplars of classes {missing}: give exemplar images of every class the models decide")
@@ -64,6 +66,8 @@ def nearest_class_choice(observer: Observer, stimuli: Tensor, candidates: Tensor
         for i, c in enumerate(candidates[:, col].tolist()):
             row = distances[i, exemplar_labels == c]
             class_distance[i, col] = row.topk(min(k, len(row)), largest=False).values.mean()
+    if not torch.isfinite(class_distance).all():  # a NaN gap would read as a choice of column 0
+        raise ValueError(f"observer {getattr(observer, 'name', observer)!r} gave non-finite distances to the class exemplars")
     gap = class_distance[:, 0] - class_distance[:, 1]
     return torch.where(gap.abs() <= tie_tolerance, torch.full_like(gap, -1), (gap > 0).double()).long()
 

@@ -22,6 +22,12 @@ DEFAULT_THRESHOLD = 0.05
 MIN_CONVERGED_FRACTION = 0.5
 
 
+def check_threshold(threshold: float) -> None:
+    """A convergence threshold is a positive finite normalised distance."""
+    if isinstance(threshold, bool) or not (isinstance(threshold, (int, float)) and threshold > 0 and math.isfinite(threshold)):
+        raise ValueError(f"the convergence threshold must be a positive number (a normalised distance), got {threshold!r}")
+
+
 def convergence_summary(stimulus_set, threshold: float = DEFAULT_THRESHOLD) -> dict:
     """Per-item convergence of an inversion set's results.
 
@@ -29,8 +35,7 @@ def convergence_summary(stimulus_set, threshold: float = DEFAULT_THRESHOLD) -> d
     the fraction of items with best distance <= ``threshold``, the converged result ids, and the distance curve
     over steps (median, 10th and 90th percentile of each item's best distance so far, at the set's curve steps).
     """
-    if not (isinstance(threshold, (int, float)) and threshold > 0 and math.isfinite(threshold)):
-        raise ValueError(f"the convergence threshold must be a positive number (a normalised distance), got {threshold!r}")
+    check_threshold(threshold)
     manifest = stimulus_set.manifest
     mask = (manifest["role"] == "result").to_numpy(dtype=bool)
     results = manifest[mask]

@@ -55,7 +55,7 @@ from training.models.defences import build_from_factory
 from . import report
 from .cache import cache_key, cached_json, module_identity
 from .class_controversial import class_controversial_score, class_controversial_sentence, class_exemplars
-from .convergence import DEFAULT_THRESHOLD, MIN_CONVERGED_FRACTION, convergence_figure, convergence_sentence, convergence_summary, is_converged
+from .convergence import DEFAULT_THRESHOLD, MIN_CONVERGED_FRACTION, check_threshold, convergence_figure, convergence_sentence, convergence_summary, is_converged
 from .decisions import observer_slug
 from .observers import Panel, default_panel, make_observer, offline_variants, quantize_8bit
 from .statistics import measurement_statistics, percentile_interval
@@ -259,7 +259,8 @@ def measure_models(
     out = Path(out)
     device = resolve_device(device)
     engine = validate_inputs(specs, n_targets=n_targets, seed_types=seed_types, tasks=tasks, engine=engine, controversial=controversial,
-                             noise_kind=noise_kind, chunk_size=chunk_size, accuracy_limit=accuracy_limit)
+                             noise_kind=noise_kind, chunk_size=chunk_size, accuracy_limit=accuracy_limit,
+                             convergence_threshold=convergence_threshold, attention_rate=attention_rate, gaussian_targets=gaussian_targets)
     dataset = data_cfg["name"]
     test = dataset_from_config(data_cfg, "test")
     train = dataset_from_config(data_cfg, "train") if "train" in seed_types else None
@@ -373,7 +374,8 @@ def _keep_human_columns(report_data: dict, previous: Path) -> None:
 
 def validate_inputs(specs: Sequence[ModelSpec], *, n_targets: int, seed_types: Sequence[str], tasks: Sequence[str], engine: Any,
                     controversial: Mapping | None, noise_kind: str = "uniform", chunk_size: int | None = None,
-                    accuracy_limit: int | None = None) -> Engine:
+                    accuracy_limit: int | None = None, convergence_threshold: float = DEFAULT_THRESHOLD, attention_rate: float = 0.0,
+                    gaussian_targets: Sequence[Mapping] | bool | None = None) -> Engine:
     """Check everything a measurement needs before the first model is built, so that a bad value costs
     seconds rather than a run: returns the engine (a bad engine key is refused with the valid keys)."""
     if not specs:
@@ -396,6 +398,10 @@ def validate_inputs(specs: Sequence[ModelSpec], *, n_targets: int, seed_types: S
     needed = max((MIN_TARGETS[t] for t in tasks), default=1)
     if int(n_targets) < needed:
         raise ValueError(f"n_targets={n_targets} is too few: {', '.join(t for t in tasks if MIN_TARGETS[t] > n_targets)} needs at least {needed} targets")
+    check_threshold(convergence_threshold)
+    stimuli.check_attention_rate(attention_rate)
+    if gaussian_targets and gaussian_targets is not True:
+        stimuli.check_gaussians(gaussian_targets)
     resolved = resolve_engine(engine)
     if controversial:
         unknown = sorted(set(controversial) - set(CONTROVERSIAL_KEYS))
@@ -413,6 +419,10 @@ def validate_inputs(specs: Sequence[ModelSpec], *, n_targets: int, seed_types: S
         if int(controversial.get("n_origins", 10)) < 1:
             raise ValueError("controversial n_origins must be at least 1")
         check_push_weight(controversial.get("lambda_", 0.1))
+        for key, least in (("steps", 0), ("k", 1), ("exemplars_per_class", 1)):
+            value = controversial.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+                raise ValueError(f"controversial {key} must be a whole number >= {least}{' (or null)' if key == 'steps' else ''}, got {value!r}")
         objective = controversial.get("objective") or "controversial"
         if objective not in stimuli.CONTROVERSIAL_OBJECTIVES:
             raise ValueError(f"controversial objective={objective!r}: use one of {list(stimuli.CONTROVERSIAL_OBJECTIVES)}")

@@ -40,13 +40,13 @@ from .sets import (
     shard_path,
     write_set,
 )
-from .sources import DEFAULT_GAUSSIANS, SEED_TYPES, Seeds, Targets, gaussian_targets, make_seeds, select_targets
-from .trials import TASKS, clustering_trials, make_trials, nearest_triplets, two_afc_trials
+from .sources import DEFAULT_GAUSSIANS, SEED_TYPES, Seeds, Targets, check_gaussians, gaussian_targets, make_seeds, select_targets
+from .trials import TASKS, check_attention_rate, clustering_trials, make_trials, nearest_triplets, two_afc_trials
 
 __all__ = [
     "COLUMNS", "CONTROVERSIAL_OBJECTIVES", "DEFAULT_GAUSSIANS", "DIRECTIONS", "FORMAT_VERSION", "IncompleteSetError", "ModelRef", "QUANTISATION",
-    "SEED_TYPES", "Seeds", "StimulusSet", "StimulusSetError", "TASKS", "Targets", "clustering_trials",
-    "check_chunk_size", "find_shards", "gaussian_targets", "load_set", "make_controversial_set", "make_inversion_set", "make_seeds",
+    "SEED_TYPES", "Seeds", "StimulusSet", "StimulusSetError", "TASKS", "Targets", "check_attention_rate", "check_chunk_size",
+    "check_gaussians", "clustering_trials", "find_shards", "gaussian_targets", "load_set", "make_controversial_set", "make_inversion_set", "make_seeds",
     "make_trials", "merge_sets", "nearest_triplets", "pixel_l2_distances", "quantise", "read_png",
     "resolve_distance", "resolve_engine", "select_targets", "set_trials", "shard_path", "target_distances",
     "two_afc_trials", "write_set",

@@ -38,6 +38,7 @@ split between the two, where the authors ran ``n`` of each.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -170,6 +171,29 @@ def select_targets(dataset: Any, n: int = 100, seed: int = 0, split: str | None 
     )
 
 
+def check_gaussians(gaussians: Sequence[Mapping[str, Any]]) -> list[dict]:
+    """Each Gaussian as ``{"name", "mean", "std"}`` with finite numbers and std >= 0 (``name`` defaults to
+    ``gaussian<i>``); refuses anything else, naming the entry."""
+    if not gaussians or isinstance(gaussians, (str, Mapping)):
+        raise ValueError(f"gaussian targets need a list of Gaussians {{name, mean, std}}, got {gaussians!r}")
+    specs = []
+    for i, g in enumerate(gaussians):
+        if not isinstance(g, Mapping):
+            raise ValueError(f"Gaussian {i} is {g!r}: give each as {{name, mean, std}}")
+        missing, unknown = {"mean", "std"} - set(g), set(g) - {"name", "mean", "std"}
+        if missing or unknown:
+            problem = f"lacks {sorted(missing)}" if missing else f"has unknown keys {sorted(unknown)}"
+            raise ValueError(f"Gaussian {i} {problem}: give each as {{name, mean, std}}")
+        try:
+            mean, std = float(g["mean"]), float(g["std"])
+        except (TypeError, ValueError):
+            raise ValueError(f"Gaussian {i}: mean and std must be numbers, got {g['mean']!r} and {g['std']!r}") from None
+        if not (math.isfinite(mean) and math.isfinite(std)) or std < 0:
+            raise ValueError(f"Gaussian {i} needs a finite mean and a finite, non-negative std, got mean={mean} std={std}")
+        specs.append({"name": str(g.get("name", f"gaussian{i}")), "mean": mean, "std": std})
+    return specs
+
+
 def gaussian_targets(
     n: int = 100,
     shape: Sequence[int] = (3, 32, 32),
@@ -180,16 +204,7 @@ def gaussian_targets(
     ``k mod len(gaussians)``, clamped to [0, 1]. Each Gaussian is ``{"name", "mean", "std"}``."""
     if n < 1:
         raise ValueError(f"n_targets must be at least 1, got {n}")
-    if not gaussians:
-        raise ValueError("gaussian targets need at least one Gaussian {name, mean, std}")
-    specs = []
-    for i, g in enumerate(gaussians):
-        missing = {"mean", "std"} - set(g)
-        if missing:
-            raise ValueError(f"Gaussian {i} lacks {sorted(missing)}: give each as {{name, mean, std}}")
-        if float(g["std"]) < 0:
-            raise ValueError(f"Gaussian {i} has a negative std {g['std']}")
-        specs.append({"name": str(g.get("name", f"gaussian{i}")), "mean": float(g["mean"]), "std": float(g["std"])})
+    specs = check_gaussians(gaussians)
     shape = tuple(int(s) for s in shape)
     images, sources = [], []
     for k in range(n):

@@ -43,9 +43,14 @@ def _results(manifest: pd.DataFrame) -> pd.DataFrame:
     return results.sort_values("id").reset_index(drop=True)
 
 
+def check_attention_rate(rate: float) -> None:
+    """The fraction of attention checks among all trials: in [0, 1)."""
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+        raise ValueError(f"attention_rate must be a fraction of the trials in [0, 1), got {rate!r}")
+
+
 def _n_checks(n_real: int, rate: float) -> int:
-    if not 0 <= rate < 1:
-        raise ValueError(f"attention_rate must be in [0, 1), got {rate}")
+    check_attention_rate(rate)
     return int(round(rate * n_real / (1 - rate)))
 
 

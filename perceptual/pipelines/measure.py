@@ -21,7 +21,8 @@ def run(cfg: DictConfig) -> dict:
     container = OmegaConf.to_container(cfg, resolve=True)
     validate_inputs(specs, n_targets=cfg.n_targets, seed_types=list(cfg.seed_types), tasks=list(cfg.tasks), engine=container["invert"],
                     controversial=container.get("controversial"), noise_kind=cfg.noise_kind, chunk_size=cfg.chunk_size,
-                    accuracy_limit=cfg.accuracy_limit)
+                    accuracy_limit=cfg.accuracy_limit, convergence_threshold=cfg.convergence_threshold, attention_rate=cfg.attention_rate,
+                    gaussian_targets=container.get("gaussian_targets"))
     threat_from_config(container.get("threat"))
     observers = cfg.observers if isinstance(cfg.observers, str) else list(cfg.observers)
     panel = make_panel(observers, cfg.observer_net, cfg.lpips_weights, resolve_device(cfg.device))

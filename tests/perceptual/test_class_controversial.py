@@ -36,6 +36,18 @@ def test_the_observer_picks_the_class_whose_exemplars_look_alike():
     assert choice.tolist() == [0, 1, -1]
     with pytest.raises(ValueError, match="no exemplars of classes"):
         nearest_class_choice(observer, stimuli, torch.tensor([[0, 2]] * 3), exemplars, labels)
+    # k=0 averaged no distances: NaN for both classes, which read as a choice of column 0 for every stimulus
+    with pytest.raises(ValueError, match="k .* must be a whole number >= 1, got 0"):
+        nearest_class_choice(observer, stimuli, torch.tensor([[0, 1]] * 3), exemplars, labels, k=0)
+
+    class Broken:
+        name = "broken"
+
+        def matrix(self, a, b):
+            return torch.full((len(a), len(b)), float("nan"))
+
+    with pytest.raises(ValueError, match="observer 'broken' gave non-finite distances"):
+        nearest_class_choice(Broken(), stimuli, torch.tensor([[0, 1]] * 3), exemplars, labels)
 
 
 def test_the_model_that_decides_like_the_observer_wins():

@@ -212,7 +212,16 @@ def test_pipeline_refusals(tmp_path, tiny_checkpoints):
     ({"seed_types": ["noise", "trian"]}, "seed_types must be a non-empty list of"),
     ({"noise_kind": "normal"}, r"unknown noise_kind 'normal': use one of \['gaussian', 'light', 'super', 'uniform'\]"),
     ({"accuracy_limit": 0}, r"accuracy_limit must be a positive number of test images \(or null for all\), got 0"),
-], ids=["controversial-label", "controversial-key", "controversial-lambda", "too-few-targets", "engine-key", "seed-type", "noise-kind", "accuracy-limit"])
+    ({"convergence_threshold": 0}, "the convergence threshold must be a positive number"),
+    ({"attention_rate": 1.0}, r"attention_rate must be a fraction of the trials in \[0, 1\), got 1.0"),
+    ({"gaussian_targets": [{"name": "g", "mean": 0.5}]}, r"Gaussian 0 lacks \['std'\]: give each as \{name, mean, std\}"),
+    ({"controversial": {"model_a": "narrow", "model_b": "wide", "steps": -1}}, r"controversial steps must be a whole number >= 0 \(or null\), got -1"),
+    ({"controversial": {"model_a": "narrow", "model_b": "wide", "objective": "class_controversial", "k": 0}},
+     "controversial k must be a whole number >= 1, got 0"),
+    ({"controversial": {"model_a": "narrow", "model_b": "wide", "objective": "class_controversial", "exemplars_per_class": 0}},
+     "controversial exemplars_per_class must be a whole number >= 1, got 0"),
+], ids=["controversial-label", "controversial-key", "controversial-lambda", "too-few-targets", "engine-key", "seed-type", "noise-kind", "accuracy-limit",
+        "convergence-threshold", "attention-rate", "gaussian-without-std", "controversial-steps", "class-controversial-k", "exemplars-per-class"])
 def test_bad_measure_inputs_are_refused_before_any_model_is_built(tmp_path, tiny_checkpoints, change, message):
     specs = [ModelSpec("small_cnn", str(tiny_checkpoints["narrow"]), "narrow", kwargs={"width": 8}),
              ModelSpec("small_cnn", str(tiny_checkpoints["wide"]), "wide", kwargs={"width": 12})]

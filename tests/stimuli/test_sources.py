@@ -57,8 +57,14 @@ def test_default_gaussians_are_clamped_to_the_unit_range():
 def test_gaussian_targets_refuse_bad_specs():
     with pytest.raises(ValueError, match="lacks"):
         gaussian_targets(2, (3, 4, 4), [{"name": "x", "mean": 0.5}])
-    with pytest.raises(ValueError, match="negative std"):
+    with pytest.raises(ValueError, match="non-negative std, got mean=0.5 std=-1.0"):
         gaussian_targets(2, (3, 4, 4), [{"mean": 0.5, "std": -1}])
+    with pytest.raises(ValueError, match=r"Gaussian 0 has unknown keys \['sd'\]"):
+        gaussian_targets(2, (3, 4, 4), [{"mean": 0.5, "std": 1, "sd": 1}])
+    with pytest.raises(ValueError, match="finite mean"):
+        gaussian_targets(2, (3, 4, 4), [{"mean": float("nan"), "std": 1}])
+    with pytest.raises(ValueError, match="mean and std must be numbers"):
+        gaussian_targets(2, (3, 4, 4), [{"mean": "dark", "std": 1}])
 
 
 def test_seeds_one_per_target_and_type_with_exact_constants(digits):

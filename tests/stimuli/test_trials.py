@@ -163,7 +163,7 @@ def test_make_trials_dispatches_and_refuses_bad_input():
         make_trials(inversion_manifest(2), "clustering")
     with pytest.raises(ValueError, match="target_distances"):
         make_trials(manifest, "clustering_hard")
-    with pytest.raises(ValueError, match=r"attention_rate must be in \[0, 1\)"):
+    with pytest.raises(ValueError, match=r"attention_rate must be a fraction of the trials in \[0, 1\)"):
         make_trials(manifest, "2afc", attention_rate=1.0)
     bad = line_distances({f"t{k:04d}": float(k) for k in range(3)})
     with pytest.raises(ValueError, match=r"lacks targets \['t0003'\]"):
