@@ -47,7 +47,7 @@ from training.io import atomic_directory
 from .distances import set_trials
 from .sets import StimulusSet, canonical_json, load_set
 from .sources import stream_seed
-from .trials import TASKS, balanced_sides
+from .trials import TASKS, balanced_sides, check_attention_rate
 
 logger = logging.getLogger("stimuli")
 
@@ -84,8 +84,7 @@ def _check_options(sets: Mapping, tasks: Sequence[str], trials_per_survey: int, 
         raise ValueError(f"trials_per_survey must be >= 1, got {trials_per_survey}")
     if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not minutes > 0:
         raise ValueError(f"minutes (the duration of a full survey of trials_per_survey trials) must be a number > 0, got {minutes!r}")
-    if not 0 <= attention_rate < 1:
-        raise ValueError(f"attention_rate must be in [0, 1), got {attention_rate}")
+    check_attention_rate(attention_rate)
     if trial_order not in TRIAL_ORDERS:
         raise ValueError(f"unknown trial_order {trial_order!r}: use one of {TRIAL_ORDERS}")
     if out.exists() and not out.is_dir():
