@@ -33,7 +33,6 @@ Observers
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import warnings
 from pathlib import Path
@@ -46,6 +45,7 @@ from torch import Tensor, nn
 from invert.modules import batch_slices, module_device
 from invert.validation import check_images
 from training.checkpoints import weights_hash
+from training.config import expand_path
 
 from .cache import cache_key
 
@@ -192,7 +192,7 @@ class LPIPSObserver(Observer):
                 "ms-ssim,pixel-l2] on the command line (in Python: LPIPSObserver(backbone='random') or heads=False)."
             )
             if weights_path:
-                weights_file = Path(os.path.expandvars(os.path.expanduser(str(weights_path))))
+                weights_file = expand_path(weights_path)
                 if not weights_file.is_file():
                     raise FileNotFoundError(
                         f"LPIPS-{net} weights file not found: {weights_file}. lpips_weights= must name torchvision's "
@@ -411,14 +411,17 @@ def make_observer(kind: str, net: str = "alex", weights_path: str | None = None,
 
 def lpips_weights_available(net: str = "alex", weights_path: str | None = None) -> bool:
     file_name, _ = backbone_weights_file(net)
-    path = Path(weights_path).expanduser() if weights_path else Path(torch.hub.get_dir()) / "checkpoints" / file_name
+    path = expand_path(weights_path) if weights_path else Path(torch.hub.get_dir()) / "checkpoints" / file_name
     return path.is_file()
 
 
 def default_panel(net: str = "alex", weights_path: str | None = None, seed: int = 0, device=None) -> Panel:
     """LPIPS with real weights when they are there; otherwise the labelled offline variants. Plus the
-    weight-free observers (SSIM, MS-SSIM, pixel L2), which the authors' panel does not have (module docstring)."""
-    if lpips_weights_available(net, weights_path):
+    weight-free observers (SSIM, MS-SSIM, pixel L2), which the authors' panel does not have (module docstring).
+
+    Only the torch hub cache may be missing: a ``weights_path`` given explicitly is used, and one that is not a
+    file is an error (LPIPS was asked for), never a quiet switch to the random backbone."""
+    if weights_path or lpips_weights_available(net, weights_path):
         kinds = ["lpips", "lpips-no-heads"]
     else:
         kinds = ["lpips-random-backbone", "lpips-no-heads-random"]

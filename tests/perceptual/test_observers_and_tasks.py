@@ -233,6 +233,12 @@ def test_pretrained_backbone_loads_from_the_cache_without_download(tmp_path, mon
     assert observer.name == "lpips-alex" and observer.variant == "lpips"
     torch.testing.assert_close(getattr(observer.lpips.net.slice2, "3").weight, alexnet.features[3].weight)
     assert default_panel().names[0] == "lpips-alex"
+    # an explicit file, written with a variable as a YAML config may, is the one the panel uses
+    monkeypatch.setenv("REPALIGN_WEIGHTS", str(tmp_path / "hub" / "checkpoints"))
+    assert default_panel(weights_path="$REPALIGN_WEIGHTS/alexnet-owt-7be5be79.pth").names[:2] == ["lpips-alex", "lpips-alex [pretrained backbone, no heads]"]
+    # a mistyped one is an error, not a quiet switch to the random backbone
+    with pytest.raises(FileNotFoundError, match=r"LPIPS-alex weights file not found: .*alexnet-owt\.pth"):
+        default_panel(weights_path=str(tmp_path / "alexnet-owt.pth"))
 
 
 def test_8bit_quantisation_and_unknown_observer():
