@@ -481,8 +481,12 @@ def alignment_position(defence: dict[str, float], standard: dict[str, float], ro
 
 def controversial_summary(result: Mapping) -> str:
     """Which model the observers favour on the controversial stimuli (``perceptual.measure.measure_controversial``'s
-    result), in words: e.g. "of 5 observers, 3 favour robust, 0 defence, 2 undecided"."""
-    favoured = [f.get("favours") for f in result.get("favoured_by_observer", {}).values()]
+    result), in words: e.g. "of 5 observers, 3 favour robust, 0 defence, 2 undecided". For class-controversial
+    stimuli an observer favours the model whose decisions it shares (``perceptual.class_controversial``)."""
+    if result.get("objective") == "class_controversial":
+        favoured = [o.get("favours") for o in result.get("observers", {}).values()]
+    else:
+        favoured = [f.get("favours") for f in result.get("favoured_by_observer", {}).values()]
     a, b = result["model_a"], result["model_b"]
     undecided = len(favoured) - favoured.count(a) - favoured.count(b)
     return f"of {len(favoured)} observers, {favoured.count(b)} favour {b}, {favoured.count(a)} {a}, {undecided} undecided"

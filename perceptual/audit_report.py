@@ -144,7 +144,11 @@ def audit_markdown(report: Mapping) -> str:
         lines += ["| " + " | ".join(row) + " |" for row in _alignment_rows(alignment)]
         lines += ["", _convergence_note(alignment)]
         controversial = alignment.get("controversial")
-        if controversial:
+        if controversial and controversial.get("objective") == "class_controversial":
+            lines += ["", f"Class-controversial stimuli ({controversial['model_a']} vs {controversial['model_b']}; an observer sides with the "
+                      "model whose decision it makes by its nearest class exemplars): " + controversial["summary"] + ".", ""]
+            lines += [f"- {line}" for line in controversial["verdict"].splitlines()]
+        elif controversial:
             lines += ["", f"Controversial stimuli ({controversial['model_a']} vs {controversial['model_b']}, Table 2 score per direction, "
                       f"panel mean): " + "; ".join(f"{controversial['directions'][d]} {s['mean']:.4f}" for d, s in controversial["spread"].items()),
                       "", f"Controversial: {controversial['summary']}. {_sentence(controversial['verdict'])}."]

@@ -219,8 +219,10 @@ def run(cfg: DictConfig) -> dict:
         if "controversial" in data:
             c = data["controversial"]
             controversial_text = controversial_summary(c)
-            alignment["controversial"] = {"model_a": c["model_a"], "model_b": c["model_b"], "directions": c["directions"], "spread": c["spread"],
-                                          "favoured_by_observer": c["favoured_by_observer"], "verdict": c["verdict"], "summary": controversial_text}
+            class_level = c.get("objective") == "class_controversial"
+            evidence_keys = ("observers", "n_controversial") if class_level else ("directions", "spread", "favoured_by_observer")
+            alignment["controversial"] = {"objective": c.get("objective", "controversial"), "model_a": c["model_a"], "model_b": c["model_b"],
+                                          **{key: c.get(key) for key in evidence_keys}, "verdict": c["verdict"], "summary": controversial_text}
 
     # 5. Verdict and report.
     text = verdict(audit, position, controversial_text)

@@ -76,6 +76,19 @@ def test_audit_command_end_to_end_and_a_rerun_recomputes_nothing(tmp_path, monke
     assert again["alignment"]["report"] != report["alignment"]["report"]  # the defence's own sets, not the 8-level ones
 
 
+def test_audit_with_class_controversial_stimuli_reports_whose_decisions_each_observer_shares(tmp_path, monkeypatch):
+    """objective=class_controversial passed every check, then the report asked for Table 2's directions: KeyError after all the work."""
+    monkeypatch.setattr(measure_module, "measurement_statistics", lambda *args, **kwargs: {})
+    run(_cfg(tmp_path, "defence.name=small_cnn", "+defence.kwargs={width: 8}", "alignment.n_targets=3", "alignment.observers=[pixel-l2,ssim]",
+             "alignment.controversial.n_origins=2", "alignment.controversial.steps=5", "+alignment.controversial.objective=class_controversial",
+             "+alignment.controversial.exemplars_per_class=3", "invert.steps=10", *RANDOM_REFERENCES))
+    controversial = json.loads((tmp_path / "audit.json").read_text())["alignment"]["controversial"]
+    assert controversial["objective"] == "class_controversial" and set(controversial["observers"]) == {"pixel-l2", "ssim"}
+    assert controversial["summary"].startswith("of 2 observers, ")
+    page = (tmp_path / "audit.md").read_text()
+    assert "Class-controversial stimuli (defence vs robust" in page and "- pixel-l2: " in page
+
+
 def test_references_are_trained_once_and_reused_by_the_next_audit(tmp_path, monkeypatch):
     """No reference given: a standard and a PGD small CNN are trained (one tiny epoch) into <out>/../references; the
     audit of another defence beside it finds them and trains nothing."""
