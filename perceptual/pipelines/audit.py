@@ -22,6 +22,7 @@ Stages, each cached in ``out`` so that an interrupted audit resumes and a repeat
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import hydra
@@ -56,6 +57,8 @@ from ..audit_report import accuracy_bars_figure, accuracy_vs_eps_figure, alignme
 from ..cache import cache_key, module_identity
 from ..measure import ModelSpec, make_panel, measure_models, validate_inputs
 from ._references import pair_configs, pair_key, train_pair
+
+log = logging.getLogger(__name__)
 
 ALIGNMENT_TASKS = ("2afc", "clustering", "clustering_hard")
 
@@ -135,6 +138,12 @@ def run(cfg: DictConfig) -> dict:
     ThreatModel(norm, eps, steps=int(cfg.threat.steps))  # a bad norm or eps is named now
     sweep = [config_number(e, "eps_sweep") for e in (cfg.eps_sweep or [])]
     masking_eps = [config_number(e, "masking_eps") for e in cfg.masking_eps] if cfg.get("masking_eps") else None
+    for key, values in (("eps_sweep", sweep), ("masking_eps", masking_eps or [])):
+        for value in values:  # they run after every attack at threat.eps: a bad one is named now too
+            try:
+                ThreatModel(norm, value)
+            except ValueError as err:
+                raise ValueError(f"{key}: {err}") from None
     smoothing_sigma = config_number(cfg.smoothing.sigma, "smoothing.sigma")
     check_smoothing(int(cfg.smoothing.samples), smoothing_sigma)
     check_budgets(eot=cfg.eot, n_targets=cfg.n_targets, square_queries=cfg.square_queries, **{"threat.steps": cfg.threat.steps},
@@ -156,9 +165,7 @@ def run(cfg: DictConfig) -> dict:
     answers = clean_predictions(defence, x, int(cfg.eot) if randomised else 1, seed=int(cfg.seed))  # as audit_robustness predicts
     if not is_above_chance(answers, y) and not cfg.allow_chance_accuracy:  # rule 0: before references train and attacks run
         raise ValueError(f"{chance_message(answers, y)}. allow_chance_accuracy=true audits it anyway (verdict: no verdict, flagged)")
-    warnings = [w for w in [randomness_warning(randomised, int(cfg.eot))] if w]
-    for warning in warnings:
-        print(f"warning: {warning}")
+    warnings = [w for w in [randomness_warning(randomised, int(cfg.eot))] if w]  # audit_robustness logs them
     if cfg.bpda and cfg.bpda not in dict(defence.named_modules()):
         names = [name for name, _ in defence.named_modules() if name][:12]
         raise ValueError(f"bpda={cfg.bpda!r} is not a submodule of the defence; its submodules include {names}")
@@ -189,7 +196,7 @@ def run(cfg: DictConfig) -> dict:
     audit = audit_robustness(defence, x, y, norm, eps, eot_samples=int(cfg.eot), reference=reference_models["robust"], bpda=cfg.bpda or None,
                              sweep_eps=sweep, masking_eps=masking_eps, unbounded_steps=int(cfg.unbounded_steps), cache_dir=out / "cache" / "defence",
                              identity=defence_identity, **settings)
-    print(f"{defence_spec.label}: worst-case accuracy {audit.accuracy['worst_case']:.1%} ({norm} eps {eps:.4g}, {n} images)")
+    log.info("%s: worst-case accuracy %.1f%% (%s eps %.4g, %d images)", defence_spec.label, 100 * audit.accuracy["worst_case"], norm, eps, n)
     reference_robust = {label: reference_accuracy(model, x, y, norm, eps, cache_dir=out / "cache" / label, **settings)
                         for label, model in reference_models.items()}
 

@@ -172,8 +172,10 @@ def test_a_defence_that_does_not_classify_is_refused_before_any_work(tmp_path, m
     assert report["robustness"]["chance_agreement"] == pytest.approx(report["robustness"]["accuracy"]["clean"], abs=0.05)
 
 
-def test_randomised_defence_without_eot_is_warned_in_the_report(user_models):
+def test_randomised_defence_without_eot_is_warned_in_the_report(user_models, capsys, caplog):
     run(_cfg(user_models / "out", "defence.factory=my_defences:noisy", "alignment.enabled=false", *RANDOM_REFERENCES))
+    # the library logs the warning once; it printed it besides, where logging settings cannot reach it
+    assert capsys.readouterr().out == "" and sum("the defence is randomised" in r.getMessage() for r in caplog.records) == 1
     report = json.loads((user_models / "out" / "audit.json").read_text())
     assert report["robustness"]["randomised"] and "eot=1" in report["warnings"][0]
     assert "**Warning:** the defence is randomised" in (user_models / "out" / "audit.md").read_text()
@@ -197,6 +199,10 @@ def test_bad_configs_are_explained(tmp_path):
     for setting in ("eot=0", "n_targets=0", "square_queries=-5"):  # eot=0 was audited with no pass; the others failed mid-attack
         with pytest.raises(ValueError, match=f"{setting.split('=')[0]} must be an integer >= 1"):
             run(_cfg(tmp_path, "defence.name=small_cnn", setting))
+    for setting in ("eps_sweep=[0]", "masking_eps=[-0.1]"):  # they failed after every attack at threat.eps had run
+        with pytest.raises(ValueError, match=f"{setting.split('=')[0]}: .*eps"):
+            run(_cfg(tmp_path, "defence.name=small_cnn", setting, *RANDOM_REFERENCES))
+        assert not (tmp_path / "cache").exists()
     assert not (tmp_path / "audit.json").exists()
 
 
