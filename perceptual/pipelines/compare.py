@@ -103,6 +103,14 @@ def _file_name(text: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_.=" else "-" for ch in text)
 
 
+def _with_defaults(group: str, defaults: Mapping, given: Mapping | None) -> dict:
+    """``given`` over ``defaults``; a key the defaults lack is a typo (Hydra refuses it on the command line, Python did not)."""
+    unknown = sorted(set(given or {}) - set(defaults))
+    if unknown:
+        raise ValueError(f"unknown {group} key(s) {unknown}: valid keys are {sorted(defaults)}")
+    return {**defaults, **dict(given or {})}
+
+
 class ComparePipeline:
     """The compare run in Python; :func:`run` builds it from a Hydra config. See the module docstring."""
 
@@ -128,10 +136,12 @@ class ComparePipeline:
         self.conditions = parse_conditions(conditions, reference_size)
         self.reference_size = reference_size
         self.observer_spec = (observers, observer_net, lpips_weights)
-        self.decision_cfg = {"seeds": [0, 1, 2], "exemplars_per_class": 10, "k": 5, "lapse": 0.05, "noise": 0.5, **dict(decisions or {})}
-        self.metric_cfg = {"cles_variant": "paper", "on_undefined": "nan", "per_condition_figures": False, **dict(metrics or {})}
-        self.unknown_cfg = {"enabled": True, "scores": ["max_softmax", "negative_entropy", "energy", "odin", "mahalanobis", "knn", "react"],
-                            "score_params": {}, "ood": ["noise:gaussian", "noise:uniform"], "n_fit": 2000, "ensemble": True, **dict(unknown or {})}
+        self.decision_cfg = _with_defaults("decisions", {"seeds": [0, 1, 2], "exemplars_per_class": 10, "k": 5, "lapse": 0.05, "noise": 0.5}, decisions)
+        self.metric_cfg = _with_defaults("metrics", {"cles_variant": "paper", "on_undefined": "nan", "per_condition_figures": False}, metrics)
+        self.unknown_cfg = _with_defaults("unknown", {"enabled": True, "scores": ["max_softmax", "negative_entropy", "energy", "odin", "mahalanobis",
+                                                                          "knn", "react"],
+                                                      "score_params": {}, "ood": ["noise:gaussian", "noise:uniform"], "n_fit": 2000, "ensemble": True},
+                                          unknown)
         for key, choices in (("cles_variant", ("paper", "jsd")), ("on_undefined", ("nan", "one"))):
             if self.metric_cfg[key] not in choices:
                 raise ValueError(f"metrics.{key} must be one of {choices}, got {self.metric_cfg[key]!r}")
@@ -144,6 +154,9 @@ class ComparePipeline:
         cfg = self.unknown_cfg
         if not cfg.get("enabled", True):
             return
+        n_fit = cfg["n_fit"]
+        if n_fit is not None and (isinstance(n_fit, bool) or not isinstance(n_fit, int) or n_fit < 1):
+            raise ValueError(f"unknown.n_fit must be a positive number of training images (or null for all), got {n_fit!r}")
         params = dict(cfg.get("score_params") or {})
         unused = set(params) - set(cfg["scores"])
         if unused - set(SCORE_FUNCTIONS):
@@ -284,7 +297,7 @@ class ComparePipeline:
     def _unknown(self) -> dict:
         cfg = self.unknown_cfg
         ood_names = list(cfg["ood"])
-        n_fit = min(int(cfg["n_fit"] or len(self.train)), len(self.train))
+        n_fit = len(self.train) if cfg["n_fit"] is None else min(int(cfg["n_fit"]), len(self.train))
         fit = stimuli.select_targets(self.train, n=n_fit, seed=self.seed + 1)
         # keyed by the pixels and labels: cifar-10-mini and CIFAR-10 share a name and indices
         fit_key = cache_key("fit", tensor_sha256(fit.images), tensor_sha256(fit.labels))

@@ -16,8 +16,9 @@ from hydra import compose, initialize_config_module
 import stimuli
 from perceptual import metrics as M
 from perceptual.decisions import TRIAL_TABLE_COLUMNS
+from perceptual.measure import ModelSpec
 from perceptual.pair_metrics import PAIR_METRIC_REGISTRY, Responses, metric_correlations, nanmean_matrices, pairwise_matrices
-from perceptual.pipelines.compare import run
+from perceptual.pipelines.compare import ComparePipeline, run
 
 from ..conftest import TEST_DEVICE
 
@@ -213,6 +214,12 @@ def test_bad_compare_configs_are_refused_before_any_work(tmp_path):
         run(compose_with(model, "unknown.ood=[contrast]"))
     with pytest.raises(ValueError, match="unknown distortion generator 'swirl'"):
         run(compose_with(model, "conditions=[swirl]"))
+    for n_fit in ("0", "-5"):  # 0 meant all training images; -5 failed after every condition had run
+        with pytest.raises(ValueError, match=f"unknown.n_fit must be a positive number of training images \\(or null for all\\), got {n_fit}"):
+            run(compose_with(model, f"unknown.n_fit={n_fit}"))
+    for group, typo in (("decisions", "lapse_rate"), ("metrics", "cles_varient"), ("unknown", "nfit")):  # Hydra refuses these; Python kept them
+        with pytest.raises(ValueError, match=f"unknown {group} key\\(s\\) \\['{typo}'\\]: valid keys are"):
+            ComparePipeline([ModelSpec("small_cnn", label="m")], {"name": "digits", "root": None}, tmp_path, conditions=["colour"], **{group: {typo: 1}})
     assert not (tmp_path / "conditions").exists()
 
 
