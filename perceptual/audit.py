@@ -134,9 +134,10 @@ def check_classifier(model: nn.Module, x: Tensor, n_classes: int | None = None) 
                          "(is it a feature extractor rather than a classifier?)")
     if not torch.isfinite(out).all():
         raise ValueError("the defence returned non-finite outputs")
-    if (out >= 0).all() and torch.allclose(out.float().sum(1), torch.ones(out.shape[0]), atol=1e-4):
+    out = out.detach().float().cpu()  # a CUDA defence's rows are compared with ones made here
+    if (out >= 0).all() and torch.allclose(out.sum(1), torch.ones(out.shape[0]), atol=1e-4):
         raise ValueError("the defence returns probabilities (rows sum to 1); return logits (before softmax) so the losses are right")
-    if (out <= 0).all() and torch.allclose(out.float().exp().sum(1), torch.ones(out.shape[0]), atol=1e-4):
+    if (out <= 0).all() and torch.allclose(out.exp().sum(1), torch.ones(out.shape[0]), atol=1e-4):
         raise ValueError("the defence returns log-probabilities (log_softmax); return logits (before softmax) so the DLR and margin losses are right")
 
 

@@ -35,7 +35,7 @@ def cached_json(path: Path, key: str) -> dict | None:
         return None
     try:
         data = json.loads(path.read_text())
-    except json.JSONDecodeError:
+    except ValueError:  # truncated JSON, or bytes that are not UTF-8: recomputed, as any file that cannot be read
         return None
     return data if isinstance(data, dict) and data.get("key") == key else None
 

@@ -101,6 +101,14 @@ def test_check_classifier_rejects_non_classifiers():
         check_classifier(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(192, 3)), x, n_classes=10)
 
 
+@pytest.mark.gpu
+def test_check_classifier_names_probabilities_from_a_cuda_defence():
+    """The rows were compared with ones made on the CPU: a device error instead of the advice."""
+    probs = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(192, 10), torch.nn.Softmax(dim=1)).cuda()
+    with pytest.raises(ValueError, match="probabilities"):
+        check_classifier(probs, torch.rand(2, 3, 8, 8, device="cuda"))
+
+
 def test_bad_smoothing_settings_are_refused_before_any_attack_runs(digits, monkeypatch):
     import perceptual.audit as audit_module
 
@@ -281,6 +289,17 @@ def test_attack_results_are_cached_and_not_recomputed(digits, tmp_path, monkeypa
     second = audit_robustness(model, x[:8], y[:8], "linf", 4 / 255, **kwargs)
     assert second.accuracy == first.accuracy and second.sweep == first.sweep
     assert set(second.sweep) == {"0.00784314", "0.0156863"}
+
+
+def test_an_unreadable_cache_file_is_recomputed_not_a_crash(tmp_path):
+    from perceptual.cache import cached_json
+
+    path = tmp_path / "entry.json"
+    for damaged in (b'{"key": "k", "value"', b'{"key": "k", "value": "\xff\xfe"}'):  # truncated; bytes that are not UTF-8
+        path.write_bytes(damaged)
+        assert cached_json(path, "k") is None
+    path.write_text('{"key": "k", "value": 1}')
+    assert cached_json(path, "k") == {"key": "k", "value": 1} and cached_json(path, "other") is None
 
 
 def test_controversial_summary_counts_observers():
