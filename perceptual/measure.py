@@ -27,6 +27,7 @@ chosen with the panel's first observer, so every observer answers the same trial
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -185,19 +186,27 @@ def observe_set(
         for observer in panel:
             key = cache_key(trial_key, fingerprints[observer.name], judge_8bit, interval, "summary-v2")  # v2: per-target scores per seed type
             slug = observer_slug(observer.name)
-            path = out / "observers" / f"{slug}-{task}.json"
+            path, csv_path = (out / "observers" / f"{slug}-{task}{suffix}" for suffix in (".json", ".csv"))
             cached = cached_json(path, key)
+            if cached is not None and only_results is not None and cached.get("csv_sha256") != _file_sha256(csv_path):
+                cached = None  # the answers are another run's (one interrupted between the two writes): judged again
             if cached is None:
                 judged = judge(trials, images, id_to_row, observer)
-                atomic_write_text(out / "observers" / f"{slug}-{task}.csv", judged.to_csv(index=False))
-                cached = {"key": key, "observer": observer.name, "task": task, **summarize(judged, interval=interval, seed=seed)}
+                text = judged.to_csv(index=False)
+                atomic_write_text(csv_path, text)
+                cached = {"key": key, "observer": observer.name, "task": task, "csv_sha256": hashlib.sha256(text.encode()).hexdigest(),
+                          **summarize(judged, interval=interval, seed=seed)}
                 atomic_write_json(path, cached)
             if only_results is not None:
-                judged = pd.read_csv(out / "observers" / f"{slug}-{task}.csv")
+                judged = pd.read_csv(csv_path)
                 kept = judged[judged["query_id"].isin(set(only_results))]
                 cached = {**cached, "restricted": summarize(kept, interval=interval, seed=seed) if len(kept) else None}
             results.setdefault(task, {})[observer.name] = cached
     return results
+
+
+def _file_sha256(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
 
 def _panel_scores(observed: Mapping[str, Mapping[str, dict]], restricted: bool = False) -> dict:

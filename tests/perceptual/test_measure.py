@@ -181,6 +181,15 @@ def test_an_observer_is_cached_by_its_weights_and_settings_not_its_name(tmp_path
     fresh = observe_set(stimulus_set, Panel([second]), tmp_path / "fresh", tasks=["clustering_hard"])
     assert cached == fresh
     assert SSIMObserver().fingerprint() != SSIMObserver(sigma=2.0).fingerprint() and PixelL2Observer().fingerprint() == PixelL2Observer().fingerprint()
+    # A run of `first` interrupted between its answers (CSV) and its summary (JSON) leaves its answers beside `second`'s
+    # summary: the restricted scores, read from the answers, must not be the other observer's.
+    observe_set(stimulus_set, Panel([first]), tmp_path / "first", tasks=["clustering_hard"])
+    (answers,), (other,) = ((tmp_path / folder / "observers").glob("*.csv") for folder in ("shared", "first"))
+    answers.write_bytes(other.read_bytes())
+    every_result = stimulus_set.manifest.loc[stimulus_set.manifest["role"] == "result", "id"].tolist()
+    summary = observe_set(stimulus_set, Panel([second]), tmp_path / "shared", tasks=["clustering_hard"], only_results=every_result)
+    result = summary["clustering_hard"][second.name]
+    assert result["restricted"]["overall"] == result["overall"] == fresh["clustering_hard"][second.name]["overall"]
 
 
 def test_cached_accuracies_are_keyed_by_the_data_root():
