@@ -493,6 +493,7 @@ def human_scores(package: SurveyPackage, responses: Responses, max_attention_fai
         "kept_answers": int(len(kept)), "excluded_counts": counts, "excluded": excluded,
         "attention": attention.to_dict("records"), "max_attention_failures": max_attention_failures, "min_median_rt_ms": min_median_rt_ms,
         "models": models, "agreement": agreement, "order_effects": order_effects(real, package, n_boot, seed),
+        "sets": {label: info.get("fingerprint") for label, info in package.manifest.get("sets", {}).items()},  # what the people saw
     }
 
 
@@ -624,7 +625,8 @@ def with_human_columns(measure_report: dict, data: Mapping) -> dict:
     for model, tasks in table.items():
         if tasks:
             out["models"][model]["humans"] = tasks
-    out["humans"] = {"package": data["package"], "kept_submissions": data["kept_submissions"], "excluded_counts": data["excluded_counts"]}
+    out["humans"] = {"package": data["package"], "kept_submissions": data["kept_submissions"], "excluded_counts": data["excluded_counts"],
+                     "sets": dict(data.get("sets") or {})}
     controversial = {model: tasks["controversial"] for model, tasks in data["models"].items() if "controversial" in tasks}
     if controversial:
         out["humans"]["controversial"] = controversial

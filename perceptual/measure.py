@@ -304,6 +304,7 @@ def measure_models(
             "model": {"name": spec.name, **({"factory": spec.factory} if spec.factory else {}), "checkpoint": spec.checkpoint, "layer": ref.layer,
                       "fake_relu": getattr(ref.representation, "fake_relu", None)},
             "set": str((model_dir / "set").resolve()),  # absolute: humans= and reports read it from any folder
+            "set_fingerprint": stimulus_set.fingerprint,
             "median_final_distance": float(final_loss.median()) if len(final_loss) else math.nan,
             "clean_accuracy": accuracy["clean_accuracy"],
             "robust_accuracy": accuracy.get("robust_accuracy"),
@@ -368,16 +369,22 @@ def accuracy_cache_key(weights_sha256: str, threat: ThreatModel | None, accuracy
 
 def _keep_human_columns(report_data: dict, previous: Path) -> None:
     """A rerun rewrites the report: the Human columns a ``humans`` import added to the previous one stay (for the
-    models still measured), with the package they came from."""
+    models still measured), with the package they came from, unless the model's set was made anew: people answered
+    about other stimuli than the observers now did (the import records each set's fingerprint)."""
     try:
         old = json.loads(previous.read_text()) if previous.is_file() else {}
     except ValueError:
         return
     if "humans" not in old:
         return
+    seen = old["humans"].get("sets") or {}
     for label, result in report_data["models"].items():
-        if (old.get("models") or {}).get(label, {}).get("humans"):
-            result["humans"] = old["models"][label]["humans"]
+        answers = (old.get("models") or {}).get(label, {}).get("humans")
+        if answers and seen.get(label) not in (None, result.get("set_fingerprint")):
+            log.warning("model %s: its stimulus set was made anew, so the human answers of package %s (about the old set) are left out of "
+                        "the report; survey the new set and import the answers again", label, old["humans"].get("package"))
+        elif answers:
+            result["humans"] = answers
     report_data["humans"] = old["humans"]
 
 

@@ -122,14 +122,17 @@ def test_rerun_reuses_cached_sets_accuracies_and_judgements(tmp_path, tiny_check
     stamps = (judged.stat().st_mtime_ns, accuracy.stat().st_mtime_ns)
     # the Human columns a `humans` import added survive the rerun's rewrite of the report
     report = json.loads((out / "report.json").read_text())
-    report["models"]["narrow"]["humans"] = {"2afc": {"accuracy": 0.75}}
-    report["humans"] = {"package": "abc", "kept_submissions": 3, "excluded_counts": {}}
+    report["models"]["narrow"]["humans"] = report["models"]["wide"]["humans"] = {"2afc": {"accuracy": 0.75}}
+    # people saw narrow's set as it is, and a set of wide's that has been made anew since
+    report["humans"] = {"package": "abc", "kept_submissions": 3, "excluded_counts": {},
+                        "sets": {"narrow": first["models"]["narrow"]["set_fingerprint"], "wide": "0123456789abcdef"}}
     (out / "report.json").write_text(json.dumps(report))
     second = run_pipeline(out, tiny_checkpoints)
     assert (judged.stat().st_mtime_ns, accuracy.stat().st_mtime_ns) == stamps
     assert second["models"]["narrow"]["2afc"] == first["models"]["narrow"]["2afc"]
     again = json.loads((out / "report.json").read_text())
     assert again["models"]["narrow"]["humans"] == {"2afc": {"accuracy": 0.75}} and again["humans"]["package"] == "abc"
+    assert "humans" not in again["models"]["wide"]  # answers about other stimuli than the observers judged
     assert "Human 2AFC" in (out / "report.md").read_text()
     assert Path(second["models"]["narrow"]["set"]).is_absolute()  # humans= rewrites the report from any folder
 

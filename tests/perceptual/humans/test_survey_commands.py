@@ -163,6 +163,9 @@ def test_humans_command_adds_human_columns_to_a_measure_report(package_dir, tmp_
     assert f"| {100 * standard:.1f} |" in table.split("| standard |")[1].split("\n")[0]
     assert "Human 2AFC" in (report_dir / "report.html").read_text()
     assert load_report(report_dir)["models"]["robust"]["humans"]["2afc"]["n_workers"] == 3
+    # which stimuli the people saw travels with their numbers: a rerun of measure that remakes a set drops that set's columns
+    seen = {label: info["fingerprint"] for label, info in package.manifest["sets"].items()}
+    assert data["sets"] == seen and load_report(report_dir)["humans"]["sets"] == seen
     results = package_dir / "results"
     assert (results / "accuracy.png").stat().st_size > 1000 and json.loads((results / "humans.json").read_text())["package"] == package.fingerprint
     assert "Fleiss' kappa" in (results / "humans.md").read_text() and "Median time per trial" in (results / "humans.md").read_text()
