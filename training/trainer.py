@@ -60,8 +60,9 @@ RESUMABLE_CHANGES = ("data.root", "data.download", "train.eval", "train.compile"
 
 @dataclass
 class TrainResult:
-    """What :func:`train` returns: the trained classifier, the summary and where the run lives.
-    ``completed`` is False when the run stopped early on purpose (``stop_after_epochs``)."""
+    """What :func:`train` returns: the trained classifier (in eval mode, as :func:`training.build_model` returns
+    one), the summary and where the run lives. ``completed`` is False when the run stopped early on purpose
+    (``stop_after_epochs``)."""
 
     model: Classifier
     summary: dict[str, Any]
@@ -346,6 +347,8 @@ def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> Tr
     eval_cfg = tcfg.get("eval") or {}
     eval_threat = _threat_or_none(eval_cfg.get("attack"))
     masking = masking_settings(eval_cfg.get("masking"), eval_threat)
+    _check_counts({f"train.eval.{key}": eval_cfg.get(key) for key in ("batch_size", "restarts", "final_restarts")}
+                  | {"stop_after_epochs": _get(cfg, "stop_after_epochs"), "save_every": _get(cfg, "save_every")})
 
     run = RunDirectory(expand_path(_get(cfg, "run_dir", "runs/default")))
     if dist.is_main:  # rank 0 writes the run; a DDP job does not wait for another's, as its other ranks would time out at a barrier
@@ -375,6 +378,8 @@ def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> Tr
                               epoch=epoch, epochs=epochs, batch_size=batch_size, show_progress=show_progress,
                               progress_every=progress_every)
         dist.sync_buffers(recipe)
+        if not math.isfinite(record.get("train_loss", 0.0)):
+            _diverged(run, record, cfg, recipe, progress, device, dist, bf16, channels_last, train_step.mode, wall_start)
         every = int(eval_cfg.get("every", 1) or 0)
         if recipe.supervised and every and (epoch + 1) % every == 0:
             record.update(_evaluate(recipe.model, test_set, eval_threat, dist, robust_limit=eval_cfg.get("subset"),
@@ -401,7 +406,7 @@ def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> Tr
                 run.write_summary(summary)
                 logger.info("stopped after %d epoch(s) as asked (stop_after_epochs); continue with resume=true run_dir=%s",
                             epochs_this_call, run.path)
-            return TrainResult(recipe.model, summary, run.path, completed=False)
+            return TrainResult(recipe.model.eval(), summary, run.path, completed=False)
 
     final_model = recipe.finalize(train_set)
     final = _evaluate(final_model, test_set, eval_threat, dist, robust_limit=eval_cfg.get("final_subset"),
@@ -420,7 +425,35 @@ def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> Tr
         run.write_summary(summary)
         logger.debug("%s", format_summary(summary))  # `python -m training` prints it; callers have the summary
     dist.barrier()
-    return TrainResult(final_model, summary, run.path, completed=True)
+    return TrainResult(final_model.eval(), summary, run.path, completed=True)
+
+
+def _check_counts(values: Mapping[str, Any]) -> None:
+    """Counts used only after the epochs (evaluation) or that would be read as another count (0 epochs before stopping
+    trained one): each null or a whole number >= 1, refused before the first epoch otherwise."""
+    for key, value in values.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{key} must be a whole number >= 1 (or null for the default), got {value!r}")
+
+
+class TrainingDiverged(FloatingPointError):
+    """The training loss stopped being a number: the run stops, its last finite checkpoint kept."""
+
+
+def _diverged(run: RunDirectory, record: dict, cfg: DictConfig, recipe: Recipe, progress: _Progress, device, dist: Distributed, bf16,
+              channels_last: bool, step_mode: str, wall_start: float) -> None:
+    """Stop a run whose epoch ended with a non-finite mean loss, before its weights are evaluated or checkpointed: the
+    metrics show the epoch, the summary says ``diverged``, and the checkpoint of the last finite epoch stays the latest."""
+    reason = f"non-finite training loss ({record['train_loss']}) in epoch {record['epoch']}"
+    record["stopped"] = reason
+    if dist.is_main:
+        run.log_metrics(record)
+        run.write_summary({**_summary(cfg, recipe, progress, device, dist, bf16, channels_last, step_mode, wall_start, status="diverged"),
+                           "stopped": reason})
+    dist.barrier()
+    kept = f"the checkpoint of epoch {progress.epoch} is kept" if progress.epoch else "no checkpoint was written"
+    raise TrainingDiverged(f"training diverged: {reason}; {kept} in {run.path}. Lower train.optimizer.lr (now "
+                           f"{cfg.train.optimizer.get('lr')}) or train in fp32 (train.precision=fp32), and start a new run_dir")
 
 
 def _finished_run(run: RunDirectory, recipe: Recipe, progress: _Progress, epochs: int) -> TrainResult | None:
@@ -493,6 +526,7 @@ def _train_epoch(recipe: Recipe, train_step: TrainStep, scheduler, train_set: Im
     batches = _epoch_batches(len(train_set), batch_size, dist, seed, epoch, device)
     images, labels = train_set.images, train_set.labels
     train_step.start_epoch()
+    lr = float(scheduler.get_last_lr()[0])  # the rate of the epoch's first step; a per-step schedule changes it within the epoch
     sums = train_step.sums  # device tensors the step adds into; read every progress_every steps and at the end
     steps_done = 0
     step_hook = dist.world_size > 1 and type(recipe).after_step is not Recipe.after_step
@@ -524,7 +558,7 @@ def _train_epoch(recipe: Recipe, train_step: TrainStep, scheduler, train_set: Im
     images_done = steps_done * batch_size * dist.world_size
     progress.train_seconds += seconds
     progress.images += images_done
-    record: dict[str, Any] = {"epoch": epoch + 1, "step": progress.step, "lr": float(scheduler.get_last_lr()[0])}
+    record: dict[str, Any] = {"epoch": epoch + 1, "step": progress.step, "lr": lr}
     for key, value in totals.items():
         mean = float(value) / max(1, steps_done * dist.world_size)
         record["train_loss" if key == "loss" else f"train_{key}"] = mean
@@ -594,4 +628,4 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Distributed", "TrainResult", "check_same_run", "format_summary", "run_identity", "train"]
+__all__ = ["Distributed", "TrainResult", "TrainingDiverged", "check_same_run", "format_summary", "run_identity", "train"]

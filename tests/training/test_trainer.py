@@ -32,6 +32,7 @@ def test_resume_gives_the_same_result_as_an_uninterrupted_run(make_config):
     whole = train(make_config("train=pgd", *QUICK, run="whole"))
     first = train(make_config("train=pgd", *QUICK, "stop_after_epochs=1", run="split"))
     assert not first.completed and first.summary["status"] == "interrupted" and first.summary["epochs_completed"] == 1
+    assert not first.model.training and not whole.model.training  # as build_model returns a model: BN uses its running statistics
     run = RunDirectory(first.run_dir)
     assert not run.model_path.exists() and run.latest().epoch == 1
     # a crash after logging epoch 2 but before its checkpoint leaves a line the resume must drop
@@ -88,11 +89,35 @@ def test_an_existing_run_is_not_overwritten_and_a_changed_config_is_not_resumed(
         (["train.eval.attack.norm=l1"], ValueError, "unknown norm 'l1'"),
         (["train.optimizer.name=adam"], ConfigError, "unknown optimizer 'adam'"),
         (["train.epochs=0"], ConfigError, "must be positive"),
+        # used only after every epoch, or read as another count (0 epochs before stopping trained one)
+        (["train.eval.batch_size=0"], ConfigError, r"train.eval.batch_size must be a whole number >= 1 \(or null for the default\), got 0"),
+        (["train.eval.final_restarts=0"], ConfigError, "train.eval.final_restarts must be a whole number >= 1"),
+        (["stop_after_epochs=0"], ConfigError, "stop_after_epochs must be a whole number >= 1"),
+        (["train=simclr", "train.probe.lr=0"], ValueError, r"linear probe needs .*lr > 0.*got 100, 0.0, 256.*\(train.probe\)"),
     ],
 )
-def test_bad_settings_fail_before_training_with_clear_messages(make_config, overrides, error, message):
+def test_bad_settings_fail_before_training_with_clear_messages(make_config, overrides, error, message, tmp_path):
+    recipe = [] if any(o.startswith("train=") for o in overrides) else ["train=standard"]
     with pytest.raises(error, match=message):
-        train(make_config("train=standard", *overrides))
+        train(make_config(*recipe, *overrides))
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # not one epoch ran
+
+
+def test_a_diverged_run_stops_and_keeps_no_weights_that_are_not_numbers(make_config):
+    """lr 1e30: the loss was NaN from the first epoch, every epoch still ran and the NaN model was saved as completed."""
+    from training.trainer import TrainingDiverged
+
+    with pytest.raises(TrainingDiverged, match=r"non-finite training loss \(nan\) in epoch 1; no checkpoint was written .*train.optimizer.lr"):
+        train(make_config("train=standard", "train.epochs=3", "train.optimizer.lr=1e30"))
+    run = RunDirectory(make_config().run_dir)
+    assert [m["epoch"] for m in run.read_metrics()] == [1] and run.latest() is None and not run.model_path.exists()
+    assert json.loads(run.summary_path.read_text())["status"] == "diverged"
+
+
+def test_the_logged_rate_is_the_one_the_epoch_trained_at(make_config):
+    """With lr / 10 at (0-based) epochs 1 and 2, epoch 1 trains at 0.1; it was logged with epoch 2's 0.01."""
+    result = train(make_config("train=standard", "train.epochs=3", "train.schedule.milestones=[1,2]", "train.eval.every=0"))
+    assert [h["lr"] for h in result.summary["history"]] == pytest.approx([0.1, 0.01, 0.001])
 
 
 def test_epoch_batches_split_one_permutation_between_processes():

@@ -96,6 +96,7 @@ class SimCLRRecipe(Recipe):
         self.projector = ProjectionHead(dim, dim, projection_dim).to(next(model.parameters()).device)
         self.temperature, self.threat, self.attack_bn = float(temperature), threat, check_bn_mode(attack_bn)
         self.probe = dict(probe or {})
+        check_probe_settings(**self.probe)  # the probe runs after the last pre-training epoch: a bad value is named now
 
     def prepare(self, images: Tensor) -> Tensor:
         views = torch.cat([self.augment(images), self.augment(images)])
@@ -151,6 +152,14 @@ def _features(encoder: Representation, data: ImageSet, batch_size: int, device) 
     return torch.cat(chunks)
 
 
+def check_probe_settings(*, epochs: int = 100, lr: float = 0.1, batch_size: int = 256, momentum: float = 0.9, weight_decay: float = 0.0,
+                         seed: int = 0, feature_batch_size: int = 512) -> None:
+    """The settings :func:`linear_probe` takes (an unknown one is a TypeError naming it), in range."""
+    if epochs < 1 or lr <= 0 or batch_size < 1 or feature_batch_size < 1 or momentum < 0 or weight_decay < 0:
+        raise ValueError(f"linear probe needs epochs >= 1, lr > 0, batch_size >= 1, feature_batch_size >= 1, momentum >= 0 and "
+                         f"weight_decay >= 0; got {epochs}, {lr}, {batch_size}, {feature_batch_size}, {momentum}, {weight_decay} (train.probe)")
+
+
 def linear_probe(model: Classifier, data: ImageSet, *, epochs: int = 100, lr: float = 0.1, batch_size: int = 256,
                  momentum: float = 0.9, weight_decay: float = 0.0, seed: int = 0, feature_batch_size: int = 512) -> float:
     """Fit ``model``'s last linear layer on frozen penultimate features of ``data`` (eval mode).
@@ -166,8 +175,8 @@ def linear_probe(model: Classifier, data: ImageSet, *, epochs: int = 100, lr: fl
     ReLU) is scaled by 1, as scikit-learn's ``StandardScaler`` does, and keeps a zero weight: it gets no gradient,
     and a clamped standard deviation of 1e-6 folded its random start into a weight a million times larger.
     """
-    if epochs < 1 or lr <= 0 or batch_size < 1:
-        raise ValueError(f"linear probe needs epochs >= 1, lr > 0, batch_size >= 1; got {epochs}, {lr}, {batch_size}")
+    check_probe_settings(epochs=epochs, lr=lr, batch_size=batch_size, momentum=momentum, weight_decay=weight_decay, seed=seed,
+                         feature_batch_size=feature_batch_size)
     device = next(model.parameters()).device
     encoder = encoder_of(model).eval()
     model.eval()
