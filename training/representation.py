@@ -14,8 +14,9 @@ last operation is not a ReLU (VGG's pooling, k-WTA), it would change nothing and
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
-from typing import Literal
+from typing import Iterator, Literal
 
 import torch
 import torch.nn.functional as F
@@ -62,12 +63,25 @@ def _split(model: nn.Module) -> tuple[nn.Module, nn.Module | None]:
     return model, None
 
 
+@contextlib.contextmanager
+def _modes_kept(model: nn.Module) -> Iterator[None]:
+    """Put every module's train/eval mode back afterwards: tracing ends with a recursive ``train(mode)``, which
+    would unfreeze a layer the caller froze, and a representation's ``eval()`` reaches the layers it shares."""
+    modes = {module: module.training for module in model.modules()}
+    try:
+        yield
+    finally:
+        for module, training in modes.items():
+            module.training = training
+
+
 def list_layers(model: nn.Module) -> list[str]:
     """Names accepted as ``layer`` (eval-mode torch.fx node names of the network), in execution order."""
     from torchvision.models.feature_extraction import get_graph_node_names
 
     net, _ = _split(model)
-    _, eval_nodes = get_graph_node_names(net)
+    with _modes_kept(net):
+        _, eval_nodes = get_graph_node_names(net)
     return [name for name in eval_nodes if name not in ("x", "input")]
 
 
@@ -97,6 +111,10 @@ class Representation(nn.Module):
         fake_relu: identity-backward ReLU at that layer; ``None`` = the architecture's default.
         pool: ``"avg"`` global average pool of (N, C, H, W) maps, ``"flatten"`` keeps every unit,
             ``"auto"`` = avg for the penultimate layer and flatten otherwise.
+
+    The representation shares the model's layers and leaves their modes as they are: features follow the model's
+    mode (:func:`training.build_model` returns models in eval mode; a model in train mode gives BatchNorm batch
+    statistics here too).
     """
 
     def __init__(self, model: nn.Module, layer: str | None = None, fake_relu: bool | None = None, pool: Pool = "auto"):
@@ -116,13 +134,12 @@ class Representation(nn.Module):
         self.layer = layer
         self.pool = ("avg" if layer == penultimate else "flatten") if pool == "auto" else pool
         self.fake_relu = bool(getattr(model, "fake_relu", False) if fake_relu is None else fake_relu)
-        was_training = net.training
-        self.extractor = create_feature_extractor(net.eval(), return_nodes={node_name: "features"})
-        net.train(was_training)
-        self.normalize = normalize
-        if self.fake_relu:
-            self._apply_fake_relu(node_name, explicit=fake_relu is not None)
-        self.eval()
+        with _modes_kept(model):  # a model training in the caller's loop had its BatchNorm frozen, model.training still True
+            self.extractor = create_feature_extractor(net.eval(), return_nodes={node_name: "features"})
+            self.normalize = normalize
+            if self.fake_relu:
+                self._apply_fake_relu(node_name, explicit=fake_relu is not None)
+            self.eval()
 
     def _apply_fake_relu(self, node_name: str, explicit: bool) -> None:
         gm = self.extractor

@@ -84,6 +84,19 @@ def test_representation_does_not_run_layers_after_the_chosen_one():
     assert not hasattr(rep.extractor, "layer4") and not hasattr(rep.extractor, "linear")
 
 
+def test_a_representation_leaves_the_models_layers_in_their_mode():
+    """It froze the BatchNorm of a model training in the caller's loop, while model.training still said True."""
+    model = build_model("small_cnn", "digits", width=4).train()
+    model.net.features[1].eval()  # a layer the caller froze on purpose stays frozen
+    modes = {name: m.training for name, m in model.named_modules()}
+    Representation(model)
+    assert {name: m.training for name, m in model.named_modules()} == modes
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training]
+    before = norms[0].running_mean.clone()
+    model(torch.rand(8, 3, 32, 32))
+    assert not torch.equal(norms[0].running_mean, before)  # a training forward still updates the statistics
+
+
 def test_unknown_model_and_layer_names():
     with pytest.raises(ValueError, match="unknown model 'resnet19'.*resnet18"):
         build_model("resnet19", "cifar10")
