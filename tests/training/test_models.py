@@ -187,6 +187,15 @@ def test_imagenet_family_by_name_and_missing_pretrained_weights(tmp_path, monkey
         build_model("resnet1000", "imagenet")
 
 
+def test_torchvision_architectures_take_their_own_arguments():
+    """An Inception-v3 checkpoint saved without its auxiliary head could not be loaded: aux_logits=False was a TypeError."""
+    model = build_model("inception_v3", "imagenet", aux_logits=False, init_weights=False)
+    assert model.net.AuxLogits is None and not any(k.startswith("net.AuxLogits") for k in model.state_dict())
+    assert build_model("mobilenet_v3_small", "imagenet", dropout=0.5).net.classifier[2].p == 0.5
+    with pytest.raises(ValueError, match=r"torchvision's resnet18 does not take the arguments \['ratio'\]"):
+        build_model("resnet18", "imagenet", ratio=0.5)
+
+
 @pytest.mark.parametrize("name, fake_relu", [("densenet121", True), ("vgg11", True), ("alexnet", True), ("mobilenet_v3_small", False),
                                              ("convnext_tiny", False), ("resnet18", True)])
 def test_imagenet_representation_is_the_final_linear_layers_input(name, fake_relu):

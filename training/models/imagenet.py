@@ -6,6 +6,7 @@ be in torch hub's checkpoint cache (``$TORCH_HOME/hub/checkpoints``), unless ``d
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -54,15 +55,17 @@ def hub_checkpoint_dir() -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints"
 
 
-def build_torchvision(name: str, num_classes: int = 1000, pretrained: bool = False, download: bool = False) -> nn.Module:
-    """A torchvision classifier by name; ``pretrained`` loads its default ImageNet weights from the cache."""
+def build_torchvision(name: str, num_classes: int = 1000, pretrained: bool = False, download: bool = False, **arch_kwargs: Any) -> nn.Module:
+    """A torchvision classifier by name; ``pretrained`` loads its default ImageNet weights from the cache.
+    ``arch_kwargs`` go to the architecture's builder (e.g. ``aux_logits=False`` for an Inception-v3 checkpoint saved
+    without its auxiliary head, ``dropout=0.2``)."""
     import torchvision
 
     known = torchvision_classifier_names()
     if name not in known:
         raise ValueError(f"unknown torchvision architecture {name!r}; known are: {', '.join(known)}")
     if not pretrained:
-        return torchvision.models.get_model(name, weights=None, num_classes=num_classes)
+        return _get_model(name, weights=None, num_classes=num_classes, **arch_kwargs)
     weights = torchvision.models.get_model_weights(name).DEFAULT
     if num_classes != len(weights.meta["categories"]):
         raise ValueError(f"{name}'s pretrained weights have {len(weights.meta['categories'])} classes, not {num_classes}")
@@ -72,4 +75,15 @@ def build_torchvision(name: str, num_classes: int = 1000, pretrained: bool = Fal
             f"pretrained weights for {name} are not cached: put {cached.name} (from {weights.url}) into "
             f"{cached.parent}/ (set TORCH_HOME to use another cache), or pass download=True when online."
         )
-    return torchvision.models.get_model(name, weights=weights)
+    return _get_model(name, weights=weights, **arch_kwargs)
+
+
+def _get_model(name: str, **kwargs: Any) -> nn.Module:
+    import torchvision
+
+    try:
+        return torchvision.models.get_model(name, **kwargs)
+    except TypeError as err:  # an argument the architecture does not take
+        extra = sorted(set(kwargs) - {"weights", "num_classes"})
+        raise ValueError(f"torchvision's {name} does not take the arguments {extra} ({err}): pass only those of "
+                         f"torchvision.models.{name} and its model class in model.kwargs") from None
