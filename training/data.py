@@ -136,6 +136,19 @@ def find_cifar_folder(name: str, root: str | Path) -> Path | None:
     return None
 
 
+def _cifar_rows(data: np.ndarray, path: Path) -> np.ndarray:
+    """CIFAR's layout, checked: one row of 3072 bytes per image (1024 red, 1024 green, 1024 blue, row-major), as
+    (N, 3, 32, 32) uint8. torchvision's ``.data`` (N, 32, 32, 3) reshaped as rows would scramble every image, and
+    floats cast to bytes would be truncated, so both are refused."""
+    layout = "one row of 3072 integers in 0..255 per image (CIFAR's pickle layout: red, green, blue planes)"
+    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+        hint = " (that is torchvision's HWC .data: write data.transpose(0, 3, 1, 2).reshape(N, 3072))" if data.shape[1:] == (32, 32, 3) else ""
+        raise ValueError(f"{path}: 'data' has shape {data.shape}, expected {layout}{hint}")
+    if not np.issubdtype(data.dtype, np.integer) or (data.size and (data.min() < 0 or data.max() > 255)):
+        raise ValueError(f"{path}: 'data' holds {data.dtype} values in [{data.min()}, {data.max()}], expected {layout}")
+    return data.astype(np.uint8).reshape(-1, 3, 32, 32)
+
+
 def load_cifar(name: str = "cifar10", split: str = "test", root: str | Path | None = None, download: bool = False) -> ImageSet:
     """Read CIFAR-10/100 from its python-pickle folder into uint8 tensors.
 
@@ -172,8 +185,7 @@ def load_cifar(name: str = "cifar10", split: str = "test", root: str | Path | No
     images, labels = [], []
     for file_name in layout[split]:
         batch = _read_pickle(folder / file_name)
-        data = np.asarray(batch["data"], dtype=np.uint8)
-        images.append(data.reshape(-1, 3, 32, 32))
+        images.append(_cifar_rows(np.asarray(batch["data"]), folder / file_name))
         labels.extend(batch[layout["label_key"]])
     classes = list(_read_pickle(folder / layout["meta"])[layout["names_key"]])
     outside = sorted({int(k) for k in labels if not 0 <= int(k) < len(classes)})

@@ -151,3 +151,17 @@ def test_cifar_labels_outside_the_classes_are_refused(tmp_path):
         pickle.dump({"data": np.zeros((2, 3072), dtype=np.uint8), "labels": [3, 57]}, f)
     with pytest.raises(ValueError, match=r"labels \[57\] lie outside the 10 classes"):
         load_cifar("cifar10", "test", root=tmp_path)
+
+
+@pytest.mark.parametrize("data, message", [
+    (np.zeros((2, 32, 32, 3), dtype=np.uint8), r"shape \(2, 32, 32, 3\), expected one row of 3072 .*torchvision's HWC \.data"),
+    (np.full((2, 3072), 0.5, dtype=np.float32), r"holds float32 values in \[0\.5, 0\.5\], expected one row of 3072 integers in 0\.\.255"),
+    (np.full((2, 3072), 300, dtype=np.int64), r"holds int64 values in \[300, 300\]"),
+])
+def test_cifar_rows_in_another_layout_are_refused_not_scrambled(tmp_path, data, message):
+    """A subset written from torchvision's (N, 32, 32, 3) .data loaded as scrambled images; [0, 1] floats as black ones."""
+    write_cifar10_folder(tmp_path)
+    with open(tmp_path / "cifar-10-batches-py" / "test_batch", "wb") as f:
+        pickle.dump({"data": data, "labels": [0, 1]}, f)
+    with pytest.raises(ValueError, match=message):
+        load_cifar("cifar10", "test", root=tmp_path)
