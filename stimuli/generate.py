@@ -153,7 +153,9 @@ class ModelRef:
     def provenance(self) -> dict:
         provenance = {
             "name": self.name,
-            "checkpoint": self.checkpoint,
+            # The weights' hash says which weights; the path only where they were read, which a resumption or another
+            # shard (a Slurm node staging files elsewhere) may spell differently: its file name alone is recorded here.
+            "checkpoint": Path(self.checkpoint).name if self.checkpoint else None,
             "layer": self.layer,
             "fake_relu": getattr(self.representation, "fake_relu", None),
             "weights_sha256": weights_hash(self.classifier if self.classifier is not None else self.representation),

@@ -113,6 +113,23 @@ def test_interrupted_and_resumed_set_equals_the_one_written_in_one_go(tmp_path, 
     assert engine.calls == 0
 
 
+def test_a_checkpoint_path_spelled_another_way_resumes_the_same_set(tmp_path, digits):
+    """The path was fingerprinted as given: a resumption or a shard with ./ or an absolute path was another set."""
+    test, train = digits
+    options = dict(seed_types=["noise", "train"], train_set=train, chunk_size=CHUNK, preview=False)
+
+    def model(checkpoint):
+        return ModelRef("tiny", tiny_representation(0), checkpoint=checkpoint, layer="features")
+
+    with pytest.raises(SimulatedCrash):
+        make_inversion_set(tmp_path / "set", model("models/tiny.safetensors"), select_targets(test, N_TARGETS, seed=0),
+                           engine=CountingEngine(fail_on=3), **options)
+    engine = CountingEngine()
+    make_inversion_set(tmp_path / "set", model("/scratch/job/./models/tiny.safetensors"), select_targets(test, N_TARGETS, seed=0),
+                       engine=engine, **options)
+    assert engine.calls == 1  # only the chunk that was lost
+
+
 def test_a_damaged_part_is_computed_again(tmp_path, digits, one_go):
     out = tmp_path / "damaged"
     with pytest.raises(SimulatedCrash):
