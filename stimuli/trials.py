@@ -76,8 +76,12 @@ def two_afc_trials(manifest: pd.DataFrame, seed: int = 0, attention_rate: float 
         seeds.append(seeds[i])
         seed_types.append(seed_types[i])
     is_check = np.r_[np.zeros(n_real, bool), np.ones(n_checks, bool)]
-    # Balance answer sides separately among real trials and among checks.
-    target_left = np.r_[balanced_sides(n_real, rng), balanced_sides(n_checks, rng)]
+    # Balance answer sides within every seed type, separately among real trials and among checks: the scores are
+    # reported per seed type, and an uneven split there would mix a side bias of people into the comparison.
+    groups = pd.Series(list(zip(is_check, map(str, seed_types))))
+    target_left = np.zeros(len(queries), dtype=bool)
+    for _, index in sorted(groups.groupby(groups).indices.items()):
+        target_left[index] = balanced_sides(len(index), rng)
     table = pd.DataFrame(
         {
             "task": "2afc",

@@ -46,10 +46,11 @@ def test_two_afc_one_trial_per_result_with_target_and_seed_as_options():
         assert t.seed_id == r.seed_id and t.seed_type == r.seed_type and not t.attention_check
 
 
-@pytest.mark.parametrize("n_targets", [10, 7])
-def test_two_afc_answer_positions_are_balanced(n_targets):
-    table = two_afc_trials(inversion_manifest(n_targets, seed_types=("noise",)), seed=0, attention_rate=0.2)
-    for _, group in table.groupby("attention_check"):
+@pytest.mark.parametrize("n_targets, seed", [(10, 0), (7, 0), *((100, s) for s in range(5))])
+def test_two_afc_answer_positions_are_balanced_within_every_seed_type(n_targets, seed):
+    """Balanced over all trials, a seed type's split was up to 58/42 at 100 targets."""
+    table = two_afc_trials(inversion_manifest(n_targets, seed_types=("noise", "train")), seed=seed, attention_rate=0.2)
+    for _, group in table.groupby(["attention_check", "seed_type"]):
         counts = group["answer"].value_counts()
         assert abs(counts.get("left", 0) - counts.get("right", 0)) <= len(group) % 2
 
