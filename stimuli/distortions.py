@@ -547,9 +547,13 @@ def make_condition_set(path: str | Path, distortion: Distortion, images: Tensor,
     if empty:
         logger.warning(empty)
     if is_complete_set(path):
-        existing = stimuli.load_set(path, verify_pngs=False)
-        if existing.fingerprint == fingerprint_of(parameters):
-            return existing
+        try:
+            existing = stimuli.load_set(path, verify_pngs=False)
+        except stimuli.StimulusSetError as err:  # a condition set is a cache: a damaged one is made again
+            logger.warning("the condition set %s cannot be read (%s): it is made again", path, err)
+        else:
+            if existing.fingerprint == fingerprint_of(parameters):
+                return existing
     distorted = apply_batched(distortion, images, index, seed, batch_size=batch_size, device=device)
     eight_bit = stimuli.quantise(distorted).float() / 255
     manifest = pd.DataFrame({

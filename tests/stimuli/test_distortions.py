@@ -231,6 +231,11 @@ def test_condition_set_is_a_stimulus_set_and_is_reused_when_unchanged(tmp_path, 
     assert relabelled.fingerprint != made.fingerprint and relabelled.manifest["label"].tolist() == labels.roll(1).tolist()
     with pytest.raises(ValueError, match="one label and one source index per image"):
         C.make_condition_set(tmp_path / "bad", distortion, images, labels[:2], IDS, **kwargs)
+    # a damaged cache is made again (it stopped compare, whose advice overwrite=true compare does not take)
+    with open(tmp_path / "set" / "tensors.safetensors", "r+b") as f:
+        f.truncate(100)
+    remade = C.make_condition_set(tmp_path / "set", distortion, images, labels, IDS, **kwargs)
+    assert remade.fingerprint == made.fingerprint and torch.equal(stimuli.load_set(tmp_path / "set").images, made.images)
 
 
 def test_a_high_pass_set_made_before_inf_meant_the_original_is_rebuilt(tmp_path, images, monkeypatch):
