@@ -546,7 +546,18 @@ def _config_record(config: Mapping[str, Any] | None, parameters: dict) -> dict:
         from omegaconf import OmegaConf
 
         config = OmegaConf.to_container(config, resolve=True)
-    return json.loads(canonical_json(dict(config)))
+    config = dict(config)
+    try:
+        return json.loads(canonical_json(config))
+    except TypeError as err:
+        bad = []
+        for key, value in config.items():
+            try:
+                canonical_json(value)
+            except TypeError:
+                bad.append(key)
+        raise ValueError(f"config key(s) {bad} cannot be recorded in the manifest ({err}): pass plain numbers, strings, lists and "
+                         "dicts (e.g. str(device))") from None
 
 
 OVERWRITE_MODES = (False, True, "archive")
@@ -648,6 +659,7 @@ def _run_plan(
         # auto in fp32 stays "auto", as sets made before this record it.
         plan.parameters["engine"]["precision"] = "bf16"
     fingerprint = fingerprint_of(plan.parameters)
+    config_record = _config_record(config, plan.parameters)  # before the engine runs: a config JSON cannot hold is named now
     done_already, replacing = _prepare(out, fingerprint, shard_info, len(mine), overwrite)
     if done_already:
         logger.info("%s already holds this set: nothing to do", out)
@@ -703,7 +715,7 @@ def _run_plan(
         manifest_table([rows[i] for i in order]),
         kind=plan.kind,
         parameters=plan.parameters,
-        config=_config_record(config, plan.parameters),
+        config=config_record,
         fingerprint=fingerprint,
         curve_steps=curve_steps,
         loss_curve=curves[order],

@@ -394,7 +394,10 @@ def test_bad_arguments_are_refused_before_any_work(tmp_path, digits):
             make_controversial_set(tmp_path / "z", a, b, origins, engine=CountingEngine(), **kwargs)
     with pytest.raises(ValueError, match="0 <= shard < n_shards"):
         invert(tmp_path / "z", digits, shard=2, n_shards=2)
-    assert not (tmp_path / "z").exists()
+    engine = CountingEngine()  # a config JSON cannot hold failed after every chunk, naming no key
+    with pytest.raises(ValueError, match=r"config key\(s\) \['device'\] cannot be recorded in the manifest"):
+        invert(tmp_path / "z", digits, engine, config={"device": torch.device("cpu"), "n_targets": N_TARGETS})
+    assert engine.calls == 0 and not (tmp_path / "z").exists()
 
 
 def test_the_manifest_records_the_config_given(tmp_path, digits):
