@@ -67,8 +67,7 @@ def load_similarity_matrix(path: str | Path) -> pd.DataFrame:
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"similarity matrix not found: {path}")
-    table = pd.read_csv(path, index_col=0)
-    table.index = table.index.map(str)
+    table = pd.read_csv(path, index_col=0, dtype=str)  # ids as written: 00012 stays 00012 (the header keeps it so)
     table.columns = table.columns.map(str)
     if table.shape[0] != table.shape[1]:
         raise ValueError(f"{path}: a similarity matrix must be square (ids in the first row and column), got {table.shape}")

@@ -208,3 +208,6 @@ def test_hard_triplets_from_a_human_similarity_matrix(tmp_path):
         human_target_distances(stimulus_set, load_similarity_matrix(other))
     with pytest.raises(FileNotFoundError, match="similarity matrix not found"):
         load_similarity_matrix(tmp_path / "none.csv")
+    padded = tmp_path / "padded.csv"  # zero-padded numeric ids: the index read 00101 as 101, the header kept 00101
+    pd.DataFrame(similarity, index=[f"00{i}" for i in ids], columns=[f"00{i}" for i in ids]).to_csv(padded)
+    assert list(load_similarity_matrix(padded).index) == [f"00{i}" for i in ids]
