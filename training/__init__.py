@@ -34,13 +34,14 @@ __all__ = [
 from .attacks import ThreatModel, fgsm, pgd  # noqa: E402
 from .evaluate import MaskingReport, clean_accuracy, gradient_masking_report, robust_accuracy  # noqa: E402
 from .recipes import RECIPES, build_recipe, linear_probe  # noqa: E402
-from .trainer import TrainResult, train  # noqa: E402
+from .trainer import TrainingDiverged, TrainResult, train  # noqa: E402
 
 __all__ += [
     "MaskingReport",
     "RECIPES",
     "ThreatModel",
     "TrainResult",
+    "TrainingDiverged",
     "build_recipe",
     "clean_accuracy",
     "fgsm",
