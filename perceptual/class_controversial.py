@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from invert.validation import check_images
+from training.config import check_whole_number
 
 from .observers import Observer
 from .tasks import TIE_TOLERANCE, bootstrap_interval, wilson_interval
@@ -55,8 +56,7 @@ def nearest_class_choice(observer: Observer, stimuli: Tensor, candidates: Tensor
     or -1 on a tie; class distance = mean of the ``k`` smallest distances to the class's exemplars."""
     if candidates.ndim != 2 or candidates.shape != (len(stimuli), 2):
         raise ValueError(f"candidates must be (N, 2) class indices for N={len(stimuli)} stimuli, got {tuple(candidates.shape)}")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k (the nearest exemplars a class distance averages) must be a whole number >= 1, got {k!r}")
+    check_whole_number(k, "k (the nearest exemplars a class distance averages)")
     missing = sorted(set(candidates.flatten().tolist()) - set(exemplar_labels.tolist()))
     if missing:
         raise ValueError(f"no exemplars of classes {missing}: give exemplar images of every class the models decide")

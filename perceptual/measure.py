@@ -47,7 +47,7 @@ import stimuli
 from invert import NOISE_KINDS, Engine, check_push_weight, resolve_engine
 from training import build_model
 from training.attacks import ThreatModel
-from training.config import dataset_from_config, expand_path, resolve_device
+from training.config import check_whole_number, dataset_from_config, expand_path, resolve_device
 from training.data import ImageSet, folder_to_imageset
 from training.evaluate import clean_accuracy, robust_accuracy
 from training.io import atomic_write_json, atomic_write_text
@@ -285,7 +285,7 @@ def measure_models(
         if spec.factory or spec.module is not None:  # nor need a factory's settings, or a built module's, show in its weights
             identity = module_identity(classifier, {"factory": spec.factory, "kwargs": dict(spec.kwargs), "checkpoint": spec.checkpoint})
             default_dir = out / "models" / f"{spec.label}-{identity[:10]}"
-            settings = {"identity": identity[:16]}
+            settings = {"identity": identity}
         model_dir = Path((model_dirs or {}).get(spec.label) or default_dir)
         ref = stimuli.ModelRef.from_classifier(classifier, name=spec.label, checkpoint=spec.checkpoint, layer=spec.layer, fake_relu=spec.fake_relu,
                                                settings=settings)
@@ -436,9 +436,8 @@ def validate_inputs(specs: Sequence[ModelSpec], *, n_targets: int, seed_types: S
             raise ValueError("controversial n_origins must be at least 1")
         check_push_weight(controversial.get("lambda_", 0.1))
         for key, least in (("steps", 0), ("k", 1), ("exemplars_per_class", 1)):
-            value = controversial.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
-                raise ValueError(f"controversial {key} must be a whole number >= {least}{' (or null)' if key == 'steps' else ''}, got {value!r}")
+            if controversial.get(key) is not None:
+                check_whole_number(controversial[key], f"controversial {key}", least, " (or null)" if key == "steps" else "")
         objective = controversial.get("objective") or "controversial"
         if objective not in stimuli.CONTROVERSIAL_OBJECTIVES:
             raise ValueError(f"controversial objective={objective!r}: use one of {list(stimuli.CONTROVERSIAL_OBJECTIVES)}")

@@ -421,7 +421,7 @@ def default_panel(net: str = "alex", weights_path: str | None = None, seed: int 
 
     Only the torch hub cache may be missing: a ``weights_path`` given explicitly is used, and one that is not a
     file is an error (LPIPS was asked for), never a quiet switch to the random backbone."""
-    if weights_path or lpips_weights_available(net, weights_path):
+    if weights_path or lpips_weights_available(net):
         kinds = ["lpips", "lpips-no-heads"]
     else:
         kinds = ["lpips-random-backbone", "lpips-no-heads-random"]

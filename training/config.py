@@ -30,6 +30,13 @@ class ConfigError(ValueError):
     """A config value is unknown or out of range; the message names the key and the choices."""
 
 
+def check_whole_number(value: Any, name: str, least: int = 1, hint: str = "") -> None:
+    """Refuse anything but an int >= ``least`` (a bool, a float, a string), naming the setting; ``hint`` follows
+    the bound in the message (e.g. " (or null)" where the caller lets None through)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(f"{name} must be a whole number >= {least}{hint}, got {value!r}")
+
+
 TRADES_LINF_STEP = 0.007  # the TRADES and MART reference codes' Linf step (at eps 0.031, 10 steps)
 
 
@@ -347,7 +354,7 @@ def run_checked(config_name: str, arguments: Sequence[str]) -> None:
 
 
 __all__ = [
-    "ConfigError", "check_known_keys", "check_overrides", "check_train_config", "compose", "dataset_from_config", "expand_path",
+    "ConfigError", "check_known_keys", "check_overrides", "check_train_config", "check_whole_number", "compose", "dataset_from_config", "expand_path",
     "flat_keys", "get", "model_from_config", "representation_from_config", "resolve_device", "run_checked",
     "unknown_key_message",
 ]

@@ -40,7 +40,7 @@ from invert.validation import hot_loop
 
 from .attacks import ThreatModel, check_norm, config_number
 from .checkpoints import load_into
-from .config import ConfigError, check_train_config, dataset_from_config, expand_path, model_from_config, resolve_device
+from .config import ConfigError, check_train_config, check_whole_number, dataset_from_config, expand_path, model_from_config, resolve_device
 from .config import get as _get
 from .data import ImageSet
 from .evaluate import correct_counts, gradient_masking_report
@@ -347,8 +347,11 @@ def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> Tr
     eval_cfg = tcfg.get("eval") or {}
     eval_threat = _threat_or_none(eval_cfg.get("attack"))
     masking = masking_settings(eval_cfg.get("masking"), eval_threat)
-    _check_counts({f"train.eval.{key}": eval_cfg.get(key) for key in ("batch_size", "restarts", "final_restarts")}
-                  | {"stop_after_epochs": _get(cfg, "stop_after_epochs"), "save_every": _get(cfg, "save_every")})
+    # Used only after the epochs (evaluation), or read as another count (0 epochs before stopping trained one).
+    counts = {f"train.eval.{key}": eval_cfg.get(key) for key in ("batch_size", "restarts", "final_restarts")}
+    for key, value in {**counts, "stop_after_epochs": _get(cfg, "stop_after_epochs"), "save_every": _get(cfg, "save_every")}.items():
+        if value is not None:
+            check_whole_number(value, key, hint=" (or null for the default)")
 
     run = RunDirectory(expand_path(_get(cfg, "run_dir", "runs/default")))
     if dist.is_main:  # rank 0 writes the run; a DDP job does not wait for another's, as its other ranks would time out at a barrier
@@ -426,14 +429,6 @@ def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> Tr
         logger.debug("%s", format_summary(summary))  # `python -m training` prints it; callers have the summary
     dist.barrier()
     return TrainResult(final_model.eval(), summary, run.path, completed=True)
-
-
-def _check_counts(values: Mapping[str, Any]) -> None:
-    """Counts used only after the epochs (evaluation) or that would be read as another count (0 epochs before stopping
-    trained one): each null or a whole number >= 1, refused before the first epoch otherwise."""
-    for key, value in values.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ConfigError(f"{key} must be a whole number >= 1 (or null for the default), got {value!r}")
 
 
 class TrainingDiverged(FloatingPointError):
