@@ -548,6 +548,7 @@ def merge_sets(inputs: Sequence[str | Path], out: str | Path, *, overwrite: bool
     Every shard must be complete and come from the same run (same fingerprint, kind and config),
     all shards 0..k-1 must be present exactly once, and images shared between shards (targets and
     seeds) must be identical. Rows are ordered by ``position`` (their place in the complete set).
+    ``overwrite`` replaces a set already at ``out``, and the trial tables in its ``trials/`` unless it is this very set.
     """
     if not inputs:
         raise StimulusSetError("no shards to merge: pass the shard directories (or run the sharded commands first)")
@@ -575,9 +576,16 @@ def merge_sets(inputs: Sequence[str | Path], out: str | Path, *, overwrite: bool
             import warnings
 
             warnings.warn(f"{s.path} recorded another config than {first.path}; the merged set keeps the first one", stacklevel=2)
+    counts = sorted({s.shard["count"] for s in shards})
+    if len(counts) > 1:
+        by_count = {c: [str(s.path) for s in shards if s.shard["count"] == c] for c in counts}
+        raise StimulusSetError(
+            f"the shards split the run in different numbers of parts ({by_count}): merge the shards of one split "
+            "(shard-i-of-k with one k); remove or move the others"
+        )
     count = first.shard["count"]
     indices = sorted(s.shard["index"] for s in shards)
-    if any(s.shard["count"] != count for s in shards) or indices != list(range(count)):
+    if indices != list(range(count)):
         missing = sorted(set(range(count)) - set(indices))
         repeated = sorted({i for i in indices if indices.count(i) > 1})
         raise StimulusSetError(
@@ -604,8 +612,15 @@ def merge_sets(inputs: Sequence[str | Path], out: str | Path, *, overwrite: bool
     if total is not None and positions != list(range(total)):
         raise StimulusSetError(f"the merged shards hold {len(positions)} of the set's {total} images: a shard is missing rows")
     out = Path(out)
-    if is_complete_set(out) and not overwrite:
-        raise StimulusSetError(f"{out} already holds a stimulus set: pass overwrite=true to replace it")
+    if is_complete_set(out):
+        if not overwrite:
+            raise StimulusSetError(f"{out} already holds a stimulus set: pass overwrite=true to replace it")
+        try:
+            same = read_manifest(out).get("fingerprint") == first.fingerprint
+        except StimulusSetError:
+            same = False
+        if not same and (out / TRIALS_DIR).is_dir():  # they name the images of the set being replaced
+            shutil.rmtree(out / TRIALS_DIR)
     table = manifest_table([rows[i] for i in ordered], [c for c in first.manifest.columns])
     write_set(
         out, torch.stack([images[i] for i in ordered]), table, kind=first.kind, parameters=first.parameters,

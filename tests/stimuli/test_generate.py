@@ -283,6 +283,31 @@ def test_shards_of_different_runs_do_not_merge(tmp_path, digits):
         merge_sets([a, b], tmp_path / "m")
 
 
+def test_merging_over_another_set_drops_its_trial_tables(tmp_path, digits):
+    """Trial tables name the images of the set they were made from: a merge that replaces the set with another run's
+    removes them, and one that makes the very same set again keeps them."""
+    def shards(seed):
+        return [invert(tmp_path / f"seed{seed}-shard{i}", digits, shard=i, n_shards=2, seed=seed).path for i in range(2)]
+
+    out = tmp_path / "merged"
+    first = merge_sets(shards(0), out)
+    (out / "trials").mkdir()
+    set_trials(first, "2afc", seed=0).to_csv(out / "trials" / "2afc-seed0.csv", index=False)
+    with pytest.raises(StimulusSetError, match="overwrite=true"):
+        merge_sets(shards(1), out)
+    assert merge_sets(shards(0), out, overwrite=True).fingerprint == first.fingerprint
+    assert (out / "trials" / "2afc-seed0.csv").is_file()
+    replaced = merge_sets(shards(1), out, overwrite=True)
+    assert replaced.fingerprint != first.fingerprint and not (out / "trials").exists()
+
+
+def test_shards_of_different_splits_are_named_apart(tmp_path, digits):
+    halves = [invert(tmp_path / f"half{i}", digits, shard=i, n_shards=2).path for i in range(2)]
+    third = invert(tmp_path / "third", digits, shard=2, n_shards=3).path
+    with pytest.raises(StimulusSetError, match=r"different numbers of parts .*3: \[.*third.*\]"):
+        merge_sets([*halves, third], tmp_path / "m")
+
+
 def test_more_shards_than_chunks_is_an_error(tmp_path, digits):
     with pytest.raises(ValueError, match="shard 3 of 4 has no work: the set has only 3 chunks"):
         invert(tmp_path / "x", digits, shard=3, n_shards=4)
