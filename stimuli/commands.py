@@ -7,6 +7,7 @@ what the tests call; the ``*_main`` functions are the Hydra entry points that
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -117,10 +118,26 @@ def controversial_command(cfg: DictConfig) -> StimulusSet:
     return result
 
 
+def trials_file_name(cfg: DictConfig) -> str:
+    """``<task>-seed<seed>.csv``, with every setting that changes the table and is not its default, so that tables
+    made with other settings sit side by side: ``-attention0.1``, ``-n50``, and hard clustering's distance
+    (``-lpips_distance_matrix`` for ``module:function``, ``-human-similarity`` for ``human:similarity.csv``)."""
+    name = f"{cfg.task}-seed{cfg.seed}"
+    if cfg.attention_rate:
+        name += f"-attention{cfg.attention_rate:g}"
+    if cfg.n_trials is not None:
+        name += f"-n{cfg.n_trials}"
+    if cfg.task == "clustering_hard" and cfg.distance != "pixel_l2":
+        scheme, _, rest = str(cfg.distance).rpartition(":")
+        label = f"human-{Path(rest).stem}" if scheme == "human" else rest
+        name += "-" + re.sub(r"[^A-Za-z0-9_.]+", "-", label).strip("-.")
+    return f"{name}.csv"
+
+
 def trials_command(cfg: DictConfig) -> tuple[Path, pd.DataFrame]:
     stimulus_set = load_set(cfg.set)
     table = set_trials(stimulus_set, cfg.task, seed=cfg.seed, attention_rate=cfg.attention_rate, n_trials=cfg.n_trials, distance=cfg.distance)
-    out = Path(cfg.out) if cfg.out else Path(cfg.set) / TRIALS_DIR / f"{cfg.task}-seed{cfg.seed}.csv"
+    out = Path(cfg.out) if cfg.out else Path(cfg.set) / TRIALS_DIR / trials_file_name(cfg)
     out = job_path(out.parent) / out.name
     atomic_write_text(out, table.to_csv(index=False))
     n_trials = table["trial"].nunique()

@@ -135,6 +135,8 @@ def clustering_trials(
         raise ValueError(f"clustering needs at least 3 targets with results, the set has {len(target_ids)}")
     if hard and target_distances is None:
         raise ValueError("hard clustering needs target_distances (a square table of distances between target ids)")
+    if n_trials is not None and (isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1):
+        raise ValueError(f"n_trials must be a whole number >= 1 (or None for one triplet per target), got {n_trials!r}")
     n_trials = len(target_ids) if n_trials is None else n_trials
     anchors = list(rng.choice(target_ids, size=n_trials, replace=n_trials > len(target_ids)))
     if hard:
@@ -185,8 +187,14 @@ def clustering_trials(
 
 
 def make_trials(manifest: pd.DataFrame, task: str, seed: int = 0, attention_rate: float = 0.0, target_distances=None, n_trials=None) -> pd.DataFrame:
-    """Dispatch by task name: ``2afc``, ``clustering`` or ``clustering_hard``."""
+    """Dispatch by task name: ``2afc``, ``clustering`` or ``clustering_hard``. ``n_trials`` is the clustering tasks'
+    (2AFC makes one trial per result: a survey takes subsets of it with ``trials_per_survey``)."""
     if task == "2afc":
+        if n_trials is not None:
+            raise ValueError(
+                f"n_trials={n_trials!r} applies to the clustering tasks: 2afc makes one trial per result; leave n_trials "
+                "unset (null), and take subsets in the survey (trials_per_survey)"
+            )
         return two_afc_trials(manifest, seed, attention_rate)
     if task in ("clustering", "clustering_hard"):
         return clustering_trials(manifest, seed, attention_rate, task == "clustering_hard", target_distances, n_trials)

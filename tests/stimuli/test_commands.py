@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_module
 
 from stimuli import load_set
 from stimuli.__main__ import main, translate
-from stimuli.commands import controversial_command, invert_command, merge_command, trials_command
+from stimuli.commands import controversial_command, invert_command, merge_command, trials_command, trials_file_name
 
 FAST = ["invert.steps=2", "invert.log_every=1", "invert.progress=false"]
 
@@ -69,11 +69,37 @@ def test_merge_command_equals_the_unsharded_command(sharded_and_whole):
 def test_trials_command_writes_a_csv_table(sharded_and_whole, task):
     whole, _ = sharded_and_whole
     out, table = trials_command(config("stimuli_trials", [f"set={whole.path}", f"task={task}", "attention_rate=0.25"]))
-    assert out == whole.path / "trials" / f"{task}-seed0.csv"
+    assert out == whole.path / "trials" / f"{task}-seed0-attention0.25.csv"
     written = pd.read_csv(out)
     assert len(written) == len(table) and set(written["task"]) == {task}
     per_trial = table.drop_duplicates("trial")
     assert per_trial["attention_check"].sum() == round(0.25 * (len(per_trial) - per_trial["attention_check"].sum()) / 0.75)
+
+
+def test_trials_tables_with_other_settings_do_not_overwrite_each_other(sharded_and_whole):
+    whole, _ = sharded_and_whole
+    written = {
+        trials_command(config("stimuli_trials", [f"set={whole.path}", *overrides]))[0].name: overrides
+        for overrides in (
+            ["task=2afc"], ["task=2afc", "attention_rate=0.1"], ["task=clustering", "n_trials=2"], ["task=clustering"],
+            ["task=clustering_hard", "distance=stimuli.distances:pixel_l2_distances"], ["task=clustering_hard"],
+        )
+    }
+    assert sorted(written) == sorted([
+        "2afc-seed0.csv", "2afc-seed0-attention0.1.csv", "clustering-seed0-n2.csv", "clustering-seed0.csv",
+        "clustering_hard-seed0-pixel_l2_distances.csv", "clustering_hard-seed0.csv",
+    ])
+    assert pd.read_csv(whole.path / "trials" / "clustering-seed0-n2.csv")["trial"].nunique() == 2
+    people = config("stimuli_trials", ["set=x", "task=clustering_hard", "distance=human:/data/sim ratings.csv"])
+    assert trials_file_name(people) == "clustering_hard-seed0-human-sim-ratings.csv"
+
+
+def test_trials_command_refuses_n_trials_for_2afc(sharded_and_whole):
+    whole, _ = sharded_and_whole
+    with pytest.raises(ValueError, match="n_trials=5 applies to the clustering tasks: 2afc makes one trial per result"):
+        trials_command(config("stimuli_trials", [f"set={whole.path}", "task=2afc", "n_trials=5"]))
+    with pytest.raises(ValueError, match="n_trials must be a whole number >= 1"):
+        trials_command(config("stimuli_trials", [f"set={whole.path}", "task=clustering", "n_trials=0"]))
 
 
 def test_trials_command_takes_a_distance_function_by_import_path(sharded_and_whole, tmp_path):
