@@ -76,6 +76,7 @@ class Responses:
     answers: pd.DataFrame
     excluded: list[dict] = field(default_factory=list)
     submissions: int = 0
+    prolific_without_answers: list[str] = field(default_factory=list)  # see ProlificStatuses.without_answers
 
     def exclusion_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -90,6 +91,12 @@ PROLIFIC_WITHDRAWN = ("RETURNED", "REJECTED", "TIMED-OUT", "SCREENED-OUT")
 
 def _column_key(name: str) -> str:
     return " ".join(str(name).replace("_", " ").lower().split())
+
+
+def _prolific_status(value) -> str:
+    """A Prolific status as :data:`PROLIFIC_WITHDRAWN` spells it: Prolific writes both ``TIMED-OUT`` and ``SCREENED OUT``
+    (and ``AWAITING REVIEW``), so spaces, hyphens and underscores all read as one hyphen."""
+    return "-".join(str(value).replace("_", " ").replace("-", " ").upper().split())
 
 
 def is_prolific_export(columns: Iterable[str]) -> bool:
@@ -109,13 +116,19 @@ class ProlificStatuses:
     def add(self, table: pd.DataFrame) -> None:
         columns = {_column_key(c): c for c in table.columns}
         for record in table.to_dict("records"):
-            status = str(record[columns["status"]]).strip().upper()
+            status = _prolific_status(record[columns["status"]])
             participant = str(record[columns["participant id"]]).strip()
             session = str(record.get(columns.get("submission id"), "") or "").strip()
             if session:
                 self.by_session[session] = status
             if participant:
                 self.by_participant.setdefault(participant, set()).add(status)
+
+    def without_answers(self, answered: Iterable[str]) -> list[str]:
+        """Participants of the exports who are not withdrawn and gave no valid answer among the files read: the completion
+        code is readable in the page's source, so check them before approving (or find their missing downloads)."""
+        answered = set(answered)
+        return sorted(p for p, statuses in self.by_participant.items() if p not in answered and not statuses <= set(PROLIFIC_WITHDRAWN))
 
     def exclusion(self, submission: Mapping) -> str | None:
         """Why ``submission`` is excluded, or None: its own submission's status where the page recorded Prolific's
@@ -146,6 +159,10 @@ def _submissions_from_file(path: Path, prolific: ProlificStatuses) -> list[dict]
             raise ValueError(f"{path} is not valid JSON ({error}): was the download cut short? Download it again from the "
                              "survey page, or move it out of the answers folder") from error
         items = data if isinstance(data, list) else [data]
+        if not all(isinstance(item, dict) for item in items):
+            kinds = sorted({type(item).__name__ for item in items if not isinstance(item, dict)})
+            raise ValueError(f"{path} holds JSON that is not the survey page's download (an object, or a list of them; found {', '.join(kinds)}): "
+                             "download it again from the survey page, or move it out of the answers folder")
         return [{**item, "source": str(path)} for item in items]
     if path.suffix.lower() != ".csv":
         raise ValueError(f"{path}: unsupported file type; give the page's .json or .csv downloads or an MTurk batch results .csv")
@@ -162,14 +179,16 @@ def _submissions_from_file(path: Path, prolific: ProlificStatuses) -> list[dict]
     if not needed <= set(table.columns):
         raise ValueError(f"{path}: a page CSV needs columns {sorted(needed)}, found {list(table.columns)}; an MTurk file needs Answer.responses, "
                          "a Prolific export Participant id and Status")
-    if "session_id" not in table.columns:  # downloads of pages from before the page recorded it
-        table["session_id"] = ""
+    for recorded_later in ("session_id", "started_at"):  # downloads of pages from before the page recorded them
+        if recorded_later not in table.columns:
+            table[recorded_later] = ""
     fields = ["trial_id", "row", "choice"] + [c for c in ("rt_ms", "position") if c in table.columns]  # older pages, hand-made CSVs lack them
     out = []
-    for (fingerprint, survey, worker, session), group in table.groupby(["package_fingerprint", "survey_id", "worker_id", "session_id"], sort=False):
+    keys = ["package_fingerprint", "survey_id", "worker_id", "session_id", "started_at"]
+    for (fingerprint, survey, worker, session, started), group in table.groupby(keys, sort=False):
         answers = group[fields].to_dict("records")
-        out.append({"package_fingerprint": fingerprint, "survey_id": survey, "worker_id": worker, "session_id": session, "answers": answers,
-                    "source": str(path)})
+        out.append({"package_fingerprint": fingerprint, "survey_id": survey, "worker_id": worker, "session_id": session,
+                    "started_at": started or None, "answers": answers, "source": str(path)})
     return out
 
 
@@ -264,8 +283,10 @@ def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Respo
     prolific = ProlificStatuses()
     submissions = [sub for f in files for sub in _submissions_from_file(f, prolific)]  # every export is read before any answer is judged
     # A worker does an MTurk HIT (a survey) once: a rejected assignment rejects its answers in every file, the page's downloads too.
+    # Survey ids repeat across packages (2afc-000 in a pilot and in the study): only this package's rejections count.
     rejected_on_mturk = {(_worker_id(sub), sub.get("survey_id")) for sub in submissions
-                         if "invalid" not in sub and str(sub.get("status") or "").lower() == "rejected"}  # an empty CSV cell reads as NaN
+                         if "invalid" not in sub and str(sub.get("status") or "").lower() == "rejected"  # an empty CSV cell reads as NaN
+                         and sub.get("package_fingerprint") == package.fingerprint}
     valid = []
     for sub in submissions:
         answers = sub.get("answers") or []
@@ -295,7 +316,7 @@ def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Respo
         answers = sub.get("answers") or []
         worker = _worker_id(sub)
         submission = f"{worker}@{sub['survey_id']}"
-        kept, answered = 0, set()
+        kept, answered, attempted = 0, set(), set()
         for a in answers:
             trial_id, row, choice = str(a.get("trial_id")), a.get("row"), str(a.get("choice"))
             try:
@@ -305,6 +326,7 @@ def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Respo
             if (trial_id, row) not in truth.index or truth.loc[(trial_id, row), "survey_id"] != sub["survey_id"]:
                 exclude(f"unknown trial id or row for survey {sub['survey_id']}", sub, 1)
                 continue
+            attempted.add((trial_id, row))
             valid = ("0", "1", "2") if "clustering" in task_of[trial_id] else ("left", "right")
             if choice not in valid:
                 exclude(f"invalid choice (expected one of {valid})", sub, 1)
@@ -317,13 +339,17 @@ def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Respo
                          "trial_id": trial_id, "row": row, "choice": choice, "rt_ms": _number(a.get("rt_ms"), 0),
                          "position": _number(a.get("position"), 1)})
             kept += 1
-        missing = units_by_survey[sub["survey_id"]] - kept
+        missing = units_by_survey[sub["survey_id"]] - len(attempted)  # an invalid answer is counted as such, not again as missing
         if missing:
             exclude("missing answer", sub, missing)
     answers = pd.DataFrame(rows, columns=ANSWER_COLUMNS).astype({"rt_ms": float, "position": float})
-    result = Responses(answers, excluded, len(submissions))
+    result = Responses(answers, excluded, len(submissions), prolific.without_answers(answers["worker_id"]))
     for reason, count in result.exclusion_counts().items():
         logger.warning("excluded %d answers: %s", count, reason)
+    if result.prolific_without_answers:
+        logger.warning("%d Prolific participants who are not withdrawn gave no valid answer in these files: %s; the completion code is "
+                       "readable in the page, so check them before approving", len(result.prolific_without_answers),
+                       ", ".join(result.prolific_without_answers))
     return result
 
 
@@ -491,9 +517,10 @@ def human_scores(package: SurveyPackage, responses: Responses, max_attention_fai
     return {
         "package": package.fingerprint, "submissions": responses.submissions, "kept_submissions": int(kept["submission"].nunique()),
         "kept_answers": int(len(kept)), "excluded_counts": counts, "excluded": excluded,
+        "prolific_without_answers": list(responses.prolific_without_answers),
         "attention": attention.to_dict("records"), "max_attention_failures": max_attention_failures, "min_median_rt_ms": min_median_rt_ms,
         "models": models, "agreement": agreement, "order_effects": order_effects(real, package, n_boot, seed),
-        "sets": {label: info.get("fingerprint") for label, info in package.manifest.get("sets", {}).items()},  # what the people saw
+        "sets": package_set_fingerprints(package),  # what the people saw
     }
 
 
@@ -609,6 +636,34 @@ def analyse(package: SurveyPackage, responses: Responses, observers: Sequence[Ob
     return data
 
 
+def check_report_matches(measure_report: Mapping, labels: Iterable[str], set_fingerprints: Mapping[str, str | None]) -> None:
+    """Refuse to put people's answers about the sets ``labels`` (fingerprints ``set_fingerprints``) beside a measurement
+    report that does not measure a model of each label on that very set: the observers' numbers would be about other
+    images. Reports and packages from before fingerprints were recorded are checked by label only."""
+    models = measure_report["models"]
+    unknown = sorted(label for label in labels if label not in models)
+    if unknown:
+        raise ValueError(f"survey models {unknown} are not in the measurement report (models {sorted(models)}): "
+                         "label the survey's sets as the report labels its models (python -m stimuli survey labels=[...])")
+    other = {label: (set_fingerprints.get(label), models[label].get("set_fingerprint")) for label in labels}
+    other = {label: pair for label, pair in other.items() if None not in pair and pair[0] != pair[1]}
+    if other:
+        described = "; ".join(f"{label}: survey {ours}, report {theirs}" for label, (ours, theirs) in sorted(other.items()))
+        raise ValueError(f"the survey's sets are not the sets the measurement report measured ({described}): people answered about "
+                         "other images than the observers judged; build the survey from the report's sets (its models/<label>/ "
+                         "folders), or import without measure_report")
+
+
+def package_set_fingerprints(package: SurveyPackage) -> dict[str, str | None]:
+    """The fingerprint of each set people saw, by the survey's label."""
+    return {label: info.get("fingerprint") for label, info in package.manifest.get("sets", {}).items()}
+
+
+def survey_model_labels(package: SurveyPackage) -> list[str]:
+    """The package's sets that stand for a model (every set but the controversial ones, which are labelled by the set)."""
+    return sorted(set(package.truth.loc[package.truth["task"] != "controversial", "model"]))
+
+
 def with_human_columns(measure_report: dict, data: Mapping) -> dict:
     """A copy of a measurement report whose models carry ``humans`` ({task: accuracy entry}) for the Table 1 Human columns.
 
@@ -616,10 +671,7 @@ def with_human_columns(measure_report: dict, data: Mapping) -> dict:
     set's answers (labelled by the set, not by a model of the report) go to ``humans["controversial"]``."""
     out = json.loads(json.dumps(measure_report))
     table = {model: {t: e for t, e in tasks.items() if t != "controversial"} for model, tasks in data["models"].items()}
-    unknown = sorted(model for model, tasks in table.items() if tasks and model not in out["models"])
-    if unknown:
-        raise ValueError(f"survey models {unknown} are not in the measurement report (models {sorted(out['models'])}): "
-                         "label the survey's sets as the report labels its models (python -m stimuli survey labels=[...])")
+    check_report_matches(out, [model for model, tasks in table.items() if tasks], data.get("sets") or {})
     for result in out["models"].values():
         result.pop("humans", None)
     for model, tasks in table.items():
@@ -665,6 +717,10 @@ def markdown_summary(data: Mapping) -> str:
             lines.append(f"| {task} | {pct(e['first_half']['accuracy'])} | {pct(e['second_half']['accuracy'])} | {signed(e['difference'])} | "
                          f"[{signed(low)}, {signed(high)}] |")
     lines += ["", "## Excluded", ""] + ([f"- {n} answers: {reason}" for reason, n in data["excluded_counts"].items()] or ["- nothing"])
+    if data.get("prolific_without_answers"):
+        lines += ["", f"Prolific participants who are not withdrawn but gave no valid answer in the files read: "
+                  f"{', '.join(data['prolific_without_answers'])}. The completion code is readable in the page's source: check "
+                  "them before approving (or add their downloads)."]
     if data.get("reliability"):
         lines += ["", "## Humans and observers", "", "| Observer | Task | Agreement per answer (%) | With the majority (%) | Kendall's tau | Spearman's rho |",
                   "|---|---|---|---|---|---|"]
@@ -699,6 +755,7 @@ def accuracy_figure(data: Mapping, path: str | Path) -> Path:
     ax.set_ylim(0, 1.05)
     ax.set_xlabel("task")
     ax.set_ylabel("human accuracy (95% CI over workers)")
-    ax.set_title("Human survey accuracy per model")
-    ax.legend(fontsize=8)
+    ax.set_title("Human survey accuracy per model" if models else "Human survey accuracy per model: no answers kept")
+    if models:
+        ax.legend(fontsize=8)
     return save_figure(fig, Path(path))

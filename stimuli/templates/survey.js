@@ -176,10 +176,12 @@
   }
   function csvCell(v) { v = v === null || v === undefined ? "" : String(v); return /[",\n]/.test(v) ? '"' + v.replace(/"/g, '""') + '"' : v; }
   function responsesCsv() {
-    var head = ["package_fingerprint", "survey_id", "worker_id", "session_id", "trial_id", "row", "choice", "rt_ms", "position"];
+    // started_at: the import keeps a worker's earliest attempt, whichever download (CSV or JSON) it came back as
+    var head = ["package_fingerprint", "survey_id", "worker_id", "session_id", "trial_id", "row", "choice", "rt_ms", "position", "started_at"];
     var lines = [head.join(",")], session = responses().session_id;
     rowsOut().forEach(function (a) {
-      lines.push([state.package_fingerprint, state.survey_id, state.worker_id, session, a.trial_id, a.row, a.choice, a.rt_ms, a.position].map(csvCell).join(","));
+      lines.push([state.package_fingerprint, state.survey_id, state.worker_id, session, a.trial_id, a.row, a.choice, a.rt_ms, a.position,
+                  state.started_at].map(csvCell).join(","));
     });
     return lines.join("\n") + "\n";
   }

@@ -446,3 +446,68 @@ def test_of_two_attempts_the_earliest_is_kept_and_copies_are_not_counted_as_atte
     _page_csv(tmp_path / "first.csv", package, first)
     only_csv = read_responses([answers / f"responses-{sid}-W1 (1).csv", tmp_path / "first.csv"], package)
     assert only_csv.answers["source"].str.endswith("W1 (1).csv").all() and only_csv.exclusion_counts() == {LATER_ATTEMPT: n}
+
+
+def test_a_page_csv_carries_its_start_time_so_an_earlier_csv_attempt_wins(package, tmp_path):
+    sid = package.manifest["surveys"][0]["survey_id"]
+    monday = _submission(package, sid, "W1", lambda u: u.answer)
+    tuesday = dict(_submission(package, sid, "W1", lambda u: "left" if u.task == "2afc" else "0"), started_at="2026-05-05T09:00:00.000Z")
+    frame = pd.DataFrame([{"package_fingerprint": package.fingerprint, "survey_id": sid, "worker_id": "W1", "session_id": "", **a,
+                           "started_at": "2026-05-04T09:00:00.000Z"} for a in monday["answers"]])
+    frame.to_csv(tmp_path / "monday.csv", index=False)
+    (tmp_path / "tuesday.json").write_text(json.dumps(tuesday))
+    responses = read_responses([tmp_path / "tuesday.json", tmp_path / "monday.csv"], package)
+    assert responses.answers["source"].str.endswith("monday.csv").all()
+    assert responses.exclusion_counts() == {LATER_ATTEMPT: len(monday["answers"])}
+
+
+def test_a_rejection_in_another_package_leaves_this_packages_answers_alone(package, tmp_path):
+    """Survey ids repeat across packages (a pilot's 2afc-000 and the study's): a worker rejected in the pilot keeps the
+    study's approved answers, and the pilot's row counts as another package's."""
+    sid = package.manifest["surveys"][0]["survey_id"]
+    study = _submission(package, sid, "W1", lambda u: u.answer)
+    pilot = dict(study, package_fingerprint="pilot00000000000")
+    _write_mturk(tmp_path / "study.csv", [("Approved", study)])
+    _write_mturk(tmp_path / "pilot.csv", [("Rejected", pilot)])
+    responses = read_responses([tmp_path / "pilot.csv", tmp_path / "study.csv"], package)
+    n = len(study["answers"])
+    assert len(responses.answers) == n and set(responses.answers["worker_id"]) == {"W1"}
+    assert responses.exclusion_counts() == {f"answers from a package with another fingerprint ('pilot00000000000', this package is {package.fingerprint!r})": n}
+
+
+def test_an_invalid_answer_is_counted_once(package, tmp_path):
+    sid = package.manifest["surveys"][0]["survey_id"]
+    sub = _submission(package, sid, "W1", lambda u: "up")
+    sub["answers"] = sub["answers"][:-1]  # and one unit left unanswered
+    (tmp_path / "a.json").write_text(json.dumps(sub))
+    counts = read_responses([tmp_path / "a.json"], package).exclusion_counts()
+    tasks = set(package.truth.loc[package.truth["survey_id"] == sid, "task"])
+    valid = ("0", "1", "2") if tasks != {"2afc"} else ("left", "right")
+    assert counts == {f"invalid choice (expected one of {valid})": len(sub["answers"]), "missing answer": 1}
+
+
+@pytest.mark.parametrize("content", ["null", '["a", "b"]', "3"])
+def test_json_that_is_not_a_page_download_names_its_file(package, tmp_path, content):
+    (tmp_path / "odd.json").write_text(content)
+    with pytest.raises(ValueError, match=r"odd\.json holds JSON that is not the survey page's download"):
+        read_responses([tmp_path / "odd.json"], package)
+
+
+def test_prolific_statuses_in_either_spelling_and_participants_without_answers(package, tmp_path):
+    """Prolific writes SCREENED OUT with a space and TIMED-OUT with a hyphen; participants it would pay who sent no answers
+    are listed (the completion code is readable in the page)."""
+    sid = package.manifest["surveys"][0]["survey_id"]
+    for worker in ("P-screened", "P-screened-hyphen", "P-ok"):
+        (tmp_path / f"{worker}.json").write_text(json.dumps(_submission(package, sid, worker, lambda u: u.answer)))
+    pd.DataFrame([
+        {"Participant id": "P-screened", "Status": "SCREENED OUT"}, {"Participant id": "P-screened-hyphen", "Status": "screened-out"},
+        {"Participant id": "P-ok", "Status": "APPROVED"}, {"Participant id": "P-silent", "Status": "AWAITING REVIEW"},
+        {"Participant id": "P-gone", "Status": "Timed out"},
+    ]).to_csv(tmp_path / "export.csv", index=False)
+    files = sorted(tmp_path.glob("*.json")) + [tmp_path / "export.csv"]
+    responses = read_responses(files, package)
+    n = len(package.truth[package.truth["survey_id"] == sid])
+    assert responses.exclusion_counts() == {"submission screened-out on Prolific": 2 * n}
+    assert set(responses.answers["worker_id"]) == {"P-ok"} and responses.prolific_without_answers == ["P-silent"]
+    data = human_scores(package, responses, n_boot=50)
+    assert data["prolific_without_answers"] == ["P-silent"] and "P-silent" in markdown_summary(data)

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from perceptual.humans import human_scores, load_package, read_responses, scored
@@ -170,6 +171,8 @@ def test_three_scripted_respondents_in_chromium(survey_package, server, tmp_path
     for name in ("2afc.png", "clustering.png", "instructions-2afc-000.png"):
         assert (shots_dir / name).stat().st_size > 5000
 
+    for csv_file in [f for f in files if f.suffix == ".csv"]:  # the CSV download carries the attempt's start, as the JSON does
+        assert pd.read_csv(csv_file)["started_at"].str.match(r"\d{4}-\d\d-\d\dT").all()
     responses = read_responses(files, package)
     assert responses.excluded == []  # every trial answered, nothing unknown or repeated
     assert responses.answers["rt_ms"].notna().all() and (responses.answers["rt_ms"] >= 0).all()  # the page's times are read back

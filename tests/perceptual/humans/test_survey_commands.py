@@ -174,6 +174,33 @@ def test_humans_command_adds_human_columns_to_a_measure_report(package_dir, tmp_
             humans_run(_compose("humans", [f"package={package_dir}", f"responses=[{answers}]", f"min_median_rt_ms={bad}"]))
 
 
+def test_humans_command_refuses_a_report_about_other_sets_before_reading_answers(package_dir, tmp_path):
+    """People's numbers go beside a report's only when it measured the very sets they saw; the report's labels and set
+    fingerprints are checked before any answer is read or judged, and nothing is written."""
+    package = load_package(package_dir)
+    seen = {label: info["fingerprint"] for label, info in package.manifest["sets"].items()}
+    entry = lambda fingerprint: {"2afc": {"mean": 0.5, "std": 0.1}, "set_fingerprint": fingerprint}  # noqa: E731
+    header = {"data": "digits", "n_targets": 6, "seed_types": ["noise"], "observers": [], "observer_variants": {}, "judged_on": "8-bit images"}
+    answers = tmp_path / "answers"
+    answers.mkdir()
+    (answers / "none.json").write_text("[]")
+    for models, message in (
+        ({"standard": entry(seen["standard"]), "robust": entry("0" * 16)}, r"not the sets the measurement report measured \(robust: survey"),
+        ({"standard": entry(seen["standard"])}, r"survey models \['robust'\] are not in the measurement report"),
+    ):
+        report = tmp_path / f"report-{len(models)}"
+        write_report({**header, "models": models}, report)
+        out = tmp_path / f"results-{len(models)}"
+        cfg = _compose("humans", [f"package={package_dir}", f"responses=[{answers}]", f"measure_report={report}", f"out={out}", "observers=[]"])
+        with pytest.raises(ValueError, match=message):
+            humans_run(cfg)
+        assert not out.exists()
+    report = tmp_path / "report-same"  # the same sets, and a report from before set fingerprints were recorded, pass
+    write_report({**header, "models": {"standard": entry(seen["standard"]), "robust": {"2afc": {"mean": 0.5, "std": 0.1}}}}, report)
+    humans_run(_compose("humans", [f"package={package_dir}", f"responses=[{answers}]", f"measure_report={report}", f"out={tmp_path / 'ok'}", "observers=[]"]))
+    assert load_report(report)["humans"]["sets"] == seen
+
+
 def test_controversial_survey_asks_which_direction_looks_closer_to_the_origin(controversial_set, inversion_sets, tmp_path):
     from perceptual.humans import human_scores, read_responses
 
