@@ -310,6 +310,14 @@ def read_trials(paths: Path | str | Iterable[Path | str], *, experiments: Sequen
             count = int((duplicated & (table["dataset"] == dataset) & (table["subject"] == subject)).sum())
             report.problems.append(Problem(dataset, "subject's trials in several files", count, (f"subject {subject}",)))
         table = table.loc[~duplicated].reset_index(drop=True)
+    # A subject who saw one image of a condition in two files (two sessions) has two answers where every analysis expects one.
+    seen_twice = table.duplicated(["subject", "dataset", "condition", "image_id"], keep=False) if len(table) else pd.Series(dtype=bool)
+    if seen_twice.any():
+        for (dataset, subject), group in table.loc[seen_twice].groupby(["dataset", "subject"], sort=True):
+            repeated = group[["condition", "image_id"]].drop_duplicates().head(3).itertuples(index=False)
+            examples = tuple(f"subject {subject}, condition {c}, image {i}" for c, i in repeated)
+            report.problems.append(Problem(dataset, "image seen twice in several files", len(group), examples))
+        table = table.loc[~seen_twice].reset_index(drop=True)
     report.kept = len(table)
     if report.problems:
         if strict:

@@ -37,7 +37,7 @@ from training.sweeps import job_path
 
 from ..compare_report import plain
 from ..human_trials import read_trials
-from ..metrics import aggregate_trials, mean_rank, mvh_exclusions
+from ..metrics import aggregate_trials, condition_key, mean_rank, mvh_exclusions
 from ..mvh_analysis import (
     CUE_CONFLICT,
     accuracy_per_subject,
@@ -67,14 +67,55 @@ def _in_condition_order(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _model_benchmark(trials: pd.DataFrame, models: Sequence[str], on_undefined: str, exclusions: bool) -> dict:
     """The benchmark's three aggregate metrics per model (conditions, then humans, then experiments) and its mean rank;
-    with ``exclusions``, over the conditions the benchmark's table keeps (:data:`MVH_EXCLUDED_CONDITIONS` left out)."""
+    with ``exclusions``, over the conditions the benchmark's table keeps (:data:`MVH_EXCLUDED_CONDITIONS` left out).
+
+    As in the reference (one list of experiments for every model and the humans), the table is over the experiments every
+    model has decisions for; a model's other experiments are named in ``left_out``. Consistency is over the images both
+    observers saw (a human row left out under ``strict=false`` does not stop the run). A model with an undefined value
+    (NaN: no trials left after the exclusions) is not ranked; the others are ranked among themselves, as pandas' ``rank``
+    leaves NaN unranked in the reference."""
+    covered = {m: set(trials.loc[trials["subject"] == m, "dataset"]) for m in models}
+    common = sorted(set.intersection(*covered.values()))
+    left_out = {m: sorted(covered[m] - set(common)) for m in models if covered[m] - set(common)}
+    if not common:
+        return {"experiments": [], "left_out": left_out, "values": {}, "humans": {}, "mean_rank": {}, "excluded_conditions": {},
+                "note": "the models share no experiment: run them separately to rank them"}
+    trials = trials[trials["dataset"].isin(common)]
     excluded = mvh_exclusions(zip(trials["dataset"], trials["condition"])) if exclusions else {}
-    metrics = {name: aggregate_trials(trials, name, on_undefined=on_undefined, exclude=excluded)
+    metrics = {name: aggregate_trials(trials, name, on_undefined=on_undefined, exclude=excluded, images="shared")
                for name in ("accuracy_difference", "observed_consistency", "error_consistency")}
     values = {m: {name: result.models.get(m, float("nan")) for name, result in metrics.items()} for m in models}
-    ranks = mean_rank(np.array([[values[m][n] for n in metrics] for m in models]), [False, True, True]) if len(models) > 1 else [1.0]
-    return {"values": values, "humans": {name: result.humans for name, result in metrics.items()},
-            "mean_rank": {m: float(r) for m, r in zip(models, ranks)}, "excluded_conditions": excluded}
+    ranked = [m for m in models if all(np.isfinite(v) for v in values[m].values())]
+    ranks = mean_rank(np.array([[values[m][n] for n in metrics] for m in ranked]), [False, True, True]) if len(ranked) > 1 else [1.0] * len(ranked)
+    rank_of = dict(zip(ranked, ranks))
+    return {"experiments": common, "left_out": left_out, "values": values, "humans": {name: result.humans for name, result in metrics.items()},
+            "mean_rank": {m: float(rank_of.get(m, float("nan"))) for m in models}, "excluded_conditions": excluded}
+
+
+def _conditions_as_humans_spell_them(models: pd.DataFrame, humans: pd.DataFrame) -> pd.DataFrame:
+    """The models' conditions in the humans' spelling where they name the same condition (``1.0`` and ``1``: a table that
+    went through pandas); a condition the humans do not have is an error, named before any analysis."""
+    spelling = {(d, condition_key(c)): c for d, c in zip(humans["dataset"], humans["condition"])}
+    keys = [(d, condition_key(c)) for d, c in zip(models["dataset"], models["condition"])]
+    unknown = sorted({(s, d, c) for s, d, c, k in zip(models["subject"], models["dataset"], models["condition"], keys) if k not in spelling})
+    if unknown:
+        named = "; ".join(f"{s} in {d}: condition {c!r}" for s, d, c in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
+        datasets = sorted({d for _, d, _ in unknown})
+        theirs = {d: condition_order(humans.loc[humans["dataset"] == d, "condition"].unique()) for d in datasets}
+        raise ValueError(f"model decisions in conditions the humans do not have ({named}); the humans' conditions are {theirs}")
+    return models.assign(condition=[spelling[k] for k in keys])
+
+
+OUTPUT_TABLES = ("accuracy", "accuracy_humans", "pairs", "error_consistency_humans", "shape_bias", "shape_bias_per_category")
+
+
+def _clear_previous_outputs(out: Path) -> None:
+    """Remove what an earlier run wrote to ``out`` (its report first), so that a rerun that writes fewer tables or figures,
+    or stops half-way, leaves no file of the old run beside the new ones. Other files stay."""
+    for path in [out / "report.json", out / "summary.md", *(out / "tables" / f"{name}.csv" for name in OUTPUT_TABLES),
+                 *(out / "figures" / f"{name}.png" for name in ("accuracy", "error_consistency", "shape_bias")),
+                 *(out / "figures").glob("matrix_*.png")]:
+        path.unlink(missing_ok=True)
 
 
 def analyse(root: str | Path, out: str | Path, *, experiments: Sequence[str] | None = None, models: Sequence[str | Path] = (),
@@ -93,6 +134,10 @@ def analyse(root: str | Path, out: str | Path, *, experiments: Sequence[str] | N
     trials = humans
     if models:
         model_trials, model_report = read_trials([expand_path(m) for m in models], strict=strict)
+        if experiments is not None:  # the humans' trials are read for these alone; so are the models'
+            model_trials = model_trials[model_trials["dataset"].isin(experiments)]
+            if model_trials.empty:
+                raise ValueError(f"the models have no decisions in experiments {sorted(experiments)}: add their files or choose other experiments")
         model_names = sorted(model_trials["subject"].unique())
         clash = [s for s in model_names if str(s).startswith("subject-")]
         if clash:
@@ -100,8 +145,10 @@ def analyse(root: str | Path, out: str | Path, *, experiments: Sequence[str] | N
         unknown = sorted(set(model_trials["dataset"]) - set(humans["dataset"]))
         if unknown:
             raise ValueError(f"model decisions for experiment(s) {unknown} that have no human trials under {root}")
+        model_trials = _conditions_as_humans_spell_them(model_trials, humans)
         trials = pd.concat([humans, model_trials], ignore_index=True)
     out = Path(out)
+    _clear_previous_outputs(out)
     per_subject = accuracy_per_subject(trials)
     human_accuracy = _in_condition_order(accuracy_summary(per_subject))
     pairs = pairwise_consistency(trials, on_undefined=on_undefined)
@@ -169,8 +216,11 @@ def summary_markdown(data: Mapping) -> str:
         excluded = data["benchmark"]["excluded_conditions"]
         scope = ("conditions " + "; ".join(f"{d}: {', '.join(c)}" for d, c in excluded.items()) + " left out, as in the benchmark's table"
                  if excluded else "every condition")
+        coverage = f" in experiments {', '.join(data['benchmark']['experiments'])} (those every model has)"
+        left = "; ".join(f"{m}: {', '.join(d)}" for m, d in data["benchmark"].get("left_out", {}).items())
+        coverage += f"; left out of this table: {left}" if left else ""
         lines += ["", "## Models against the humans (the benchmark's aggregate: conditions, then humans, then experiments)", "",
-                  f"Over {scope}.", "",
+                  f"Over {scope}{coverage}." + (f" {data['benchmark']['note']}." if data["benchmark"].get("note") else ""), "",
                   "| model | accuracy difference | observed consistency | error consistency | mean rank |", "|---|---|---|---|---|"]
         for m, v in data["benchmark"]["values"].items():
             lines.append(f"| {m} | {_fmt(v['accuracy_difference'])} | {_fmt(v['observed_consistency'])} | {_fmt(v['error_consistency'])} | "

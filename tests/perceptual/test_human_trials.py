@@ -144,6 +144,20 @@ def test_a_subject_in_two_files_is_reported(tmp_path):
         read_trials(tmp_path)
 
 
+def test_an_image_a_subject_saw_again_in_another_session_is_reported(tmp_path):
+    """Two sessions that repeat an image of one condition give the subject two answers to it: the pair metrics match
+    answers by image, so the repeat is a problem of the files, named before any analysis."""
+    write_csv(tmp_path / "edge" / "edge_subject-01_session_1.csv", [
+        "subject-01,1,1,0.8,oven,oven,0,0001_edg_s01_0_oven_00_oven1.png",
+        "subject-01,1,2,0.8,cat,cat,0,0002_edg_s01_0_cat_00_cat1.png",
+    ])
+    write_csv(tmp_path / "edge" / "edge_subject-01_session_2.csv", ["subject-01,2,1,0.7,bear,oven,0,0001_edg_s01_0_oven_00_oven1.png"])
+    with pytest.raises(TrialDataError, match=r"image seen twice in several files × 2 \(e.g. subject subject-01, condition 0, image oven_00_oven1.png\)"):
+        read_trials(tmp_path)
+    table, report = read_trials(tmp_path, strict=False)
+    assert table["image_id"].tolist() == ["cat_00_cat1.png"] and report.kept == 1
+
+
 def test_missing_columns_name_the_file(tmp_path):
     write_csv(tmp_path / "edge" / "a.csv", ["subject-01,1,1,oven,oven,0,x"], header="subj,session,trial,object_response,category,condition,imagename")
     with pytest.raises(TrialDataError, match=r"a.csv: missing columns × 1 \(e.g. missing \['rt'\]"):

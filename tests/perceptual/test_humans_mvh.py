@@ -9,7 +9,7 @@ import pytest
 from perceptual.__main__ import main as perceptual_main
 from perceptual.decisions import trial_table
 from perceptual.human_trials import TrialDataError, write_trials
-from perceptual.metrics import SIXTEEN_CLASS_NAMES
+from perceptual.metrics import SIXTEEN_CLASS_NAMES, mean_rank
 from perceptual.pipelines.humans_mvh import analyse
 
 from ..conftest import MVH_RAW
@@ -108,6 +108,73 @@ def test_the_models_benchmark_leaves_out_the_conditions_the_benchmarks_table_lea
         assert every["values"]["toynet"][name] == pytest.approx(aggregate_trials(trials, name).models["toynet"], nan_ok=True)
     assert excluded["values"]["toynet"] != pytest.approx(every["values"]["toynet"], nan_ok=True)
     assert "colour: cr left out, as in the benchmark's table" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def _model_decisions(root, name, dataset, condition, pairs, session=1):
+    """``name``'s decisions ``[(image, category, decision)]`` in one condition, in the benchmark's format."""
+    ids, truth, decided = zip(*pairs)
+    table = trial_table(name, dataset, condition, list(ids), [CLASSES.index(c) for c in truth], [CLASSES.index(d) for d in decided], CLASSES)
+    return write_trials(table, root / dataset / f"{dataset}_{name}_{condition}_session_{session}.csv", session=session)
+
+
+def test_a_human_row_left_out_under_strict_false_does_not_stop_the_models_benchmark(tmp_path):
+    """subject-01 loses a cr trial to a typo: the consistency metrics compare the images both observers saw."""
+    root, models = raw_folder(tmp_path / "raw"), model_folder(tmp_path / "models")
+    path = root / "colour" / "colour_subject-01_session_1.csv"
+    path.write_text(path.read_text().replace(",cat,bear,cr,", ",cta,bear,cr,"))
+    data = analyse(root, tmp_path / "out", models=[models], strict=False, figures=False)
+    assert data["reader"]["problem_counts"] == {"unknown response": 1}
+    assert data["benchmark"]["experiments"] == ["colour", "cue-conflict"] and (tmp_path / "out" / "report.json").is_file()
+
+
+def test_model_conditions_are_matched_in_the_humans_spelling_and_unknown_ones_refused(tmp_path):
+    root = raw_folder(tmp_path / "raw")
+    images = [("cat_00_cat1-dog2.png", "cat", "dog"), ("cat_00_cat2-clock1.png", "cat", "cat"), ("dog_00_dog1-dog3.png", "dog", "dog")]
+    _model_decisions(tmp_path / "models", "floatnet", "cue-conflict", "0.0", images)  # "0" after a trip through pandas
+    data = analyse(root, tmp_path / "out", models=[tmp_path / "models"], figures=False)
+    pairs = pd.read_csv(tmp_path / "out" / "tables" / "pairs.csv", dtype={"condition": str})
+    assert set(pairs.loc[pairs["kind"] == "model-human", "condition"]) == {"0"}
+    assert data["benchmark"]["values"]["floatnet"]["observed_consistency"] == pytest.approx((2 / 3 + 1) / 2)
+    _model_decisions(tmp_path / "other", "greynet", "colour", "grey", [("oven_1.png", "oven", "oven")])
+    refusal = r"conditions the humans do not have \(greynet in colour: condition 'grey'\); the humans' conditions are \{'colour': \['cr', 'bw'\]\}"
+    with pytest.raises(ValueError, match=refusal):
+        analyse(root, tmp_path / "refused", models=[tmp_path / "other"])
+    assert not (tmp_path / "refused").exists()
+
+
+def test_models_are_compared_on_the_experiments_they_all_have_and_an_undefined_one_is_not_ranked(tmp_path):
+    """The reference ranks every model (and the humans' row) on one list of experiments; a model with no trials left after
+    the benchmark's exclusions (colour's control cr alone) has NaN and no rank, and the others are ranked."""
+    root, models = raw_folder(tmp_path / "raw"), model_folder(tmp_path / "models")
+    _model_decisions(models, "colournet", "colour", "cr", [("oven_1.png", "oven", "oven"), ("bear_2.png", "bear", "bear")])
+    _model_decisions(models, "colournet", "colour", "bw", [("car_3.png", "car", "car"), ("dog_4.png", "dog", "cat")], session=2)
+    _model_decisions(models, "controlnet", "colour", "cr", [("oven_1.png", "oven", "oven"), ("bear_2.png", "bear", "cat")])
+    bench = analyse(root, tmp_path / "out", models=[models], figures=False)["benchmark"]
+    assert bench["experiments"] == ["colour"] and bench["left_out"] == {"toynet": ["cue-conflict"]}
+    assert all(v != v for v in bench["values"]["controlnet"].values()) and bench["mean_rank"]["controlnet"] != bench["mean_rank"]["controlnet"]
+    ranked = ["colournet", "toynet"]  # ranked among the two, as if controlnet were not there
+    expected = mean_rank([[bench["values"][m][n] for n in ("accuracy_difference", "observed_consistency", "error_consistency")] for m in ranked],
+                         [False, True, True])
+    assert [bench["mean_rank"][m] for m in ranked] == pytest.approx(list(expected))
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "in experiments colour (those every model has); left out of this table: toynet: cue-conflict" in summary
+    assert "| controlnet | – | – | – | – |" in summary
+
+
+def test_experiments_filter_the_models_too_and_a_rerun_leaves_no_old_output(tmp_path):
+    root, models, out = raw_folder(tmp_path / "raw"), model_folder(tmp_path / "models"), tmp_path / "out"
+    analyse(root, out, models=[models])
+    assert (out / "tables" / "shape_bias.csv").is_file() and (out / "figures" / "matrix_cue-conflict.png").is_file()
+    data = analyse(root, out, models=[models], experiments=["colour"])
+    assert data["experiments"] == ["colour"] and data["shape_bias"] is None
+    assert not (out / "tables" / "shape_bias.csv").exists() and not (out / "figures" / "shape_bias.png").exists()
+    assert sorted(p.name for p in (out / "figures").iterdir()) == ["accuracy.png", "error_consistency.png", "matrix_colour.png"]
+    with pytest.raises(ValueError, match=r"the models have no decisions in experiments \['edge'\]"):
+        write_trials_root = root / "edge"
+        write_trials_root.mkdir()
+        (write_trials_root / "edge_subject-01_session_1.csv").write_text(
+            "subj,Session,trial,rt,object_response,category,condition,imagename\nsubject-01,1,1,0.5,oven,oven,0,0001_edg_s01_0_oven_00_oven1.png\n")
+        analyse(root, tmp_path / "edge-out", models=[models], experiments=["edge"])
 
 
 def test_the_command_line_prints_the_human_numbers(tmp_path, capsys):
