@@ -188,9 +188,15 @@ def _read_json(path: Path) -> Mapping:
     return data
 
 
+INNER_RESULT_FOLDERS = ("alignment",)  # where a job writes another command's result as part of its own (the audit's measure report)
+
+
 def find_jobs(root: str | Path, sources: Mapping[str, SweepSource] | None = None) -> list[tuple[Path, SweepSource, Mapping]]:
     """Every job folder below ``root`` (``root`` itself included) with its source and result: the highest folder
-    holding a result file that its source recognises; result files further down belong to that job."""
+    holding a result file that its source recognises; result files further down belong to that job where they are of
+    another kind or in one of :data:`INNER_RESULT_FOLDERS` (an audit's ``alignment/report.json``), and are jobs of their own
+    otherwise (a sweep's jobs below the folder where a plain run of the same command wrote: ``runs/cifar10-resnet18-trades``
+    and its ``train.beta=3/``)."""
     root = Path(root)
     sources = SWEEP_SOURCES if sources is None else sources
     candidates = sorted(((path, source) for source in sources.values() for path in root.rglob(source.filename) if path.is_file()),
@@ -198,7 +204,8 @@ def find_jobs(root: str | Path, sources: Mapping[str, SweepSource] | None = None
     jobs: list[tuple[Path, SweepSource, Mapping]] = []
     for path, source in candidates:
         folder = path.parent
-        if any(folder == job or job in folder.parents for job, _, _ in jobs):
+        if any(folder == job or (job in folder.parents and (job_source.kind != source.kind or folder.name in INNER_RESULT_FOLDERS))
+               for job, job_source, _ in jobs):
             continue
         data = _read_json(path)
         if source.recognise(data):
@@ -291,8 +298,13 @@ def choose_x(table: SweepTable, x: str | None = None) -> str | None:
         if x not in table.swept:
             raise ValueError(f"x={x!r} is not a swept key of the {table.source.kind} jobs; swept: {table.swept or 'none'}")
         return x
-    numeric = [k for k in table.swept if all(numeric_value(v) is not None for v in table.frame[k])]
+    numeric = [k for k in table.swept if all(numeric_value(v) is not None for v in table.frame[k] if not _unknown(v))]
     return (numeric or table.swept or [None])[0]
+
+
+def _unknown(value: Any) -> bool:
+    """A job's value of a key it does not record (no saved config, or a key other jobs added): None, or NaN in a frame."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 MAX_LEGEND_KEYS = 2  # other swept keys named in a line's legend entry; with more, the entry is the job's folder
@@ -310,7 +322,7 @@ def sweep_figure(table: SweepTable, path: str | Path, x: str | None = None) -> P
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    frame = table.frame
+    frame = table.frame[[not _unknown(v) for v in table.frame[x]]].reset_index(drop=True)  # jobs without a value: in the table only
     metrics = [m for m in table.source.metrics if m.column in table.source.plotted and frame[m.column].notna().any()]
     if not metrics:
         return None
@@ -363,6 +375,10 @@ def write_sweep_summary(root: str | Path, out: str | Path | None = None, *, x: s
             if figure is not None:
                 files.append(figure.name)
         written[kind] = files
+    for source in (SWEEP_SOURCES if sources is None else sources).values():  # an earlier summary's files this one does not write
+        for stale in (f"sweep_{source.kind}.csv", f"sweep_{source.kind}.png"):
+            if stale not in written.get(source.kind, ()):
+                (out / stale).unlink(missing_ok=True)
     markdown = sweep_markdown(tables, root)
     figure_lines = [f"![{kind} sweep]({name})" for kind, files in written.items() for name in files if name.endswith(".png")]
     atomic_write_text(out / "sweep.md", markdown + ("\n".join(figure_lines) + "\n" if figure_lines else ""))

@@ -127,3 +127,34 @@ def test_a_categorical_swept_key_is_plotted_by_position(tmp_path):
     tables = write_sweep_summary(tmp_path)
     assert tables["training"].swept == ["train.optimizer.name"] and list(tables["training"].frame["train.optimizer.name"]) == ["adam", "sgd"]
     assert (tmp_path / "sweep_training.png").is_file()
+
+
+def test_a_job_without_a_value_of_the_swept_key_is_tabled_not_plotted(tmp_path):
+    """A job that saved no config (or lacks a key the others have) has no value to plot: the figure shows the others."""
+    for lr, clean in ((0.05, 0.5), (0.1, 0.6)):
+        write_training_job(tmp_path / f"lr={lr}", lr, clean=clean)
+    (tmp_path / "by-hand").mkdir()
+    (tmp_path / "by-hand" / "summary.json").write_text(json.dumps({"status": "completed", "model": "small_cnn", "epochs_completed": 1,
+                                                                    "clean_accuracy": 0.7}))
+    tables = write_sweep_summary(tmp_path)
+    assert len(tables["training"].frame) == 3 and (tmp_path / "sweep_training.png").stat().st_size > 1000
+    assert "| by-hand | – |" in (tmp_path / "sweep.md").read_text()
+
+
+def test_a_plain_run_where_the_sweep_wrote_its_jobs_does_not_hide_them(tmp_path):
+    """`python -m training ... train=trades` writes runs/<data>-<model>-trades, and its multirun writes jobs below that
+    same folder: both kinds of run are jobs, while an audit's inner measure report stays part of the audit."""
+    write_training_job(tmp_path / "train.beta=1", 1, clean=0.8)
+    write_training_job(tmp_path / "train.beta=6", 6, clean=0.7)
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "completed", "model": "small_cnn", "epochs_completed": 1, "clean_accuracy": 0.75}))
+    jobs = sorted(folder.relative_to(tmp_path).as_posix() for folder, _, _ in find_jobs(tmp_path))
+    assert jobs == [".", "train.beta=1", "train.beta=6"]
+
+
+def test_a_new_summary_removes_the_files_of_kinds_it_no_longer_finds(tmp_path):
+    write_training_job(tmp_path / "a", 0.1, clean=0.5)
+    write_training_job(tmp_path / "b", 0.2, clean=0.6)
+    (tmp_path / "sweep_audit.csv").write_text("job\nold\n")  # an earlier summary's, of an audit job since removed
+    (tmp_path / "sweep_measure.png").write_bytes(b"old")
+    write_sweep_summary(tmp_path, figures=False)
+    assert sorted(p.name for p in tmp_path.glob("sweep*")) == ["sweep.json", "sweep.md", "sweep_training.csv"]
