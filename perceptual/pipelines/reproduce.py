@@ -29,6 +29,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from invert.config import load_preset
+from training.config import expand_path
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 from training.trainer import run_identity
@@ -107,15 +108,41 @@ def _digest(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
+def _resolved_root(root) -> str | None:
+    return str(Path(expand_path(str(root))).resolve()) if root else None
+
+
+def _trained_on(folder: Path) -> str | None:
+    """The resolved data root a run folder's saved config names (None where it saved none)."""
+    saved = folder / "config.yaml"
+    if not saved.is_file():
+        return None
+    try:
+        return _resolved_root(OmegaConf.select(OmegaConf.load(saved), "data.root", default=None))
+    except Exception:  # noqa: BLE001 - an unreadable config is no evidence of the data the run used
+        return None
+
+
 def run_dir(cfg: DictConfig, variant: Variant, overrides: dict, config: DictConfig) -> Path:
     """One folder per trained model (:func:`training.trainer.run_identity` of its resolved ``config``): it is trained
     once and reused by every preset that needs it, however the preset spells its settings (at scale=paper, whose
     standard recipe augments, ``standard`` and ``standard_aug`` are one model). A folder named by the former digest of
-    the ``overrides`` holds the same model and is used where it exists."""
+    the ``overrides`` holds the same model and is used where it exists.
+
+    The identity leaves the data root out (a moved data folder resumes a run), but cifar-10-mini and CIFAR-10 share the
+    name cifar10: a data set read from a folder adds its resolved root to the folder's digest, and a folder named without
+    it (made before the root counted) is reused only where its saved config names the same root."""
     prefix = Path(cfg.runs_dir) / f"{cfg.data.name}-{variant.model}-{variant.recipe}"
-    folder = prefix.with_name(f"{prefix.name}-{_digest(run_identity(config))}")
+    identity = run_identity(config)
+    folder = prefix.with_name(f"{prefix.name}-{_digest(identity)}")
     legacy = prefix.with_name(f"{prefix.name}-{_digest(variant.model, variant.kwargs, variant.recipe, overrides, cfg.seed)}")
-    return legacy if legacy.is_dir() and not folder.is_dir() else folder
+    root = _resolved_root(OmegaConf.select(config, "data.root", default=None))
+    if root is None:  # an embedded data set: the identity says it all
+        return legacy if legacy.is_dir() and not folder.is_dir() else folder
+    rooted = prefix.with_name(f"{prefix.name}-{_digest(identity, root)}")
+    if rooted.is_dir():
+        return rooted
+    return next((old for old in (folder, legacy) if old.is_dir() and _trained_on(old) == root), rooted)
 
 
 def training_configs(cfg: DictConfig, variants: Sequence[Variant]) -> dict[str, DictConfig]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +107,24 @@ def test_a_model_is_one_folder_however_a_preset_spells_its_settings(tmp_path):
     legacy = tmp_path / "cpu" / f"digits-{variant.model}-{variant.recipe}-{_digest(variant.model, variant.kwargs, variant.recipe, overrides, cpu.seed)}"
     legacy.mkdir(parents=True)
     assert training_configs(cpu, [variant])[variant.label].run_dir == str(legacy)
+
+
+def test_models_trained_on_another_data_folder_of_the_same_name_are_not_reused(tmp_path):
+    """cifar-10-mini and CIFAR-10 are both data=cifar10: the resolved root separates their runs (and so their
+    measurements); a folder from before the root counted is reused only for the root its saved config names."""
+    def cnn_run_dir(root):
+        cfg = compose("reproduce", ["experiment=table1", "experiment.architectures=[cnn]", "data=cifar10", f"data.root={root}",
+                                    f"runs_dir={tmp_path / 'runs'}"])
+        variant = expand_variants(cfg)[0]
+        return Path(training_configs(cfg, [variant])[variant.label].run_dir), cfg, variant
+
+    mini, cfg, variant = cnn_run_dir(tmp_path / "cifar-10-mini")
+    full, _, _ = cnn_run_dir(tmp_path / "cifar-10")
+    assert mini != full and mini.parent == full.parent
+    assert cnn_run_dir(f"{tmp_path}/./cifar-10-mini")[0] == mini  # one root, however it is spelt
+    from perceptual.pipelines.reproduce import run_identity
+    config = training_configs(cfg, [variant])[variant.label]
+    before = mini.parent / f"{mini.name.rsplit('-', 1)[0]}-{_digest(run_identity(config))}"  # named before the root counted
+    before.mkdir(parents=True)
+    (before / "config.yaml").write_text(f"data:\n  name: cifar10\n  root: {tmp_path / 'cifar-10-mini'}\n")
+    assert cnn_run_dir(tmp_path / "cifar-10-mini")[0] == before and cnn_run_dir(tmp_path / "cifar-10")[0] == full
