@@ -427,7 +427,8 @@ def load_images(paths: Sequence[str | Path], size: int | None):
             tensors.append(torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).permute(2, 0, 1))
     shapes = {tuple(t.shape) for t in tensors}
     if len(shapes) != 1:
-        raise ValueError(f"images of different sizes {sorted(shapes)} in one batch: pass size= to resize them")
+        raise ValueError(f"images of different sizes {sorted(shapes)} in one batch: give a square size to resize them to "
+                         "(image_size= in python -m perceptual visalign, humans_image_size= in compare)")
     return torch.stack(tensors).float() / 255
 
 

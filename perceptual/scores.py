@@ -37,7 +37,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -98,6 +98,21 @@ def model_outputs(model: nn.Module, images: Tensor, *, batch_size: int = 256, fe
     finally:
         model.train(was_training)
     return ModelOutputs(torch.cat(logits), torch.cat(feats) if feats else None)
+
+
+def feature_representation(model: nn.Module, scores: Mapping[str, "ScoreFunction"]) -> tuple[nn.Module | None, dict[str, str]]:
+    """The penultimate-layer :class:`training.Representation` that the feature scores among ``scores`` (Mahalanobis,
+    k-NN, ReAct) need, built once (None where no score needs it), and ``{name: reason}`` for those scores where the
+    model names no penultimate layer: they do not apply to it, and the caller leaves them out, keeping the others."""
+    from training import Representation
+
+    needing = [name for name, score in scores.items() if getattr(score, "needs_features", False)]
+    if not needing:
+        return None, {}
+    try:
+        return Representation(model), {}
+    except ValueError as err:
+        return None, {name: f"needs the penultimate layer's features, and {type(model).__name__} names none ({err})" for name in needing}
 
 
 class ScoreFunction:
@@ -441,5 +456,5 @@ def _positive(value: float, name: str) -> float:
 __all__ = [
     "DeepEnsemble", "Energy", "KNNDistance", "MCDropout", "Mahalanobis", "MaxSoftmax", "ModelOutputs", "NegativeEntropy",
     "ODIN", "ReAct", "SCORE_FUNCTIONS", "SCORE_NAMES", "ScoreFunction", "Scores", "energy_score", "final_linear",
-    "make_score", "model_outputs",
+    "feature_representation", "make_score", "model_outputs",
 ]

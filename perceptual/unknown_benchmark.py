@@ -101,16 +101,18 @@ def evaluate_scores(model, known: ImageSet, unknown_sets: Mapping[str, torch.Ten
     ``fit``: known training images for the scores that need them (Mahalanobis, k-NN, ReAct). A score that does not
     apply to the model is reported as ``{"error": reason}``."""
     from .compare_report import unknown_metrics
-    from .scores import make_score, model_outputs
+    from .scores import feature_representation, make_score, model_outputs
 
     scores = {name: make_score(name, **dict((score_params or {}).get(name) or {})) for name in score_names}
-    features = any(getattr(s, "needs_features", False) for s in scores.values())
+    representation, inapplicable = feature_representation(model, scores)  # a penultimate layer only where a score uses it
+    results: dict[str, dict] = {name: {"error": reason} for name, reason in inapplicable.items()}
+    scores = {name: score for name, score in scores.items() if name not in inapplicable}
+    options = dict(batch_size=batch_size, features=representation is not None, representation=representation)
     as_float = lambda x: x.float() / 255 if x.dtype == torch.uint8 else x  # noqa: E731
-    id_outputs = model_outputs(model, as_float(known.images), batch_size=batch_size, features=features)
-    ood_outputs = {n: model_outputs(model, as_float(x), batch_size=batch_size, features=features) for n, x in unknown_sets.items()}
-    fit_outputs = model_outputs(model, as_float(fit.images), batch_size=batch_size, features=features) if fit is not None else None
+    id_outputs = model_outputs(model, as_float(known.images), **options)
+    ood_outputs = {n: model_outputs(model, as_float(x), **options) for n, x in unknown_sets.items()}
+    fit_outputs = model_outputs(model, as_float(fit.images), **options) if fit is not None else None
     labels = known.labels.numpy()
-    results = {}
     for name, score in scores.items():
         try:
             if fit is not None:
@@ -121,7 +123,7 @@ def evaluate_scores(model, known: ImageSet, unknown_sets: Mapping[str, torch.Ten
             results[name] = {"error": str(err)}
             continue
         results[name] = unknown_metrics(id_scores, id_outputs.logits, ood, labels)
-    return results
+    return {name: results[name] for name in score_names}  # in the order asked
 
 
 def unknown_table(results: Mapping[str, Mapping], baseline: str = "max_softmax") -> pd.DataFrame:

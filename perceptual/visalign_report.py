@@ -66,8 +66,8 @@ def read_human_labels(path: str | Path, classes: Sequence[str]) -> pd.DataFrame:
         spread = table[table["group"].isin(GROUPS) & (table["category"] != "")].groupby("category")["group"].nunique()
         report(f"category in more than one group ({', '.join(spread.index[spread > 1])})", table["category"].isin(spread.index[spread > 1]))
     counts = table[classes + [ABSTAIN]].apply(pd.to_numeric, errors="coerce")
-    invalid = (counts.isna() | (counts < 0)).any(axis=1)
-    report("non-numeric or negative human answer", invalid)
+    invalid = (~np.isfinite(counts) | (counts < 0)).any(axis=1)
+    report("non-numeric, infinite or negative human answer", invalid)
     report("no human answers (row sums to 0)", ~invalid & (counts.sum(axis=1) == 0))
     if problems:
         raise ValueError(f"{path}: {len(problems)} kind(s) of problem in the human labels:\n  " + "\n  ".join(problems))
@@ -111,7 +111,11 @@ def visalign_table(human: pd.DataFrame, classes: Sequence[str], class_probs, kno
         if scores.shape != (len(human),):
             raise ValueError(f"scores of {name!r} must be one per image ({len(human)}), got shape {scores.shape}")
         calibrator = MinMaxAbstentionCalibrator(higher_means_abstain=False)  # scores: higher = more known
-        calibrator.fit((calibration or {}).get(name, scores))
+        try:
+            calibrator.fit((calibration or {}).get(name, scores))
+        except ValueError as err:  # e.g. max-softmax saturated at 1.0 on every image: no abstention can be read from it
+            log.warning("score %s left out: %s", name, err)
+            continue
         abstain = calibrator.transform(scores)
         dist = abstention_distribution(probs, abstain)
         distances = hellinger(dist, humans)
@@ -127,7 +131,25 @@ def visalign_table(human: pd.DataFrame, classes: Sequence[str], class_probs, kno
         row.update({k: v for k, v in reliability.to_dict().items() if k not in ("scores", "n_items")})
         row["abstain_rate"] = float(np.mean(abstain > gamma))
         rows.append(row)
+    if not rows:
+        raise ValueError(f"none of the scores {list(known_scores)} gives an abstention on these images (each is constant)")
     return pd.DataFrame(rows)
+
+
+def check_model_classes(model, images, classes: Sequence[str]) -> None:
+    """Refuse a model whose outputs are not one per class of the labels, from one image, before the whole set runs."""
+    import torch
+
+    with torch.no_grad():
+        was_training = model.training
+        model.eval()
+        try:
+            outputs = model(images[:1]).shape[-1]
+        finally:
+            model.train(was_training)
+    if outputs != len(classes):
+        raise ValueError(f"the model has {outputs} outputs but the labels name {len(classes)} classes ({list(classes)[:5]} ...): "
+                         "pass classes=[...] in the model's output order")
 
 
 def model_visalign_table(model, images, human: pd.DataFrame, classes: Sequence[str], score_names: Sequence[str], *, fit_images=None,
@@ -135,15 +157,21 @@ def model_visalign_table(model, images, human: pd.DataFrame, classes: Sequence[s
     """:func:`visalign_table` for a model and the toolkit's score functions (fit on ``fit_images``/``fit_labels`` where a
     score needs in-distribution data: Mahalanobis, k-NN, ReAct). ``images``: [0, 1] (N, 3, H, W) in ``human``'s order.
     A score that does not apply to the model is left out with a warning that names the reason."""
-    from .scores import make_score, model_outputs
+    from .scores import feature_representation, make_score, model_outputs
 
     if len(images) != len(human):
         raise ValueError(f"{len(images)} images for {len(human)} human label rows")
+    check_model_classes(model, images, classes)
     scores = {name: make_score(name, **dict((score_params or {}).get(name) or {})) for name in score_names}
-    features = any(getattr(s, "needs_features", False) for s in scores.values())  # a penultimate layer only where a score uses it
-    outputs = model_outputs(model, images, batch_size=batch_size, features=features)
+    representation, inapplicable = feature_representation(model, scores)  # a penultimate layer only where a score uses it
+    for name, reason in inapplicable.items():
+        log.warning("score %s left out: %s", name, reason)
+        del scores[name]
+    features = representation is not None
+    outputs = model_outputs(model, images, batch_size=batch_size, features=features, representation=representation)
     probs = outputs.logits.double().softmax(dim=1).numpy()
-    fit_outputs = model_outputs(model, fit_images, batch_size=batch_size, features=features) if fit_images is not None else None
+    fit_outputs = (model_outputs(model, fit_images, batch_size=batch_size, features=features, representation=representation)
+                   if fit_images is not None else None)
     known = {}
     for name, score in scores.items():
         try:

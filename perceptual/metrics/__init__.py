@@ -47,6 +47,7 @@ from .visalign import (
     MinMaxAbstentionCalibrator,
     ReliabilityResult,
     abstention_distribution,
+    check_reliability_settings,
     hellinger,
     reliability_score,
 )
@@ -91,6 +92,7 @@ __all__ = [
     "hellinger",
     "abstention_distribution",
     "MinMaxAbstentionCalibrator",
+    "check_reliability_settings",
     "reliability_score",
     "ReliabilityResult",
     "GROUPS",

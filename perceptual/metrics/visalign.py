@@ -154,6 +154,12 @@ def _human_label_prob(human_label_prob: Any, label: np.ndarray, uncertain: np.nd
     return h
 
 
+def check_reliability_settings(gamma: Any, lam: Any, costs: Sequence[Any]) -> tuple[float, float, list[float]]:
+    """:func:`reliability_score`'s settings as numbers, or an error that names the one out of range: ``gamma`` and
+    ``lam`` in [0, 1], each cost >= 0 (callers check them before the model runs)."""
+    return check_scalar(gamma, "gamma", 0.0, 1.0), check_scalar(lam, "lam", 0.0, 1.0), [check_scalar(c, "each cost", low=0.0) for c in costs]
+
+
 def reliability_score(dist: Any, group: Any, label: Any, human_label_prob: Any = None, gamma: float = 0.5,
                       lam: float = 0.5, costs: Sequence[float] = (0, 450, 900)) -> ReliabilityResult:
     """VisAlign's reliability score RS_c: +1 per right decision, −c per harmful one, 0 otherwise.
@@ -175,10 +181,8 @@ def reliability_score(dist: Any, group: Any, label: Any, human_label_prob: Any =
     n, num_classes = d.shape[0], d.shape[1] - 1
     if num_classes < 1:
         raise ValueError(f"dist must have K + 1 >= 2 columns (classes then abstain), got {d.shape[1]}")
-    gamma = check_scalar(gamma, "gamma", 0.0, 1.0)
-    lam = check_scalar(lam, "lam", 0.0, 1.0)
     costs = tuple(costs)  # may be a generator: it is read twice below
-    cost_values = [check_scalar(c, "each cost", low=0.0) for c in costs]
+    gamma, lam, cost_values = check_reliability_settings(gamma, lam, costs)
     groups = _groups(group, n)
     labels = as_labels(label, "label", num_classes=num_classes, allow=(-1,))
     check_same_length(dist=d, label=labels)

@@ -115,7 +115,10 @@ def run(cfg: DictConfig | Mapping) -> dict:
     if cfg.baseline not in cfg.scores:
         raise ValueError(f"baseline={cfg.baseline!r} is not among scores={list(cfg.scores)}")
     known_names = known_class_names(OmegaConf.to_container(cfg.known_classes) if OmegaConf.is_list(cfg.known_classes) else cfg.known_classes)
-    far = {str(k): expand_path(v) for k, v in (OmegaConf.to_container(cfg.far_unknown, resolve=True) if cfg.get("far_unknown") else {}).items()}
+    far_given = OmegaConf.to_container(cfg.far_unknown, resolve=True) if cfg.get("far_unknown") else {}
+    if not isinstance(far_given, dict):
+        raise ValueError(f"far_unknown must name each folder, as far_unknown={{svhn: PATH, textures: PATH}}; got {far_given!r}")
+    far = {str(k): expand_path(v) for k, v in far_given.items()}
     if NEAR in far:
         raise ValueError(f"far_unknown may not use the name {NEAR!r}: it is the near-unknown classes")
     root = expand_path(cfg.root)

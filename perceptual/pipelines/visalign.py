@@ -25,7 +25,7 @@ from training.sweeps import job_path
 
 from ..compare_report import _fmt, plain
 from ..human_trials import load_images
-from ..metrics import GROUPS
+from ..metrics import GROUPS, check_reliability_settings
 from ..report import save_figure
 from ..visalign_report import category_order, model_visalign_table, read_human_labels
 from .audit import load_defence
@@ -57,10 +57,10 @@ def figure(table: pd.DataFrame, costs: Sequence[float], path: Path) -> Path:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
     groups = [*GROUPS, "all"]
     width = 0.8 / max(len(table), 1)
-    for k, row in enumerate(table.itertuples(index=False)):
-        values = [getattr(row, f"hellinger_{g}") for g in groups]
-        left.bar(np.arange(len(groups)) + k * width, values, width, label=row.score)
-        right.bar(np.arange(len(costs)) + k * width, [getattr(row, f"rs_{c:g}") for c in costs], width, label=row.score)
+    for k, row in enumerate(table.to_dict(orient="records")):  # by name: rs_0.5 and rs_1e+06 are no attribute names
+        values = [row[f"hellinger_{g}"] for g in groups]
+        left.bar(np.arange(len(groups)) + k * width, values, width, label=row["score"])
+        right.bar(np.arange(len(costs)) + k * width, [row[f"rs_{c:g}"] for c in costs], width, label=row["score"])
     left.set_xticks(np.arange(len(groups)) + 0.4 - width / 2, [g.replace("_", "-") for g in groups])
     left.set_xlabel("group")
     left.set_ylabel("mean Hellinger distance to the humans (lower is better)")
@@ -107,6 +107,7 @@ def run(cfg: DictConfig | Mapping) -> dict:
             raise ValueError(f"{key}= is not set: pass images=FOLDER (one <image_id>.png per row) and labels=CSV (the humans' answers)")
     if not (cfg.model.get("name") or cfg.model.get("factory")):
         raise ValueError("no model: pass model.name=<zoo name> (+ model.checkpoint=...) or model.factory=module:function")
+    check_reliability_settings(cfg.gamma, cfg.lam, cfg.costs)  # before any image is read or model run
     classes = list(cfg.classes) if cfg.get("classes") else None
     train = None
     if classes is None or int(cfg.n_fit or 0) > 0:

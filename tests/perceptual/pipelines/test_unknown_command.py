@@ -92,3 +92,24 @@ def test_near_unknown_alone(benchmark):
     with initialize_config_module(config_module="conf", version_base=None):
         data = run(compose(config_name="unknown", overrides=[*_overrides(benchmark), "far_unknown=null"]))
     assert data["unknown_sets"] == ["cifar-near"]
+
+
+def test_feature_scores_on_a_model_without_a_penultimate_layer_are_reported_as_not_applying(benchmark):
+    """The level model names no penultimate layer: Mahalanobis and k-NN cannot apply, and the other scores are reported."""
+    with initialize_config_module(config_module="conf", version_base=None):
+        data = run(compose(config_name="unknown", overrides=_overrides(benchmark, "scores=[max_softmax,mahalanobis,energy,knn]")))
+    rows = {r["score"]: r for r in data["table"]}
+    assert rows["max_softmax"]["auroc_cifar-near"] == pytest.approx(1.0) and rows["energy"]["auroc_cifar-near"] == pytest.approx(1.0)
+    assert [r["score"] for r in data["table"]] == ["max_softmax", "mahalanobis", "energy", "knn"]  # in the order asked
+    for name in ("mahalanobis", "knn"):
+        assert rows[name]["error"].startswith("needs the penultimate layer's features, and Level names none")
+
+
+def test_far_unknown_folders_must_be_named(benchmark):
+    """Hydra refuses a list where the config has a mapping; the Python API (run with a plain dict) says what to give."""
+    from omegaconf import OmegaConf
+
+    with initialize_config_module(config_module="conf", version_base=None):
+        settings = OmegaConf.to_container(compose(config_name="unknown", overrides=_overrides(benchmark)), resolve=True)
+    with pytest.raises(ValueError, match=r"far_unknown must name each folder, as far_unknown=\{svhn: PATH"):
+        run({**settings, "far_unknown": [str(benchmark / "white")]})

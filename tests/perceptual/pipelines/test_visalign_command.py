@@ -23,6 +23,7 @@ from PIL import Image
 
 from perceptual.__main__ import main as perceptual_main
 from perceptual.pipelines.visalign import run
+from perceptual.visalign_report import read_human_labels, visalign_table
 
 C_DISTANCE = math.sqrt((math.sqrt(0.9) - 0.5) ** 2 + (math.sqrt(0.1) - 0.5) ** 2 + 0.5) / math.sqrt(2)
 
@@ -98,3 +99,55 @@ def test_missing_images_and_bad_labels_are_named(visalign_set):
             run(compose(config_name="visalign", overrides=_overrides(visalign_set)))
         with pytest.raises(ValueError, match="no model"):
             run(compose(config_name="visalign", overrides=_overrides(visalign_set, "model.factory=null")))
+
+
+def _compose(root, *extra):
+    with initialize_config_module(config_module="conf", version_base=None):
+        return compose(config_name="visalign", overrides=_overrides(root, *extra))
+
+
+def test_any_non_negative_cost_is_reported(visalign_set):
+    """Costs name columns rs_0.5 and rs_1e+06, which are no attribute names: the figure reads them by name."""
+    data = run(_compose(visalign_set, "costs=[0,0.5,1000000]"))
+    (row,) = data["table"]
+    assert (row["rs_0"], row["rs_0.5"], row["rs_1e+06"]) == (2, 1.5, -999998)
+    assert (visalign_set / "out" / "visalign.png").read_bytes()[:4] == b"\x89PNG" and "RS_0.5" in (visalign_set / "out" / "visalign.md").read_text()
+
+
+def test_scores_that_do_not_apply_are_left_out_and_the_others_reported(visalign_set, caplog):
+    """The grey model names no penultimate layer (Mahalanobis and k-NN need one), and its max-softmax is constant when
+    every image is white: each such score is left out with its reason, and energy is still reported."""
+    with caplog.at_level("WARNING"):
+        data = run(_compose(visalign_set, "scores=[max_softmax,energy,mahalanobis,knn]"))
+    assert [r["score"] for r in data["table"]] == ["max_softmax", "energy"] and data["left_out"] == ["knn", "mahalanobis"]
+    assert "score mahalanobis left out: needs the penultimate layer's features, and Grey names none" in caplog.text
+    # a score equal on every image (max-softmax saturated at 1.0) gives no abstention: it alone is left out
+    human = read_human_labels(visalign_set / "labels.csv", ["a", "b"])
+    probs = np.array([[0.9, 0.1], [0.5, 0.5], [0.9, 0.1]])
+    with caplog.at_level("WARNING"):
+        table = visalign_table(human, ["a", "b"], probs, {"saturated": np.ones(3), "varied": np.array([0.9, 0.5, 0.9])})
+    assert list(table["score"]) == ["varied"] and "score saturated left out: scores are all equal" in caplog.text
+    with pytest.raises(ValueError, match="none of the scores .* gives an abstention"):
+        visalign_table(human, ["a", "b"], probs, {"saturated": np.ones(3)})
+
+
+def test_settings_and_the_models_classes_are_checked_before_the_whole_set_runs(visalign_set, monkeypatch):
+    import greymodel
+
+    calls = []
+    forward = greymodel.Grey.forward
+    monkeypatch.setattr(greymodel.Grey, "forward", lambda self, x: calls.append(len(x)) or forward(self, x))
+    for extra, message in ((["gamma=1.5"], "gamma"), (["lam=-0.2"], "lam"), (["costs=[-450]"], "each cost")):
+        with pytest.raises(ValueError, match=message):
+            run(_compose(visalign_set, *extra))
+    assert calls == []  # refused before the model was built
+    with pytest.raises(ValueError, match=r"the model has 2 outputs but the labels name 3 classes"):
+        (visalign_set / "labels.csv").write_text("image_id,group,label,a,b,c,abstain\nA,Must-Act,a,9,1,0,0\nB,Must-Abstain,,0,0,0,4\nC,Uncertain,b,1,1,0,2\n")
+        run(_compose(visalign_set, "classes=[a,b,c]"))
+    assert calls == [1]  # one image, not the set
+
+
+def test_infinite_human_counts_are_named_with_their_line(visalign_set):
+    (visalign_set / "labels.csv").write_text("image_id,group,label,a,b,abstain\nA,Must-Act,a,inf,1,0\nB,Must-Abstain,,0,0,4\nC,Uncertain,b,1,1,2\n")
+    with pytest.raises(ValueError, match=r"non-numeric, infinite or negative human answer × 1 \(lines \[2\]"):
+        run(_compose(visalign_set))
