@@ -83,7 +83,7 @@ def test_every_problem_in_the_labels_is_listed(tmp_path):
     assert "6 kind(s) of problem" in message
     for line in ("unknown group (must_act, must_abstain, uncertain) × 1 (lines [3])", "unknown label × 1 (lines [4])",
                  "without a label × 1 (lines [5])", "duplicate image_id × 2 (lines [2, 3])",
-                 "non-numeric or negative human answer × 1 (lines [6])", "no human answers (row sums to 0) × 1 (lines [7])"):
+                 "non-numeric, infinite or negative human answer × 1 (lines [6])", "no human answers (row sums to 0) × 1 (lines [7])"):
         assert line in message
     (tmp_path / "short.csv").write_text("image_id,group,label,cat\n")
     with pytest.raises(ValueError, match=r"missing column\(s\) \['dog', 'abstain'\]"):
