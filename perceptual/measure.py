@@ -47,7 +47,7 @@ import stimuli
 from invert import NOISE_KINDS, Engine, check_push_weight, resolve_engine
 from training import build_model
 from training.attacks import ThreatModel
-from training.config import check_whole_number, dataset_from_config, expand_path, resolve_device
+from training.config import check_whole_number, dataset_from_config, resolve_device, resolved_path_text
 from training.data import ImageSet, folder_to_imageset
 from training.evaluate import clean_accuracy, robust_accuracy
 from training.io import atomic_write_json, atomic_write_text
@@ -362,7 +362,7 @@ def accuracy_cache_key(weights_sha256: str, threat: ThreatModel | None, accuracy
     (:attr:`stimuli.ModelRef.settings`), the threat, the image limit and the data config with its root resolved
     (cifar-10-mini and CIFAR-10 share the name cifar10; ``~/data`` and its expansion are one root)."""
     root = data_cfg.get("root")
-    data = {**dict(data_cfg), "root": root and str(Path(expand_path(root)).resolve())}
+    data = {**dict(data_cfg), "root": resolved_path_text(root)}
     # Without settings the key is the one accuracies were cached under before settings were recorded.
     return cache_key(weights_sha256, threat and vars(threat), accuracy_limit, data, *([dict(settings)] if settings else []))
 

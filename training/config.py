@@ -80,6 +80,12 @@ def expand_path(value: str | os.PathLike | None) -> Path | None:
     return Path(os.path.expandvars(os.path.expanduser(os.fspath(value))))
 
 
+def resolved_path_text(value: str | os.PathLike | None):
+    """A path option as one text however it is spelt (``~/data``, ``$HOME/data``, ``./x/../data``): expanded and
+    resolved; an unset value (None, "") is returned as it is. What caches and run folders key a data root by."""
+    return str(Path(expand_path(value)).resolve()) if value else value
+
+
 def resolve_device(device: str | None = "auto") -> torch.device:
     """``auto`` → CUDA when available, else CPU; anything else is passed to torch.device."""
     if device in (None, "auto"):

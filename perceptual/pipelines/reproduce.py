@@ -26,10 +26,12 @@ from pathlib import Path
 from typing import Sequence
 
 import hydra
+import yaml
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from invert.config import load_preset
-from training.config import expand_path
+from training.config import resolved_path_text
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 from training.trainer import run_identity
@@ -108,18 +110,14 @@ def _digest(*parts) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
-def _resolved_root(root) -> str | None:
-    return str(Path(expand_path(str(root))).resolve()) if root else None
-
-
 def _trained_on(folder: Path) -> str | None:
     """The resolved data root a run folder's saved config names (None where it saved none)."""
     saved = folder / "config.yaml"
     if not saved.is_file():
         return None
     try:
-        return _resolved_root(OmegaConf.select(OmegaConf.load(saved), "data.root", default=None))
-    except Exception:  # noqa: BLE001 - an unreadable config is no evidence of the data the run used
+        return resolved_path_text(OmegaConf.select(OmegaConf.load(saved), "data.root", default=None))
+    except (OSError, ValueError, yaml.YAMLError, OmegaConfBaseException):  # an unreadable config is no evidence of the data
         return None
 
 
@@ -136,8 +134,8 @@ def run_dir(cfg: DictConfig, variant: Variant, overrides: dict, config: DictConf
     identity = run_identity(config)
     folder = prefix.with_name(f"{prefix.name}-{_digest(identity)}")
     legacy = prefix.with_name(f"{prefix.name}-{_digest(variant.model, variant.kwargs, variant.recipe, overrides, cfg.seed)}")
-    root = _resolved_root(OmegaConf.select(config, "data.root", default=None))
-    if root is None:  # an embedded data set: the identity says it all
+    root = resolved_path_text(OmegaConf.select(config, "data.root", default=None))
+    if not root:  # an embedded data set: the identity says it all
         return legacy if legacy.is_dir() and not folder.is_dir() else folder
     rooted = prefix.with_name(f"{prefix.name}-{_digest(identity, root)}")
     if rooted.is_dir():
