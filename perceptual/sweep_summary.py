@@ -258,7 +258,7 @@ def collect_sweep(root: str | Path, sources: Mapping[str, SweepSource] | None = 
 
 
 def _cell(value: Any, metric: SweepMetric | None = None) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if _unknown(value):
         return "–"
     if metric is not None and metric.percent and not isinstance(value, bool):
         return format_score(float(value))

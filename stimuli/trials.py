@@ -28,6 +28,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from training.config import check_whole_number
+
 TWO_AFC_COLUMNS = ["trial", "task", "query_id", "left_id", "right_id", "answer", "target_id", "seed_id", "seed_type", "attention_check"]
 CLUSTERING_COLUMNS = ["trial", "task", "row", "query_id", "column_0", "column_1", "column_2", "answer", "target_id", "seed_type", "attention_check"]
 TASKS = ("2afc", "clustering", "clustering_hard")
@@ -135,8 +137,8 @@ def clustering_trials(
         raise ValueError(f"clustering needs at least 3 targets with results, the set has {len(target_ids)}")
     if hard and target_distances is None:
         raise ValueError("hard clustering needs target_distances (a square table of distances between target ids)")
-    if n_trials is not None and (isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 1):
-        raise ValueError(f"n_trials must be a whole number >= 1 (or None for one triplet per target), got {n_trials!r}")
+    if n_trials is not None:
+        check_whole_number(n_trials, "n_trials", hint=" (or None for one triplet per target)")
     n_trials = len(target_ids) if n_trials is None else n_trials
     anchors = list(rng.choice(target_ids, size=n_trials, replace=n_trials > len(target_ids)))
     if hard:
