@@ -29,6 +29,18 @@ def batch_slices(n: int, size: int) -> Iterable[slice]:
 
 
 @contextlib.contextmanager
+def kept_training_flags(module: nn.Module) -> Iterator[nn.Module]:
+    """Give every submodule of ``module`` back its own train/eval flag on exit. ``module.train(was)`` alone would
+    put all of them in the top-level mode: a frozen batch norm (``model.train(); bn.eval()``) would be unfrozen."""
+    training = {m: m.training for m in module.modules()}
+    try:
+        yield module
+    finally:
+        for m, mode in training.items():
+            m.training = mode
+
+
+@contextlib.contextmanager
 def evaluation(module: nn.Module, freeze_parameters: bool = False) -> Iterator[nn.Module]:
     """Put ``module`` in eval mode (BatchNorm on running statistics, no dropout: required for
     per-sample independence) and optionally stop gradients to its parameters (the engine only
@@ -36,19 +48,17 @@ def evaluation(module: nn.Module, freeze_parameters: bool = False) -> Iterator[n
     weight-gradient nodes). Restores the previous modes on exit, as ``robustness``'s
     ``AttackerModel`` does around an attack.
     """
-    training = {m: m.training for m in module.modules()}
     requires_grad = {p: p.requires_grad for p in module.parameters()}
-    module.eval()
-    if freeze_parameters:
-        for parameter in requires_grad:
-            parameter.requires_grad_(False)
-    try:
-        yield module
-    finally:
-        for m, mode in training.items():
-            m.training = mode
-        for parameter, flag in requires_grad.items():
-            parameter.requires_grad_(flag)
+    with kept_training_flags(module):
+        module.eval()
+        if freeze_parameters:
+            for parameter in requires_grad:
+                parameter.requires_grad_(False)
+        try:
+            yield module
+        finally:
+            for parameter, flag in requires_grad.items():
+                parameter.requires_grad_(flag)
 
 
 @contextlib.contextmanager

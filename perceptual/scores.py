@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from invert.modules import batch_slices, module_device
+from invert.modules import batch_slices, evaluation, module_device
 from invert.validation import check_images
 
 
@@ -82,21 +82,17 @@ def model_outputs(model: nn.Module, images: Tensor, *, batch_size: int = 256, fe
 
     images = _as_float_images(images)
     device = module_device(model)
-    was_training = model.training
-    model.eval()
     if features and representation is None:
         representation = Representation(model)
     elif not features:
         representation = None
     logits, feats = [], []
-    try:
+    with evaluation(model):
         for s in batch_slices(len(images), batch_size):
             x = images[s].to(device)
             logits.append(model(x).float().cpu())
             if representation is not None:
                 feats.append(representation(x).float().cpu())
-    finally:
-        model.train(was_training)
     return ModelOutputs(torch.cat(logits), torch.cat(feats) if feats else None)
 
 
@@ -208,16 +204,12 @@ class ODIN(ScoreFunction):
     def score(self, model: nn.Module, images: Tensor, *, batch_size: int = 256, outputs: ModelOutputs | None = None) -> Scores:
         images = _as_float_images(images)
         device = module_device(model)
-        was_training = model.training
-        model.eval()
         probs = []
-        try:
+        with evaluation(model):
             for s in batch_slices(len(images), batch_size):
                 x = self.perturb(model, images[s].to(device)) if self.epsilon > 0 else images[s].to(device)
                 with torch.no_grad():
                     probs.append((model(x).double() / self.temperature).softmax(1).cpu())
-        finally:
-            model.train(was_training)
         return Scores(torch.cat(probs).max(1).values.numpy())  # no probs: see the module docstring
 
 

@@ -140,13 +140,10 @@ def check_model_classes(model, images, classes: Sequence[str]) -> None:
     """Refuse a model whose outputs are not one per class of the labels, from one image, before the whole set runs."""
     import torch
 
-    with torch.no_grad():
-        was_training = model.training
-        model.eval()
-        try:
-            outputs = model(images[:1]).shape[-1]
-        finally:
-            model.train(was_training)
+    from invert.modules import evaluation
+
+    with torch.no_grad(), evaluation(model):
+        outputs = model(images[:1]).shape[-1]
     if outputs != len(classes):
         raise ValueError(f"the model has {outputs} outputs but the labels name {len(classes)} classes ({list(classes)[:5]} ...): "
                          "pass classes=[...] in the model's output order")

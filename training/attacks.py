@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from invert.modules import kept_training_flags
 from invert.steps import (
     L2Step,
     LinfStep,
@@ -152,11 +153,13 @@ def config_number(value, name: str):
         raise AttackConfigError(f"{name} must be a number or a fraction like 8/255, got {value!r}") from None
 
 
-def check_labels(y: Tensor, x: Tensor) -> None:
-    """One integer class label per image to attack (shape and dtype only: no host sync inside a training step)."""
+def check_labels(y: Tensor, x: Tensor) -> Tensor:
+    """One integer class label per image to attack (shape and dtype only: no host sync inside a training step);
+    returns them as int64, the index type the losses take (a no-op for int64 labels)."""
     if not isinstance(y, Tensor) or y.dtype.is_floating_point or y.dtype == torch.bool or y.shape != x.shape[:1]:
         got = f"{type(y).__name__} of shape {tuple(y.shape)} and dtype {y.dtype}" if isinstance(y, Tensor) else type(y).__name__
         raise ValueError(f"labels must be an integer tensor of shape ({x.shape[0]},), one class index per image to attack; got {got}")
+    return y.long()
 
 
 def maximize(
@@ -195,7 +198,8 @@ def maximize(
 
 def pgd(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel, generator: torch.Generator | None = None) -> Tensor:
     """Madry et al.'s PGD: maximise the cross-entropy of ``model`` (which takes [0, 1] images)."""
-    check_labels(y, x)
+    check_images(x, "images to attack")  # first: a missing batch dimension would read as a label-count error
+    y = check_labels(y, x)
     return maximize(lambda z: F.cross_entropy(model(z), y, reduction="none"), x, threat, generator=generator)
 
 
@@ -238,28 +242,24 @@ def _batch_norms(module: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
 def bn_mode(module: nn.Module, mode: str) -> Iterator[None]:
     """Run an attack with batch norm in ``eval`` mode (running statistics, as Madry et al., TRADES and
     MART do) or ``train`` mode (batch statistics, as Wong et al.'s FGSM) without updating the running
-    statistics. The module's own training flag is restored afterwards."""
+    statistics. Every submodule's own training flag is restored afterwards (a frozen batch norm stays frozen)."""
     check_bn_mode(mode)
-    was_training = module.training
-    if mode == "eval":
-        module.eval()
+    with kept_training_flags(module):
+        if mode == "eval":
+            module.eval()
+            yield
+            return
+        # Batch statistics without touching the running ones: with track_running_stats off, a training-mode
+        # BatchNorm normalises with batch statistics and updates nothing (not even num_batches_tracked).
+        norms = [m for m in _batch_norms(module) if m.track_running_stats]
+        module.train()
+        for m in norms:
+            m.track_running_stats = False
         try:
             yield
         finally:
-            module.train(was_training)
-        return
-    # Batch statistics without touching the running ones: with track_running_stats off, a training-mode
-    # BatchNorm normalises with batch statistics and updates nothing (not even num_batches_tracked).
-    norms = [m for m in _batch_norms(module) if m.track_running_stats]
-    module.train()
-    for m in norms:
-        m.track_running_stats = False
-    try:
-        yield
-    finally:
-        for m in norms:
-            m.track_running_stats = True
-        module.train(was_training)
+            for m in norms:
+                m.track_running_stats = True
 
 
 @contextlib.contextmanager

@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from invert.modules import module_device
+from invert.modules import evaluation, module_device
 from invert.validation import check_images, hot_loop
 
-from .attacks import ThreatModel, check_norm, pgd
+from .attacks import ThreatModel, check_norm, config_number, pgd
 from .data import ImageSet
 
 Data = Union[ImageSet, tuple[Tensor, Tensor]]
@@ -52,39 +52,50 @@ def _prepare(data: Data, limit: int | None) -> Data:
     check_images(images, "evaluation images", channels=3)
     if labels.shape != images.shape[:1]:
         raise ValueError(f"need one label per image: {tuple(labels.shape)} labels for {images.shape[0]} images")
+    if labels.dtype.is_floating_point or labels.dtype == torch.bool:
+        raise ValueError(f"labels must be integer class indices, got dtype {labels.dtype}")
+    if int(labels.min()) < 0:
+        raise ValueError(f"labels must be class indices 0, 1, ...; found {int(labels.min())}")
     if limit is not None:
         images, labels = images[:limit], labels[:limit]
-    return images, labels
+    return images, labels.long()
 
 
-def _batches(data: Data, batch_size: int, device: torch.device, channels_last: bool = False) -> Iterator[tuple[Tensor, Tensor]]:
+def _check_label_range(data: Data, logits: Tensor) -> None:
+    """Refuse labels the model has no output for (e.g. 1-based labels), from the first batch's logits, before an
+    attack indexes past them (on a GPU, a device-side assert that ends the process's CUDA use)."""
+    labels = data.labels if isinstance(data, ImageSet) else data[1]
+    highest = int(labels.max())
+    if highest >= logits.shape[1]:
+        raise ValueError(f"label {highest} has no output: the model has {logits.shape[1]} (classes 0 to {logits.shape[1] - 1}); "
+                         "are the labels 1-based?")
+
+
+def _input_dtype(model: nn.Module) -> torch.dtype:
+    """The floating dtype of the model's first floating parameter or buffer (float32 when it has none)."""
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        if tensor.is_floating_point():
+            return tensor.dtype
+    return torch.float32
+
+
+def _batches(data: Data, batch_size: int, model: nn.Module) -> Iterator[tuple[Tensor, Tensor]]:
+    """``(images, labels)`` batches on the model's device, in its dtype and memory format."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
+    device, dtype, channels_last = module_device(model), _input_dtype(model), _uses_channels_last(model)
     n = _length(data)
     for start in range(0, n, batch_size):
         index = slice(start, min(start + batch_size, n))
         if isinstance(data, ImageSet):
-            x = data.float_images(index, device=device)
-            y = data.labels[index].to(device, non_blocking=True)
+            x = data.float_images(index, device=device).to(dtype)
+            y = data.labels[index].to(device, non_blocking=True).long()
         else:
-            x = data[0][index].to(device, non_blocking=True).float()
+            x = data[0][index].to(device, non_blocking=True).to(dtype)
             y = data[1][index].to(device, non_blocking=True)
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         yield x, y
-
-
-class _EvalMode:
-    """Put a model in eval mode for the block and restore its previous mode."""
-
-    def __init__(self, model: nn.Module):
-        self.model, self.was_training = model, model.training
-
-    def __enter__(self):
-        self.model.eval()
-
-    def __exit__(self, *exc):
-        self.model.train(self.was_training)
 
 
 def _uses_channels_last(model: nn.Module) -> bool:
@@ -105,11 +116,13 @@ def correct_counts(model: nn.Module, data: Data, threat: ThreatModel | None = No
     generator = torch.Generator(device=device).manual_seed(seed)
     clean = torch.zeros((), dtype=torch.long, device=device)
     robust = torch.zeros((), dtype=torch.long, device=device)
-    channels_last = _uses_channels_last(model)
-    with _EvalMode(model), hot_loop():
-        for x, y in _batches(data, batch_size, device, channels_last):
+    with evaluation(model), hot_loop():
+        for batch, (x, y) in enumerate(_batches(data, batch_size, model)):
             with torch.no_grad():
-                ok = model(x).argmax(dim=1) == y
+                logits = model(x)
+            if batch == 0:
+                _check_label_range(data, logits)
+            ok = logits.argmax(dim=1) == y
             clean += ok.sum()
             if threat is not None:
                 for _ in range(restarts):
@@ -177,8 +190,11 @@ def _loss_and_accuracy(model: nn.Module, data: Data, threat: ThreatModel | None,
     generator = torch.Generator(device=device).manual_seed(seed)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     correct = torch.zeros((), dtype=torch.long, device=device)
-    with _EvalMode(model), hot_loop():
-        for x, y in _batches(data, batch_size, device, _uses_channels_last(model)):
+    with evaluation(model), hot_loop():
+        for batch, (x, y) in enumerate(_batches(data, batch_size, model)):
+            if batch == 0:
+                with torch.no_grad():
+                    _check_label_range(data, model(x[:1]))
             if threat is not None:
                 x = pgd(model, x, y, threat, generator=generator)
             with torch.no_grad():
@@ -193,7 +209,7 @@ def gradient_masking_report(
     model: nn.Module,
     data: Data,
     norm: str = "l2",
-    eps: Sequence[float] | None = None,
+    eps: Sequence[float | str] | float | str | None = None,
     *,
     steps: int = 20,
     unbounded_steps: int = 50,
@@ -213,20 +229,27 @@ def gradient_masking_report(
     from a random start.
     """
     check_norm(norm)
-    eps_values = sorted(float(e) for e in (eps if eps is not None else DEFAULT_MASKING_EPS[norm]))
+    if eps is None:
+        eps = DEFAULT_MASKING_EPS[norm]
+    elif isinstance(eps, (numbers.Number, str)):
+        eps = [eps]
+    eps_values = sorted(config_number(e, "eps") for e in eps)
     if not eps_values:
         raise ValueError("gradient_masking_report needs at least one eps")
     data = _prepare(data, limit)
     n = _length(data)
-    clean_loss, clean_acc = _loss_and_accuracy(model, data, None, batch_size, seed)
-    losses, accuracies = [], []
-    for value in eps_values:
-        loss, acc = _loss_and_accuracy(model, data, ThreatModel(norm, value, steps=steps), batch_size, seed)
-        losses.append(loss)
-        accuracies.append(acc)
     sample = data.images if isinstance(data, ImageSet) else data[0]
     unbounded = 1.0 if norm == "linf" else math.sqrt(math.prod(sample.shape[1:]))
-    _, unbounded_acc = _loss_and_accuracy(model, data, ThreatModel(norm, unbounded, steps=unbounded_steps), batch_size, seed)
+    # Every threat model first: a bad eps or step count is refused before the sweeps, not after them.
+    threats = [ThreatModel(norm, value, steps=steps) for value in eps_values]
+    unbounded_threat = ThreatModel(norm, unbounded, steps=unbounded_steps)
+    clean_loss, clean_acc = _loss_and_accuracy(model, data, None, batch_size, seed)
+    losses, accuracies = [], []
+    for threat in threats:
+        loss, acc = _loss_and_accuracy(model, data, threat, batch_size, seed)
+        losses.append(loss)
+        accuracies.append(acc)
+    _, unbounded_acc = _loss_and_accuracy(model, data, unbounded_threat, batch_size, seed)
 
     all_losses, all_accs = [clean_loss] + losses, [clean_acc] + accuracies
     one_sample = 1.0 / n + 1e-12

@@ -14,14 +14,14 @@ last operation is not a ReLU (VGG's pooling, k-WTA), it would change nothing and
 """
 from __future__ import annotations
 
-import contextlib
 import warnings
-from typing import Iterator, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from invert.modules import kept_training_flags
 from invert.validation import check_images
 
 Pool = Literal["auto", "avg", "flatten"]
@@ -63,24 +63,12 @@ def _split(model: nn.Module) -> tuple[nn.Module, nn.Module | None]:
     return model, None
 
 
-@contextlib.contextmanager
-def _modes_kept(model: nn.Module) -> Iterator[None]:
-    """Put every module's train/eval mode back afterwards: tracing ends with a recursive ``train(mode)``, which
-    would unfreeze a layer the caller froze, and a representation's ``eval()`` reaches the layers it shares."""
-    modes = {module: module.training for module in model.modules()}
-    try:
-        yield
-    finally:
-        for module, training in modes.items():
-            module.training = training
-
-
 def list_layers(model: nn.Module) -> list[str]:
     """Names accepted as ``layer`` (eval-mode torch.fx node names of the network), in execution order."""
     from torchvision.models.feature_extraction import get_graph_node_names
 
     net, _ = _split(model)
-    with _modes_kept(net):
+    with kept_training_flags(net):
         _, eval_nodes = get_graph_node_names(net)
     return [name for name in eval_nodes if name not in ("x", "input")]
 
@@ -134,7 +122,7 @@ class Representation(nn.Module):
         self.layer = layer
         self.pool = ("avg" if layer == penultimate else "flatten") if pool == "auto" else pool
         self.fake_relu = bool(getattr(model, "fake_relu", False) if fake_relu is None else fake_relu)
-        with _modes_kept(model):  # a model training in the caller's loop had its BatchNorm frozen, model.training still True
+        with kept_training_flags(model):  # a model training in the caller's loop had its BatchNorm frozen, model.training still True
             self.extractor = create_feature_extractor(net.eval(), return_nodes={node_name: "features"})
             self.normalize = normalize
             if self.fake_relu:

@@ -27,8 +27,9 @@ Deliberate differences from the reference code: the returned image of a sample t
 fooled is its highest-loss iterate (the reference returns the clean image), which is the stronger
 choice against a randomised defence; the random start is uniform in the ball (``invert.steps``'
 ``random_start_l2`` / ``random_start_linf``; the reference starts on the L2 sphere, and in Linf at
-``x + eps t / ||t||_inf``, which puts one coordinate of each sample on the boundary); the oscillation count
-ignores steps before the first (the reference wraps around to the last row of its buffer); all
+``x + eps t / ||t||_inf``, which puts one coordinate of each sample on the boundary); the first checkpoint's
+oscillation count compares the first step with the start point, as the paper's condition 1 does (the reference
+compares it with a buffer row not yet written, 0, which counts as an increase for CE and as none for DLR); all
 randomness comes from a ``torch.Generator``. ``eot_samples`` averages the gradient over several
 forward passes (the reference's ``eot_iter``) for randomised defences, and the loss too: the mean loss of
 those passes decides the best point and the checkpoints, where the reference uses the last pass's loss.
@@ -36,6 +37,7 @@ those passes decides the best point and the checkpoints, where the reference use
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 from dataclasses import dataclass, field
@@ -46,6 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from invert.modules import evaluation
 from invert.steps import L2Step, LinfStep
 from invert.validation import check_images
 
@@ -79,6 +82,16 @@ def dlr_targeted_loss(logits: Tensor, y: Tensor, target: Tensor) -> Tensor:
     true = logits.gather(1, y[:, None])[:, 0]
     aimed = logits.gather(1, target[:, None])[:, 0]
     return -(true - aimed) / (sorted_logits[:, -1] - 0.5 * (sorted_logits[:, -3] + sorted_logits[:, -4]) + 1e-12)
+
+
+def _in_eval_mode(attack: Callable) -> Callable:
+    """Run ``attack(model, ...)`` with ``model`` in eval mode, as the defence is deployed (batch norm on its running
+    statistics, which an attack must not update), and give every submodule its own mode back afterwards."""
+    @functools.wraps(attack)
+    def run(model: nn.Module, *args, **kwargs):
+        with evaluation(model):
+            return attack(model, *args, **kwargs)
+    return run
 
 
 def apgd_schedule(steps: int) -> tuple[int, int, int]:
@@ -162,7 +175,8 @@ def _apgd_single_run(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel
     fooled = logits.argmax(dim=1) != y
     x_best_adv = torch.where(fooled.view(-1, 1, 1, 1), x_adv, x)
     loss_best, x_best, grad_best = loss.clone(), x_adv.clone(), grad.clone()
-    loss_steps = torch.zeros(steps, n, device=x.device)
+    loss_steps = torch.zeros(steps + 1, n, device=x.device)  # row 0: the start point's loss; row i + 1: step i's
+    loss_steps[0] = loss
     loss_best_last_check = loss_best.clone()
     reduced_last_check = torch.ones(n, dtype=torch.bool, device=x.device)
     x_previous = x_adv.clone()
@@ -179,15 +193,15 @@ def _apgd_single_run(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel
             now_fooled = logits.argmax(dim=1) != y
             x_best_adv = torch.where(now_fooled.view(-1, 1, 1, 1), x_adv, x_best_adv)
             fooled |= now_fooled
-            loss_steps[i] = loss
+            loss_steps[i + 1] = loss
             improved = loss > loss_best
             x_best = torch.where(improved.view(-1, 1, 1, 1), x_adv, x_best)
             grad_best = torch.where(improved.view(-1, 1, 1, 1), grad, grad_best)
             loss_best = torch.where(improved, loss, loss_best)
             since_check += 1
             if since_check == k:
-                first = max(i - k + 1, 1)
-                increases = (loss_steps[first:i + 1] > loss_steps[first - 1:i]).sum(dim=0)
+                # Croce and Hein's condition 1: the k steps since the last checkpoint, the first against its start
+                increases = (loss_steps[i - k + 2:i + 2] > loss_steps[i - k + 1:i + 1]).sum(dim=0)
                 oscillating = increases <= k * OSCILLATION_FRACTION
                 no_improvement = ~reduced_last_check & (loss_best_last_check >= loss_best)
                 halve = oscillating | no_improvement
@@ -201,6 +215,7 @@ def _apgd_single_run(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel
     return torch.where(fooled.view(-1, 1, 1, 1), x_best_adv, x_best).detach(), fooled, loss_best.detach()
 
 
+@_in_eval_mode
 def apgd(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel, *, loss: str = "ce", restarts: int = 1,
          n_targets: int = 9, eot_samples: int = 1, smoothing_sigma: float = 0.0, smoothing_samples: int = 64,
          generator: torch.Generator | None = None) -> Tensor:
@@ -220,7 +235,7 @@ def apgd(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel, *, loss: s
     k-WTA; ``eot_samples`` is then unused: the estimate already averages many passes).
     """
     check_images(x, "images to attack")
-    check_labels(y, x)
+    y = check_labels(y, x)
     if loss not in APGD_LOSSES:
         raise AttackConfigError(f"unknown APGD loss {loss!r}: use one of {APGD_LOSSES}")
     if restarts < 1 or eot_samples < 1 or n_targets < 1:
@@ -278,13 +293,14 @@ def margin(logits: Tensor, y: Tensor) -> Tensor:
     return true - others.max(dim=1).values
 
 
-def _check_square(x: Tensor, y: Tensor, norm: str, eps: float, queries: int, p_init: float) -> None:
-    """The Square attacks' inputs, checked before the first query."""
+def _check_square(x: Tensor, y: Tensor, norm: str, eps: float, queries: int, p_init: float) -> Tensor:
+    """The Square attacks' inputs, checked before the first query; returns the labels as int64."""
     check_images(x, "images to attack")
-    check_labels(y, x)
+    y = check_labels(y, x)
     ThreatModel(norm, eps)  # validates eps
     if queries < 1 or not 0 < p_init <= 1:
         raise AttackConfigError(f"queries must be positive and p_init in (0, 1], got {queries}, {p_init}")
+    return y
 
 
 def _random_sign(shape: tuple[int, ...], generator: torch.Generator | None, like: Tensor) -> Tensor:
@@ -292,6 +308,7 @@ def _random_sign(shape: tuple[int, ...], generator: torch.Generator | None, like
     return torch.randint(0, 2, shape, generator=generator, device=like.device).to(like.dtype) * 2 - 1
 
 
+@_in_eval_mode
 def square_linf(model: nn.Module, x: Tensor, y: Tensor, eps: float, *, queries: int = 1000, p_init: float = 0.8,
                 generator: torch.Generator | None = None) -> Tensor:
     """The Linf Square attack (Andriushchenko et al. 2020), untargeted with the margin loss.
@@ -303,7 +320,7 @@ def square_linf(model: nn.Module, x: Tensor, y: Tensor, eps: float, *, queries: 
     Positions range over every place the square fits (0 to H - side); the reference's ``random_int`` never
     draws the last row and column of places.
     """
-    _check_square(x, y, "linf", eps, queries, p_init)
+    y = _check_square(x, y, "linf", eps, queries, p_init)
     x, y = x.detach(), y.detach()
     n, c, h, w = x.shape
     device = x.device
@@ -391,6 +408,7 @@ def square_l2_proposal(delta: Tensor, first: tuple[int, int], second: tuple[int,
     return new
 
 
+@_in_eval_mode
 def square_l2(model: nn.Module, x: Tensor, y: Tensor, eps: float, *, queries: int = 1000, p_init: float = 0.8,
               generator: torch.Generator | None = None) -> Tensor:
     """The L2 Square attack (Andriushchenko et al. 2020, Algorithm 3), untargeted with the margin loss.
@@ -405,7 +423,7 @@ def square_l2(model: nn.Module, x: Tensor, y: Tensor, eps: float, *, queries: in
     reference's too) but drawn from ``generator``; the rescaling adds a tiny constant only to divisors, like the
     reference; a sample stops being queried once misclassified.
     """
-    _check_square(x, y, "l2", eps, queries, p_init)
+    y = _check_square(x, y, "l2", eps, queries, p_init)
     x, y = x.detach(), y.detach()
     n, c, h, w = x.shape
     device, dtype = x.device, x.dtype
@@ -512,6 +530,7 @@ class WorstCase:
         return out
 
 
+@_in_eval_mode
 def worst_case(model: nn.Module, x: Tensor, y: Tensor, attacks: dict[str, Attack], *, predict: Callable[[Tensor], Tensor] | None = None,
                store: AttackStore | None = None) -> WorstCase:
     """Run every attack on all of ``x`` and record each one's per-sample correctness; the robust accuracy

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import invert.steps
-from training.attacks import AttackConfigError, ThreatModel, bn_mode, fgsm, fgsm_threat, maximize, pgd
+from training.attacks import AttackConfigError, ThreatModel, attack_mode, bn_mode, fgsm, fgsm_threat, maximize, pgd
 from training.models import build_model
 
 
@@ -115,6 +115,33 @@ def test_bn_mode_eval_and_train_leave_running_statistics_untouched():
     with pytest.raises(AttackConfigError, match="batch-norm mode"):
         with bn_mode(model, "frozen"):
             pass
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_attack_modes_give_each_submodule_its_own_flag_back(mode):
+    """A model trained with frozen batch norm (``model.train(); bn.eval()``) keeps it frozen: ``model.train(was)``
+    alone had set every submodule to the top-level mode, and the next training forward updated its statistics."""
+    model = build_model("small_cnn", "digits", width=8).train()
+    bn = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    bn.eval()
+    x = torch.rand(4, 3, 16, 16)
+    with attack_mode(model, mode) as target:
+        pgd(target, x, torch.zeros(4, dtype=torch.long), ThreatModel("l2", 0.5, steps=1))
+    assert model.training and not bn.training
+    before = bn.running_mean.clone()
+    model(x)
+    assert torch.equal(bn.running_mean, before)
+
+
+def test_labels_of_any_integer_type_and_a_missing_batch_dimension(model_and_batch):
+    model, x, y = model_and_batch
+    threat = ThreatModel("linf", 8 / 255, steps=2)
+    reference = pgd(model, x, y, threat, generator=torch.Generator().manual_seed(0))
+    for dtype in (torch.int32, torch.int16, torch.uint8):  # cross-entropy takes only int64: these crashed inside torch
+        again = pgd(model, x, y.to(dtype), threat, generator=torch.Generator().manual_seed(0))
+        assert torch.equal(again, reference)
+    with pytest.raises(ValueError, match="batch dimension"):  # was: "labels must be ... of shape (3,)"
+        pgd(model, x[0], y[:1], threat)
 
 
 def test_config_numbers_may_be_fractions_and_images_are_checked(model_and_batch):

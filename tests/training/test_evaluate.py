@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from training.attacks import ThreatModel
+from training.attacks import AttackConfigError, ThreatModel
 from training.data import load_dataset
 from training.evaluate import clean_accuracy, correct_counts, gradient_masking_report, robust_accuracy
 from training.trainer import train
@@ -67,6 +67,63 @@ def test_float_pairs_are_checked_and_counted():
             correct_counts(model, (images, labels), limit=limit)
     with pytest.raises(ValueError, match="no images to evaluate"):
         correct_counts(model, (images[:0], labels[:0]))
+
+
+def test_labels_are_checked_against_the_models_outputs_before_any_attack():
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, 3))
+    images = torch.rand(6, 3, 4, 4)
+    labels = torch.tensor([0, 1, 2, 0, 1, 2])
+    threat = ThreatModel("l2", 0.5, steps=2)
+    expected = robust_accuracy(model, (images, labels), threat)
+    for dtype in (torch.int32, torch.int16, torch.uint8):  # int32 (numpy's default on Windows) crashed in cross-entropy
+        assert robust_accuracy(model, (images, labels.to(dtype)), threat) == expected
+    with pytest.raises(ValueError, match="label 3 has no output.*1-based"):  # was: a silently wrong clean accuracy
+        clean_accuracy(model, (images, labels + 1))
+    with pytest.raises(ValueError, match="label 3 has no output"):  # was: IndexError after the clean pass
+        robust_accuracy(model, (images, labels + 1), threat)
+    with pytest.raises(ValueError, match="found -1"):
+        clean_accuracy(model, (images, labels - 1))
+    with pytest.raises(ValueError, match="integer class indices"):
+        clean_accuracy(model, (images, labels.float()))
+
+
+def test_a_float64_model_is_evaluated_in_its_own_dtype():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, 3))
+    images, labels = torch.rand(6, 3, 4, 4), torch.tensor([0, 1, 2, 0, 1, 2])
+    threat = ThreatModel("l2", 0.5, steps=2)
+    single = (clean_accuracy(model, (images, labels)), robust_accuracy(model, (images, labels), threat))
+    model.double()  # crashed: the images were always cast to float32
+    assert (clean_accuracy(model, (images, labels)), robust_accuracy(model, (images, labels), threat)) == single
+
+
+def test_evaluation_gives_each_submodule_its_own_mode_back():
+    """A model trained with frozen batch norm keeps it frozen after an evaluation: restoring only the top-level
+    flag with ``model.train(was)`` had unfrozen it."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 3))
+    model.train()
+    model[1].eval()
+    images, labels = torch.rand(6, 3, 4, 4), torch.tensor([0, 1, 2, 0, 1, 2])
+    clean_accuracy(model, (images, labels))
+    robust_accuracy(model, (images, labels), ThreatModel("l2", 0.5, steps=1))
+    assert model.training and not model[1].training
+
+
+def test_masking_report_settings_are_checked_before_the_sweeps(monkeypatch):
+    import training.evaluate as evaluate
+
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 4 * 4, 3))
+    data = (torch.rand(6, 3, 4, 4), torch.tensor([0, 1, 2, 0, 1, 2]))
+    passes = []
+    real = evaluate._loss_and_accuracy
+    monkeypatch.setattr(evaluate, "_loss_and_accuracy", lambda *a, **k: passes.append(1) or real(*a, **k))
+    with pytest.raises(AttackConfigError, match="steps must be a positive integer"):
+        gradient_masking_report(model, data, "linf", unbounded_steps=0)
+    with pytest.raises(AttackConfigError, match="exceeds the image range"):  # 8 meant 8/255
+        gradient_masking_report(model, data, "linf", eps=[2 / 255, 8])
+    assert passes == []  # both were refused only after the clean pass and the sweeps before them
+    report = gradient_masking_report(model, data, "linf", eps="8/255", steps=1, unbounded_steps=1)  # a scalar, config-style
+    assert report.eps == [pytest.approx(8 / 255)]
 
 
 def test_masking_report_passes_for_an_ordinary_model(trained):

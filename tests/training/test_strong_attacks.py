@@ -3,6 +3,7 @@ exact losses on constructed logits, the step-size schedule, and agreement with `
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -312,6 +313,56 @@ def test_apgd_keeps_the_strongest_point_of_all_its_runs_for_a_sample_it_did_not_
         strength = torch.stack([loss_of(model(point)) if loss == "ce" else -margin(model(point), y) for point, loss_of in runs])
     strongest = torch.stack([point for point, _ in runs])[strength.argmax(0), torch.arange(len(x))]
     assert torch.equal(adv, strongest)
+
+
+@pytest.mark.parametrize("steps", [5, 10, 20])
+def test_apgd_keeps_its_step_while_the_loss_rises_at_every_step(monkeypatch, steps):
+    """Croce and Hein's condition 1 counts the k steps since the last checkpoint, the first against the start point:
+    a loss that rises at every step never halves the step. Without the start point's loss the first checkpoint
+    counted k - 1 rises against a threshold of 0.75 k and halved every run of 5 to 22 steps."""
+    import training.strong_attacks as strong_attacks
+
+    class RisingLoss(torch.nn.Module):  # the cross-entropy of class 0 rises with every call, whatever the image
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            z0 = 1e-3 * x.flatten(1).sum(1) - 0.1 * self.calls
+            return torch.stack([z0, torch.zeros_like(z0), torch.zeros_like(z0)], 1)
+
+    step_sizes = []
+
+    class RecordingLinfStep(strong_attacks.LinfStep):
+        def step(self, x, grad, state):
+            step_sizes.append(float(self.step_size[0]))
+            return super().step(x, grad, state)
+
+    monkeypatch.setattr(strong_attacks, "LinfStep", RecordingLinfStep)
+    x, y = torch.full((1, 3, 4, 4), 0.5), torch.tensor([0])
+    strong_attacks._apgd_single_run(RisingLoss(), x, y, ThreatModel("linf", 0.01, steps=steps), strong_attacks._loss_fn("ce", y, None),
+                                    partial(strong_attacks._loss_grad, eot_samples=1), torch.Generator().manual_seed(0))
+    assert step_sizes == [pytest.approx(0.02)] * steps
+
+
+def test_strong_attacks_run_the_model_in_eval_mode_and_give_its_modes_back(digits_model):
+    """A model still in training mode had its batch-norm statistics updated by its own audit, and was judged on batch
+    statistics; a frozen batch norm stays frozen afterwards."""
+    model, x, y = digits_model
+    model.train()
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    norms[0].eval()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    threat = ThreatModel("linf", 4 / 255, steps=3)
+    try:
+        result = worst_case(model, x[:16], y[:16], {"apgd": lambda m, a, b: apgd(m, a, b, threat),
+                                                    "square": lambda m, a, b: square(m, a, b, "linf", 4 / 255, queries=5)})
+        assert model.training and not norms[0].training and all(m.training for m in norms[1:])
+    finally:
+        model.eval()
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert result.accuracies()["clean"] == accuracy(model, x[:16], y[:16])
 
 
 def test_square_attacks_take_images_wider_or_taller_than_the_square():

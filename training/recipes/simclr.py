@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from invert.modules import evaluation
 from invert.validation import hot_loop
 
 from ..attacks import ThreatModel, bn_mode, check_bn_mode, maximize
@@ -63,11 +64,9 @@ def encoder_of(model: Classifier) -> Representation:
     if head.bias is None:
         raise ValueError(f"{model.arch}: the last linear layer has no bias; the linear probe needs one")
     device = next(model.parameters()).device
-    was_training = model.training
-    with torch.no_grad(), hot_loop():
+    with torch.no_grad(), hot_loop(), evaluation(encoder):
         size = IMAGE_SIZE.get(model.dataset, 32)
-        dim = encoder.eval()(torch.zeros(2, 3, size, size, device=device)).shape[1]
-    model.train(was_training)
+        dim = encoder(torch.zeros(2, 3, size, size, device=device)).shape[1]
     if dim != head.in_features:
         raise ValueError(
             f"{model.arch}: the penultimate features have {dim} dimensions but the last linear layer takes {head.in_features}; "
