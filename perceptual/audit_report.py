@@ -10,7 +10,7 @@ from typing import Mapping, Sequence
 from markdown_it.token import Token
 
 from .audit import DECISION_RULE
-from .report import alignment_scatter, format_score, markdown_page, save_figure
+from .report import alignment_scatter, format_score, markdown_page, save_figure, scatter_points
 
 ALIGNMENT_TASKS = ("2afc", "clustering", "clustering_hard")
 STATUS_COLOURS = {"pass": "#c8e6c9", "fail": "#ffcdd2", "n.a.": "#eeeeee"}
@@ -84,7 +84,7 @@ def alignment_figures(models: Mapping[str, Mapping], folder: str | Path) -> list
     """One alignment-vs-robust-accuracy scatter per task (:func:`perceptual.report.alignment_scatter`): the defence
     and the reference models, robust accuracy being each one's worst case under the audit's attacks."""
     return [alignment_scatter(models, Path(folder) / f"alignment_vs_robust_{task}.png", task=task) for task in ALIGNMENT_TASKS
-            if any((m.get(task) or {}).get("mean") is not None for m in models.values())]
+            if scatter_points(models, task)]
 
 
 def _alignment_rows(alignment: Mapping) -> list[list[str]]:

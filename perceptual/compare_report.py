@@ -17,6 +17,7 @@ from .observers import offline_variants
 from .pair_metrics import PAIR_METRIC_REGISTRY
 from .report import save_figure
 from .scores import Scores
+from .tasks import panel_summary
 
 
 def plain(obj: Any) -> Any:
@@ -64,9 +65,15 @@ def heatmap(matrix: np.ndarray, labels: Sequence[str], path: Path, title: str, *
     return save_figure(fig, path)
 
 
+def panel_accuracy(accuracy: Mapping[str, Mapping[str, float]], subjects: Sequence[str]) -> dict[str, dict]:
+    """Per condition, the simulated subjects' accuracy as mean ± sample std (:func:`perceptual.tasks.panel_summary`)."""
+    return {condition: {k: v for k, v in panel_summary({s: acc[s] for s in subjects}).items() if k != "observers"}
+            for condition, acc in accuracy.items()}
+
+
 def accuracy_figure(accuracy: Mapping[str, Mapping[str, float]], conditions: Sequence[Distortion], models: Sequence[str],
                     subjects: Sequence[str], path: Path, generator: str) -> Path:
-    """Accuracy against the generator's parameter: one line per model, the subjects' mean ± std as a band."""
+    """Accuracy against the generator's parameter: one line per model, the subjects' mean ± sample std as a band."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -77,8 +84,8 @@ def accuracy_figure(accuracy: Mapping[str, Mapping[str, float]], conditions: Seq
     fig, ax = plt.subplots(figsize=(4.8, 3.4))
     for m in models:
         ax.plot(x, [accuracy[c.name][m] for c in chosen], marker="o", label=m)
-    panel = np.array([[accuracy[c.name][s] for s in subjects] for c in chosen])
-    mean, std = panel.mean(1), panel.std(1)
+    panel = panel_accuracy({c.name: accuracy[c.name] for c in chosen}, subjects)
+    mean, std = (np.array([panel[c.name][k] for c in chosen]) for k in ("mean", "std"))
     ax.plot(x, mean, color="black", ls="--", marker="s", label=f"observers (n={len(subjects)})")
     ax.fill_between(x, mean - std, mean + std, color="grey", alpha=0.25)
     ax.set_xticks(x, [c.name.split("=", 1)[1] for c in chosen])
@@ -125,9 +132,13 @@ def _fmt(value: Any, digits: int = 3) -> str:
 
 
 def write_outputs(data: dict, unknown: dict | None, out: Path, conditions: Sequence[Distortion], per_condition_figures: bool = False) -> None:
-    """metrics.json, unknown.json, figures/*.png and summary.md."""
+    """metrics.json and unknown.json first (a figure that fails to draw loses no number), then figures/*.png and summary.md."""
     figures_dir = out / "figures"
     systems, models, subjects = data["systems"], data["models"], data["subjects"]
+    data["accuracy_panel"] = panel_accuracy(data["accuracy"], subjects)
+    atomic_write_json(out / "metrics.json", plain(data))
+    if unknown is not None:
+        atomic_write_json(out / "unknown.json", plain(unknown))
     figures = []
     ranges = {name: metric.value_range for name, metric in PAIR_METRIC_REGISTRY.items()}
     for metric, matrix in data["aggregated"].items():
@@ -145,9 +156,6 @@ def write_outputs(data: dict, unknown: dict | None, out: Path, conditions: Seque
                            "Spearman's rho between metrics over system pairs", vmin=-1, vmax=1, cmap="coolwarm", axis_label="metric"))
     if unknown:
         figures.append(_unknown_figure(unknown, figures_dir / "unknown_auroc.png"))
-    atomic_write_json(out / "metrics.json", plain(data))
-    if unknown is not None:
-        atomic_write_json(out / "unknown.json", plain(unknown))
     atomic_write_text(out / "summary.md", summary_markdown(data, unknown, [f.relative_to(out).as_posix() for f in figures]))
 
 
@@ -191,11 +199,12 @@ def summary_markdown(data: dict, unknown: dict | None, figures: Sequence[str]) -
     variants = offline_variants(data["observers"].values())
     if variants:
         lines += [f"LPIPS runs as its labelled offline variant(s) ({'; '.join(variants)}): the AlexNet weights were not available.", ""]
-    lines += ["## Accuracy per condition", "", "| Condition | " + " | ".join(models) + " | observers (mean ± std) |",
+    lines += ["## Accuracy per condition", "", "| Condition | " + " | ".join(models) + " | observers (mean ± sample std) |",
               "|---" * (len(models) + 2) + "|"]
+    panel = data.get("accuracy_panel") or panel_accuracy(data["accuracy"], subjects)
     for condition, acc in data["accuracy"].items():
-        panel = np.array([acc[s] for s in subjects])
-        lines.append(f"| {condition} | " + " | ".join(_fmt(acc[m]) for m in models) + f" | {_fmt(panel.mean())} ± {_fmt(panel.std())} |")
+        lines.append(f"| {condition} | " + " | ".join(_fmt(acc[m]) for m in models)
+                     + f" | {_fmt(panel[condition]['mean'])} ± {_fmt(panel[condition]['std'])} |")
     ranking = data["ranking"]
     metrics = ranking["ranked_metrics"]["all"] + ["soc"]
     lines += ["", "## Models against the observer panel", "",
@@ -250,4 +259,4 @@ def metric_correlation_lines(data: Mapping) -> list[str]:
     return lines
 
 
-__all__ = ["accuracy_figure", "heatmap", "metric_correlation_lines", "plain", "summary_markdown", "unknown_metrics", "write_outputs"]
+__all__ = ["accuracy_figure", "heatmap", "metric_correlation_lines", "panel_accuracy", "plain", "summary_markdown", "unknown_metrics", "write_outputs"]

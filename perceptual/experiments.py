@@ -26,7 +26,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from scipy.stats import pearsonr, spearmanr
 
-from .report import alignment_scatter, format_score, markdown_table, save_figure
+from .report import alignment_scatter, format_score, markdown_table, save_figure, scatter_points
 from .statistics import check_level, paired_difference, per_target_scores, percentile_interval
 
 TASK_TITLES = {"2afc": "2AFC", "clustering": "clustering", "clustering_hard": "hard clustering"}
@@ -175,7 +175,9 @@ def scatter_result(data: Mapping, variants: Sequence[Variant], tasks: Sequence[s
         cells = [f"{c['value']:+.2f} [{c['ci_low']:+.2f}, {c['ci_high']:+.2f}]" if math.isfinite(c["value"])
                  else "undefined (a constant column)" for c in (corr["spearman"], corr["pearson"])]
         lines.append(f"| {TASK_TITLES.get(task, task)} | " + " | ".join(cells) + " |")
-        figures.append(alignment_scatter({_mark(v.label, models[v.label]): models[v.label] for v in variants}, out / f"scatter_{task}.png", task=task).name)
+        marked = {_mark(v.label, models[v.label]): models[v.label] for v in variants}
+        if scatter_points(marked, task):
+            figures.append(alignment_scatter(marked, out / f"scatter_{task}.png", task=task).name)
     rows = {_mark(v.label, models[v.label]): models[v.label] for v in variants}
     lines += ["", markdown_table(rows).rstrip()]
     return {"markdown": "\n".join(lines) + "\n", "correlations": correlations, "figures": figures}

@@ -70,6 +70,10 @@ SETS_OUT_OF_DATE = "archive"
 FOLDER_ACCURACY_IMAGES = 1000  # accuracy subset of a folder data set when accuracy_limit is not set
 
 
+# "/" and "\\" would split the model's folder, "|" a Markdown table row, "$" turns a figure label into TeX (matplotlib's mathtext)
+LABEL_FORBIDDEN = ("/", "\\", "|", "$", "\n")
+
+
 @dataclass
 class ModelSpec:
     """A model to measure: zoo ``name`` (+ ``checkpoint``) or a ``factory`` (``module:function`` from the
@@ -92,8 +96,9 @@ class ModelSpec:
                              f"factory={self.factory!r}")
         if not self.label:
             self.label = Path(self.checkpoint).stem if self.checkpoint else (self.name or str(self.factory).rpartition(":")[2])
-        if "/" in self.label or self.label.startswith("."):
-            raise ValueError(f"model label {self.label!r} must be a plain name (it becomes a folder)")
+        if self.label.startswith(".") or any(c in self.label for c in LABEL_FORBIDDEN):
+            raise ValueError(f"model label {self.label!r} must be a plain name: it becomes a folder, a cell of the reports' tables and a "
+                             f"figure label, so no {' '.join(repr(c) for c in LABEL_FORBIDDEN)} and no leading '.' (set label=...)")
 
     def build(self, dataset: str) -> torch.nn.Module:
         """The classifier: ``module`` when given, else from the zoo for ``dataset`` or the factory (which knows its own data set)."""
@@ -607,7 +612,7 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
         log.warning("the sets %s are not found from %s: grid.png is kept as it was", sets, Path.cwd())
         figures.append("grid.png")
     for task in ("2afc", "clustering"):
-        if any(task in m for m in models_data.values()):
+        if report.scatter_points(models_data, task):  # none without robust accuracy (threat=null)
             figures.append(report.alignment_scatter(models_data, out / f"scatter_{task}.png", task).name)
     if with_convergence:
         figures.append(convergence_figure({k: m["convergence"] for k, m in with_convergence.items()}, out / "convergence.png").name)

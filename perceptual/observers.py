@@ -67,6 +67,28 @@ def backbone_weights_file(net: str) -> tuple[str, str]:
     return Path(url).name, url
 
 
+def pair_indices(i, j, n_images: int, device=None) -> tuple[Tensor, Tensor]:
+    """``i`` and ``j`` as int64 index vectors of one length into ``n_images`` images: one distance per pair. Indexing
+    alone would broadcast a single index against many, cut ``j`` to ``len(i)`` and wrap a negative index round."""
+    i, j = torch.as_tensor(i, dtype=torch.long, device=device), torch.as_tensor(j, dtype=torch.long, device=device)
+    if i.ndim != 1 or j.shape != i.shape:
+        raise ValueError(f"pairwise needs two index vectors of one length (one pair per position), got shapes {tuple(i.shape)} and {tuple(j.shape)}")
+    if len(i) and (int(torch.minimum(i.min(), j.min())) < 0 or int(torch.maximum(i.max(), j.max())) >= n_images):
+        raise ValueError(f"pair indices must lie in [0, {n_images}) for {n_images} images, got values in "
+                         f"[{int(torch.minimum(i.min(), j.min()))}, {int(torch.maximum(i.max(), j.max()))}]")
+    return i, j
+
+
+def check_image_sets(a: Tensor, b: Tensor | None, channels: int | None = None) -> None:
+    """Both image sets of a distance matrix checked before any work: images in [0, 1], one image shape."""
+    check_images(a, "observer images", channels=channels)
+    if b is not None:
+        check_images(b, "observer images (second set)", channels=channels)
+        if a.shape[1:] != b.shape[1:]:
+            raise ValueError(f"the two image sets differ in shape: {tuple(a.shape[1:])} and {tuple(b.shape[1:])} (C, H, W); "
+                             "resize one to the other's size first")
+
+
 class Observer(nn.Module):
     """Base class: subclasses implement :meth:`pairwise_images` (batched pairs) or override :meth:`pairwise`."""
 
@@ -80,7 +102,7 @@ class Observer(nn.Module):
     def pairwise(self, images: Tensor, i: Tensor, j: Tensor) -> Tensor:
         """Distances between ``images[i]`` and ``images[j]``, shape (P,)."""
         check_images(images, "observer images")
-        i, j = torch.as_tensor(i, dtype=torch.long), torch.as_tensor(j, dtype=torch.long)
+        i, j = pair_indices(i, j, len(images))
         device = self.device
         out = [self.pairwise_images(images[i[s]].to(device), images[j[s]].to(device)).float().cpu() for s in batch_slices(len(i), self.batch_size)]
         return torch.cat(out) if out else torch.zeros(0)
@@ -88,6 +110,7 @@ class Observer(nn.Module):
     @torch.no_grad()
     def matrix(self, a: Tensor, b: Tensor | None = None) -> Tensor:
         """The (Na, Nb) distance matrix between two image sets (``b=None``: ``a`` against itself)."""
+        check_image_sets(a, b)
         b_ = a if b is None else b
         images = a if b is None else torch.cat([a, b_])
         offset = 0 if b is None else len(a)
@@ -214,7 +237,7 @@ class LPIPSObserver(Observer):
                 warnings.filterwarnings("ignore", category=UserWarning, module="torchvision")
                 self.lpips = lpips.LPIPS(net=net, version="0.1", lpips=heads, pretrained=True, pnet_rand=True, verbose=False)
         if weights_file is not None:
-            self._load_backbone(weights_file)
+            self._load_backbone(weights_file, net)
         self.lpips.eval().requires_grad_(False)
         self.net, self.backbone, self.heads, self.seed = net, backbone, heads, seed
         self.variant = "lpips" if backbone == "pretrained" and heads else (
@@ -224,21 +247,26 @@ class LPIPSObserver(Observer):
         if device is not None:
             self.to(device)
 
-    def _load_backbone(self, weights_file: Path) -> None:
+    def _load_backbone(self, weights_file: Path, net: str) -> None:
         """Copy torchvision's ``features.{i}`` weights into the package's slices (named by the same i)."""
         try:
             state = torch.load(weights_file, map_location="cpu", weights_only=True)
         except Exception as err:
             raise ValueError(f"{weights_file} is not a readable torchvision weights file (truncated or corrupt?): {err}") from err
-        loaded = 0
+        expected = f"torchvision's ImageNet {LPIPS_BACKBONES[net]} weights (a state dict with keys features.N.weight / .bias)"
+        if not isinstance(state, dict) or not any(str(k).startswith("features.") for k in state):
+            keys = list(state)[:3] if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"{weights_file} is not {expected}: it holds {keys} ... (a training checkpoint wrapping the state dict, or "
+                             "keys with a 'module.' prefix? save model.state_dict() of the torchvision model)")
         for slice_module in self.lpips.net.children():
             for index, layer in slice_module.named_children():
                 own = layer.state_dict()
                 if own:
-                    layer.load_state_dict({k: state[f"features.{index}.{k}"] for k in own})
-                    loaded += 1
-        if loaded == 0:
-            raise ValueError(f"{weights_file} holds no backbone weights for LPIPS-{self.net}")
+                    try:
+                        layer.load_state_dict({k: state[f"features.{index}.{k}"] for k in own})
+                    except (KeyError, RuntimeError) as err:
+                        raise ValueError(f"{weights_file} does not fit LPIPS-{net}'s layer features.{index}: need {expected} "
+                                         f"({type(err).__name__}: {str(err).splitlines()[0]})") from None
 
     def features(self, x: Tensor) -> list[Tensor]:
         """Unit-normalised backbone features per layer, scaled by the heads' weights where used: (N, C, H, W)."""
@@ -252,9 +280,15 @@ class LPIPSObserver(Observer):
             return torch.ones(channels, device=device)
         return self.lpips.lins[layer].model[-1].weight.view(-1)
 
+    @staticmethod
+    def _channels(images: Tensor) -> int:
+        """RGB, or greyscale (the package repeats it over RGB too): anything else, e.g. channels-last, is refused."""
+        return 1 if isinstance(images, Tensor) and images.ndim == 4 and images.shape[1] == 1 else 3
+
     @torch.no_grad()
     def embed(self, images: Tensor) -> list[Tensor]:
-        """Per-layer (N, C·H·W) float64 feature matrices (each column weighted) for Gram-product distances."""
+        """Per-layer (N, C, H·W) feature matrices for Gram-product distances, kept in float32 as the backbone computes them
+        (:meth:`_distances` widens one layer at a time to float64: all of them at once would take 2x the memory)."""
         check_images(images, "observer images")
         per_layer: list[list[Tensor]] = []
         for s in batch_slices(len(images), self.batch_size):
@@ -262,7 +296,7 @@ class LPIPSObserver(Observer):
             for k, f in enumerate(feats):
                 if len(per_layer) <= k:
                     per_layer.append([])
-                per_layer[k].append(f.double().flatten(2))  # (n, C, HW)
+                per_layer[k].append(f.float().flatten(2))  # (n, C, HW)
         return [torch.cat(chunks) for chunks in per_layer]
 
     @torch.no_grad()
@@ -271,25 +305,28 @@ class LPIPSObserver(Observer):
         for k, (a, b) in enumerate(zip(fa, fb)):
             w = self._head_weights(k, a.shape[1], a.device).double().view(1, -1, 1)
             hw = a.shape[2]
-            sq_a, sq_b = (w * a * a).sum((1, 2)), (w * b * b).sum((1, 2))
             if pairs is None:
+                a, b = a.double(), b.double()
+                sq_a, sq_b = (w * a * a).sum((1, 2)), (w * b * b).sum((1, 2))
                 cross = (w * a).flatten(1) @ b.flatten(1).T
                 d = (sq_a[:, None] + sq_b[None, :] - 2 * cross) / hw
             else:
-                i, j = pairs
-                d = (sq_a[i] + sq_b[j] - 2 * ((w * a[i]) * b[j]).sum((1, 2))) / hw
+                a, b = a[pairs[0]].double(), b[pairs[1]].double()  # only this chunk's pairs
+                d = ((w * a * a).sum((1, 2)) + (w * b * b).sum((1, 2)) - 2 * ((w * a) * b).sum((1, 2))) / hw
             total = d if total is None else total + d
         return total.clamp(min=0).float().cpu()
 
     def pairwise(self, images: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        check_image_sets(images, None, channels=self._channels(images))
+        i, j = pair_indices(i, j, len(images))
         feats = self.embed(images)
-        i = torch.as_tensor(i, dtype=torch.long, device=feats[0].device)
-        j = torch.as_tensor(j, dtype=torch.long, device=feats[0].device)
+        i, j = i.to(feats[0].device), j.to(feats[0].device)
         # batch_size pairs at a time: a pair's weighted feature product is as large as one image's features
         out = [self._distances(feats, feats, (i[s], j[s])) for s in batch_slices(len(i), self.batch_size)]
         return torch.cat(out) if out else torch.zeros(0)
 
     def matrix(self, a: Tensor, b: Tensor | None = None) -> Tensor:
+        check_image_sets(a, b, channels=self._channels(a))
         fa = self.embed(a)
         return self._distances(fa, fa if b is None else self.embed(b), None)
 

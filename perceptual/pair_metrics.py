@@ -113,6 +113,8 @@ def pairwise_matrices(responses: Mapping[str, Responses], labels: np.ndarray, nu
 
 def nanmean_matrices(matrices: Sequence[np.ndarray]) -> np.ndarray:
     """Entry-wise mean over conditions, skipping NaN (NaN where every condition is NaN)."""
+    if not len(matrices):
+        raise ValueError("no per-condition matrices to average: the run has no conditions")
     stack = np.stack(matrices)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN entries: NaN is the documented answer
@@ -143,6 +145,8 @@ def rankings(trials: pd.DataFrame, aggregated: Mapping[str, np.ndarray], systems
     ``images``: how :func:`perceptual.metrics.aggregate_trials` matches two observers' trials (``same`` or ``shared``);
     ``exclude``: conditions left out of the three nested metrics (its argument of that name); ``panel_values`` (model ->
     metric -> value): the other metrics' values where the caller nests them itself (real subjects per experiment)."""
+    if not models or not subjects:
+        raise ValueError(f"ranking models against observers needs at least one of each: got {len(models)} model(s) and {len(subjects)} subject(s)")
     values: dict[str, dict[str, float]] = {m: {} for m in models}
     observers_among_themselves = {}
     for metric in NESTED_METRICS:

@@ -113,6 +113,8 @@ def image_grid(rows: Mapping[str, Sequence[torch.Tensor]], column_titles: Sequen
     import matplotlib.pyplot as plt
 
     captions, row_notes = captions or {}, row_notes or {}
+    if not rows or not any(len(images) for images in rows.values()):
+        raise ValueError("image_grid needs at least one row with an image")
     n_rows, n_images = len(rows), max(len(v) for v in rows.values())
     n_cols = n_images + (1 if row_notes else 0)
     fig, axes = plt.subplots(n_rows, n_cols, figsize=(1.3 * n_cols + 1, 1.45 * n_rows + 0.8), squeeze=False)
@@ -142,18 +144,30 @@ def image_grid(rows: Mapping[str, Sequence[torch.Tensor]], column_titles: Sequen
     return save_figure(fig, Path(path))
 
 
+def _finite(value) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def scatter_points(models: Mapping[str, Mapping], task: str) -> dict[str, Mapping]:
+    """The models :func:`alignment_scatter` can place: a robust accuracy and a panel mean for ``task``, both finite."""
+    return {name: result for name, result in models.items()
+            if _finite(result.get("robust_accuracy")) and _finite((result.get(task) or {}).get("mean"))}
+
+
 def alignment_scatter(models: Mapping[str, Mapping], path: str | Path, task: str = "clustering") -> Path:
-    """Observer accuracy (panel mean ± std) against robust accuracy, one point per model (paper Figure 4)."""
+    """Observer accuracy (panel mean ± std) against robust accuracy, one point per model (paper Figure 4). Refuses to
+    draw an empty figure: callers leave it out when :func:`scatter_points` is empty (e.g. ``threat=null``)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    points = scatter_points(models, task)
+    if not points:
+        raise ValueError(f"no model has both a robust accuracy and an observer {task} score: nothing to plot")
     fig, ax = plt.subplots(figsize=(4.5, 3.6))
-    for name, result in models.items():
-        entry, robust = result.get(task) or {}, result.get("robust_accuracy")
-        if robust is None or entry.get("mean") is None:
-            continue
+    for name, result in points.items():
+        entry, robust = result[task], result["robust_accuracy"]
         ax.errorbar(100 * robust, 100 * entry["mean"], yerr=100 * (entry.get("std") or 0), fmt="o", capsize=3)
         ax.annotate(name, (100 * robust, 100 * entry["mean"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
     if task.startswith("clustering"):

@@ -37,7 +37,8 @@ Output directory (``out``)::
     conditions/<condition>/    one stimulus set per condition (stimuli's format; reused when unchanged)
     cache/                     model outputs, observer distances and unknown results, keyed by what made them
     trials.csv                 every trial: subject, dataset, condition, image_id, category, response, correct
-    metrics.json               every number above; unknown.json: the unknown report
+    metrics.json               every number above, and where each model came from (model_sources: checkpoint, weights
+                               hash); unknown.json: the unknown report
     error_alignment.json       global, z-scored global and average Spearman between metrics; error_alignment_pairs.csv
     figures/*.png              heatmaps (aggregated; per condition with metrics.per_condition_figures=true),
                                accuracy per generator, Spearman between metrics, unknown AUROC
@@ -355,7 +356,9 @@ class ComparePipeline:
         data = {
             "data": self.dataset, "n_images": len(self.labels), "seed": self.seed, "classes": self.classes,
             "conditions": [c.name for c in self.conditions],
-            "models": {s.label: {"name": s.name, "checkpoint": s.checkpoint, "weights_sha256": self.weights[s.label]} for s in self.specs},
+            # under its own key: the behaviour's "models" (the list of labels, in system order) would overwrite it
+            "model_sources": {s.label: {"name": s.name, "factory": s.factory, "checkpoint": s.checkpoint, "weights_sha256": self.weights[s.label]}
+                              for s in self.specs},
             "observers": {o.name: getattr(o, "variant", "weight-free") for o in self.panel},
             "decisions": self.decider.describe(),
             "metric_settings": dict(self.metric_cfg),

@@ -19,6 +19,7 @@ from perceptual.decisions import TRIAL_TABLE_COLUMNS
 from perceptual.measure import ModelSpec
 from perceptual.pair_metrics import PAIR_METRIC_REGISTRY, Responses, metric_correlations, nanmean_matrices, pairwise_matrices
 from perceptual.pipelines.compare import ComparePipeline, run
+from stimuli.distortions import parse_conditions
 
 from ..conftest import TEST_DEVICE
 
@@ -120,6 +121,13 @@ def test_end_to_end_outputs_trials_and_condition_sets(compared):
     condition_set = stimuli.load_set(out / "conditions" / "uniform_noise=0.6")
     assert condition_set.kind == "condition" and condition_set.parameters["generator"] == "uniform_noise"
     assert len(condition_set) == 30 and set(condition_set.manifest["role"]) == {"query"}
+    sources = strict["model_sources"]  # were overwritten by the list of labels: no checkpoint or weights hash was recorded
+    assert set(sources) == {"early", "trained"} and all(len(v["weights_sha256"]) == 16 and v["checkpoint"] for v in sources.values())
+    assert sorted(strict["models"]) == ["early", "trained"]
+    subjects = strict["subjects"]
+    for condition, panel in strict["accuracy_panel"].items():  # the summary's "observers (mean ± sample std)", in the JSON
+        values = [data["accuracy"][condition][s] for s in subjects]
+        assert panel["mean"] == pytest.approx(np.mean(values)) and panel["std"] == pytest.approx(np.std(values, ddof=1))
     summary = (out / "summary.md").read_text()
     for heading in ("## Accuracy per condition", "## Models against the observer panel", "## Spearman's rho", "## Unknown detection",
                     "## Error alignment"):
@@ -296,6 +304,34 @@ def test_reports_name_missing_lpips_weights_only_for_the_random_backbone():
     assert offline_variants(["lpips", "pretrained backbone, no heads", "weight-free"]) == []
     assert offline_variants(["random backbone, real heads", "random backbone, no heads", "weight-free"]) == [
         "random backbone, no heads", "random backbone, real heads"]
+
+
+def test_a_figure_that_fails_to_draw_loses_no_number(compared, tmp_path, monkeypatch):
+    import perceptual.compare_report as report_module
+
+    out, _, data = compared
+    data = {k: v for k, v in data.items() if k != "unknown"}
+
+    def broken(*args, **kwargs):
+        raise ValueError("ParseSyntaxException")
+
+    monkeypatch.setattr(report_module, "heatmap", broken)
+    conditions = parse_conditions(data["conditions"], 224)
+    with pytest.raises(ValueError, match="ParseSyntaxException"):
+        report_module.write_outputs(data, None, tmp_path, conditions)
+    assert json.loads((tmp_path / "metrics.json").read_text())["systems"] == data["systems"]
+
+
+def test_ranking_and_condition_means_name_what_is_empty():
+    from perceptual.pair_metrics import rankings
+    from perceptual.report import image_grid
+
+    with pytest.raises(ValueError, match="no per-condition matrices"):
+        nanmean_matrices([])
+    with pytest.raises(ValueError, match=r"at least one of each: got 0 model\(s\) and 2 subject\(s\)"):
+        rankings(pd.DataFrame(), {}, ["subject-a", "subject-b"], [], ["subject-a", "subject-b"], "nan")
+    with pytest.raises(ValueError, match="at least one row with an image"):
+        image_grid({}, [], "unused.png")
 
 
 def test_compare_figures_have_titles_and_labelled_axes(tmp_path, monkeypatch):

@@ -361,6 +361,27 @@ def test_model_spec_takes_a_factory_or_a_built_module():
         ModelSpec.parse({"checkpoint": "x.safetensors"})
 
 
+@pytest.mark.parametrize("label", ["wrn|trades", "wrn_$\\beta_$", "runs/a", "a\\b", ".hidden", "two\nlines"])
+def test_a_label_that_would_break_a_folder_a_table_or_a_figure_is_refused(label):
+    """``|`` split the reports' table rows (every value moved one column), ``$...$`` made matplotlib parse the figure
+    labels as TeX and stop the report with a ParseSyntaxException."""
+    with pytest.raises(ValueError, match="must be a plain name"):
+        ModelSpec("small_cnn", label=label)
+    assert ModelSpec("small_cnn", label="wrn-28_trades (eps 8, β 6)").label == "wrn-28_trades (eps 8, β 6)"
+
+
+def test_the_alignment_scatter_is_left_out_where_it_has_no_point():
+    from perceptual.audit_report import alignment_figures
+    from perceptual.report import alignment_scatter, scatter_points
+
+    clean_only = {"a": {"2afc": {"mean": 0.8, "std": 0.1}, "robust_accuracy": None}}  # threat=null
+    undefined = {"a": {"clustering": {"mean": math.nan, "std": 0.0}, "robust_accuracy": 0.4}}
+    assert scatter_points(clean_only, "2afc") == {} and scatter_points(undefined, "clustering") == {}
+    with pytest.raises(ValueError, match="nothing to plot"):  # was: a titled figure with no data points, linked from the report
+        alignment_scatter(clean_only, "unused.png", "2afc")
+    assert alignment_figures(undefined, "unused") == []
+
+
 def test_the_report_names_a_noise_seed_distribution_other_than_uniform():
     from perceptual.measure import seed_names
 

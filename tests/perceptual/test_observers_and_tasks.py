@@ -241,6 +241,47 @@ def test_pretrained_backbone_loads_from_the_cache_without_download(tmp_path, mon
         default_panel(weights_path=str(tmp_path / "alexnet-owt.pth"))
 
 
+def test_a_weights_file_of_another_shape_names_what_it_should_hold(tmp_path):
+    import torchvision
+
+    alexnet = torchvision.models.alexnet(weights=None).state_dict()
+    files = {"wrapped": {"model": alexnet}, "prefixed": {f"module.{k}": v for k, v in alexnet.items()},
+             "vgg": torchvision.models.vgg11(weights=None).features.state_dict()}
+    files["vgg"] = {f"features.{k}": v for k, v in files["vgg"].items()}
+    for name, state in files.items():  # were: KeyError 'features.0.weight' / a bare size mismatch
+        torch.save(state, tmp_path / f"{name}.pth")
+        with pytest.raises(ValueError, match=r"torchvision's ImageNet alexnet weights"):
+            LPIPSObserver("alex", weights_path=str(tmp_path / f"{name}.pth"))
+
+
+@pytest.mark.parametrize("observer", [PixelL2Observer(), SSIMObserver(), LPIPSObserver("alex", backbone="random")], ids=lambda o: o.name)
+def test_pair_indices_must_pair_up_and_lie_among_the_images(observer):
+    x = torch.rand(4, 3, 16, 16)
+    with pytest.raises(ValueError, match="one length"):  # returned one distance for three pairs
+        observer.pairwise(x, torch.tensor([0]), torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match="one length"):  # broadcast image 3 against three images
+        observer.pairwise(x, torch.tensor([0, 1, 2]), torch.tensor([3]))
+    with pytest.raises(ValueError, match=r"must lie in \[0, 4\).*\[-1, 1\]"):  # wrapped round to the last image
+        observer.pairwise(x, torch.tensor([0, 1]), torch.tensor([1, -1]))
+
+
+def test_lpips_matrix_checks_both_sets_before_embedding_either(monkeypatch):
+    observer = LPIPSObserver("alex", backbone="random")
+    embedded = []
+    embed = type(observer).embed
+    monkeypatch.setattr(type(observer), "embed", lambda self, images: embedded.append(len(images)) or embed(self, images))
+    a = torch.rand(5, 3, 32, 32)
+    with pytest.raises(ValueError, match="second set.*NaN"):
+        observer.matrix(a, torch.full((2, 3, 32, 32), math.nan))
+    with pytest.raises(ValueError, match=r"differ in shape: \(3, 32, 32\) and \(3, 40, 40\)"):  # was: "mm: mat1 and mat2 shapes"
+        observer.matrix(a, torch.rand(2, 3, 40, 40))
+    with pytest.raises(ValueError, match="channels-last"):
+        observer.matrix(a.permute(0, 2, 3, 1).contiguous())
+    assert embedded == []
+    grey = torch.rand(3, 1, 32, 32)  # greyscale stays accepted: the package repeats it over RGB
+    torch.testing.assert_close(observer.matrix(grey), observer.matrix(grey.repeat(1, 3, 1, 1)), atol=1e-6, rtol=1e-5)
+
+
 def test_8bit_quantisation_and_unknown_observer():
     x = torch.tensor([0.0, 0.5, 1.0, 0.2])
     assert torch.equal(quantize_8bit(x) * 255, torch.round(x * 255))
