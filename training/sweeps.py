@@ -6,11 +6,14 @@ configured place (``run_dir``, ``out``), so without help the jobs of a sweep wou
 other or refuse to start. Inside a multirun, :func:`job_path` puts each job in a folder of its own
 below that place, named after the values this job takes for the swept keys, in the style of Hydra's
 ``override_dirname`` (``train.beta=3``). Keys that only say where or how a job runs
-(:data:`RUN_LOCATION_KEYS`: paths, device, resume, shards, progress) are left out, so the same sweep
+(:data:`RUN_LOCATION_KEYS`: output paths, device, resume, shards, progress) are left out, so the same sweep
 run again with ``resume=true`` finds its runs, and a sweep over shards alone keeps the sharded layout
 that ``python -m stimuli merge`` joins. The swept keys are read from the sweep's ``multirun.yaml``
 (the command line and ``hydra.sweeper.params``); a sweeper that writes none names folders after all
-of the job's overrides. Outside a multirun the configured place is used as it is.
+of the job's overrides. Outside a multirun the configured place is used as it is. A data folder
+(``data.root``) is not a run location: it decides what a job makes, so a sweep over data folders gets a folder
+per job. A config group the configured place already names (``out: reports/${experiment.name}``) is left out
+with ``groups=``: its jobs write apart without another level.
 """
 from __future__ import annotations
 
@@ -24,10 +27,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-# Keys that say where or how a job runs, not what it makes.
+# Keys that say where or how a job runs, not what it makes (a data folder decides what it makes: not here).
 RUN_LOCATION_KEYS = (
     "out", "run_dir", "device", "resume", "stop_after_epochs", "overwrite", "keep_parts", "preview", "shard", "n_shards",
-    "progress", "progress_every", "save_every", "keep_checkpoints", "data.root", "data.download",
+    "progress", "progress_every", "save_every", "keep_checkpoints", "data.download",
 )
 _MAX_NAME = 200  # bytes; file systems allow 255 per path component
 
@@ -46,12 +49,13 @@ def is_run_location(key: str) -> bool:
     return _excluded(key, RUN_LOCATION_KEYS)
 
 
-def job_name(overrides: Iterable[str], exclude: Iterable[str] = RUN_LOCATION_KEYS) -> str:
-    """A folder name for a job: its overrides without the excluded keys, sorted and joined by commas,
-    with path separators escaped; a name too long for a file system is cut and ends in a hash of the
-    whole. Empty when every override is excluded."""
-    exclude = tuple(exclude)
-    kept = sorted(o for o in overrides if not _excluded(_key(o), exclude))
+def job_name(overrides: Iterable[str], exclude: Iterable[str] = RUN_LOCATION_KEYS, groups: Iterable[str] = ()) -> str:
+    """A folder name for a job: its overrides without the excluded keys (and the keys below them) and
+    without the choice of the config ``groups`` (that key alone: ``experiment=table1``, not
+    ``experiment.trainings=...``), sorted and joined by commas, with path separators escaped; a name too
+    long for a file system is cut and ends in a hash of the whole. Empty when every override is left out."""
+    exclude, groups = tuple(exclude), set(groups)
+    kept = sorted(o for o in overrides if not _excluded(_key(o), exclude) and _key(o) not in groups)
     name = quote(",".join(kept), safe="=+~@:,[]{}._-")
     if len(name.encode()) > _MAX_NAME:
         name = name[: _MAX_NAME - 13] + "-" + hashlib.sha1(name.encode()).hexdigest()[:12]
@@ -78,7 +82,7 @@ def _sweep_arguments(hydra_cfg) -> list[str] | None:
     return [*sweep.overrides.task, *(f"{key}={value}" for key, value in params.items())]
 
 
-def job_path(base: str | Path, exclude: Iterable[str] = RUN_LOCATION_KEYS) -> Path:
+def job_path(base: str | Path, exclude: Iterable[str] = RUN_LOCATION_KEYS, groups: Iterable[str] = ()) -> Path:
     """``base`` itself, or in a Hydra multirun ``base / job_name(...)`` of this job's values for the
     swept keys (see the module docstring). Call it from a ``@hydra.main`` function; elsewhere (tests,
     the Python API) there is no multirun and ``base`` comes back unchanged."""
@@ -92,7 +96,7 @@ def job_path(base: str | Path, exclude: Iterable[str] = RUN_LOCATION_KEYS) -> Pa
     if arguments is not None:
         swept = swept_keys(arguments)
         overrides = [o for o in overrides if _key(o) in swept]
-    name = job_name(overrides, exclude)
+    name = job_name(overrides, exclude, groups)
     return Path(base) / name if name else Path(base)
 
 

@@ -219,9 +219,16 @@ def run(cfg: DictConfig) -> dict:
     return {"result": result, "data": data, "out": str(out)}
 
 
+def groups_in_out(cfg: DictConfig) -> tuple[str, ...]:
+    """The config groups the ``out`` template names (``reports/experiments/${experiment.name}-...``): a sweep over them
+    already writes apart, so its jobs' folders need no level named after them (an explicit ``out=`` names none)."""
+    template = str(OmegaConf.to_container(cfg, resolve=False)["out"])
+    return tuple(group for group in ("experiment", "scale", "data") if "${" + group + "." in template)
+
+
 @hydra.main(config_path="pkg://conf", config_name="reproduce", version_base=None)
 def main(cfg: DictConfig) -> None:
-    cfg.out = str(job_path(cfg.out))
+    cfg.out = str(job_path(cfg.out, groups=groups_in_out(cfg)))
     run(cfg)
 
 

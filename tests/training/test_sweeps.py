@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
 
 from stimuli import load_set
 from training.sweeps import job_name, job_path, swept_keys
@@ -28,8 +29,13 @@ def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_job_name_keeps_what_a_job_makes_and_drops_where_it_runs():
-    overrides = ["train=trades", "train.beta=3", "data.root=/data/cifar", "resume=true", "device=cuda", "shard=1", "n_shards=4"]
+    overrides = ["train=trades", "train.beta=3", "out=/r", "resume=true", "device=cuda", "shard=1", "n_shards=4"]
     assert job_name(overrides) == "train.beta=3,train=trades"
+    # a data folder decides what a job makes: a sweep over two gave both jobs one folder (and with resume=true the
+    # second reused the model trained on the first folder's data)
+    assert job_name(["data.root=/data/a"]) != job_name(["data.root=/data/b"])
+    # groups: only the choice is left out, not the keys below it
+    assert job_name(["experiment=table1", "experiment.gaussian_targets=false"], groups=["experiment"]) == "experiment.gaussian_targets=false"
     assert job_name(["shard=0", "n_shards=2", "out=sets/x"]) == ""
     assert job_name(["+extra.key=1", "~train.guard"]) == "+extra.key=1,~train.guard"
     # a value with a path separator stays one folder
@@ -76,6 +82,20 @@ def test_sharded_inversion_through_submitit_local_jobs_then_merge(tmp_path):
     run("stimuli", "merge", f"out={out}", cwd=tmp_path)
     merged = load_set(out)
     assert merged.shard is None and len(merged.role("target")[0]) == 3
+
+
+def test_reproduce_sweeps_keep_their_bookkeeping_apart_and_their_results_where_the_readme_says():
+    """reproduce's sweep dir was '.': every sweep from one folder shared ./multirun.yaml, from which each job reads the
+    swept keys that name its folder, so a second sweep started meanwhile renamed the first one's jobs onto its own."""
+    from perceptual.pipelines.reproduce import groups_in_out
+
+    with initialize_config_module(config_module="conf", version_base=None):
+        cfg = compose(config_name="reproduce", return_hydra_config=True)
+        explicit = compose(config_name="reproduce", overrides=["out=reports/mine"])
+    sweep = OmegaConf.to_container(cfg.hydra.sweep, resolve=False)
+    assert sweep["dir"].startswith("multirun/") and sweep["subdir"] != "."
+    # the default out names the preset, the scale and the data set: a sweep over them needs no extra level
+    assert groups_in_out(cfg) == ("experiment", "scale", "data") and groups_in_out(explicit) == ()
 
 
 @needs_submitit
