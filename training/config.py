@@ -13,10 +13,12 @@
 from __future__ import annotations
 
 import difflib
+import fnmatch
+import functools
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -154,6 +156,19 @@ def flat_keys(node: Any, prefix: str = "") -> list[str]:
     return [prefix[:-1]] if prefix else []
 
 
+def flat_items(node: Any, prefix: str = "") -> dict[str, Any]:
+    """``{optimizer: {lr: 0.1}}`` -> ``{"optimizer.lr": 0.1}``: nested config values as the dotted overrides a recipe takes
+    (configs write them nested so that each can be overridden from the command line); an empty dict is a value."""
+    if isinstance(node, DictConfig):
+        node = OmegaConf.to_container(node, resolve=True)
+    if isinstance(node, Mapping) and node:
+        flat: dict[str, Any] = {}
+        for key, value in node.items():
+            flat.update(flat_items(value, f"{prefix}{key}."))
+        return flat
+    return {prefix[:-1]: node} if prefix else {}
+
+
 def _near(key: str, known: Iterable[str]) -> list[str]:
     known = list(known)
     close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
@@ -280,6 +295,10 @@ def _check_composition(config_name: str, overrides: Sequence[str]) -> DictConfig
         key = found.group(1)
         rest = [o for o in overrides if not o.lstrip("+~").startswith(key + "=")]
         base = compose(config_name, rest, with_hydra=key.startswith("hydra."))  # hydra.launcher.* keys live there
+        if not key.startswith("hydra.") and OmegaConf.select(base, key) is None and _unknown_added_key(key, base, config_name) is None:
+            node = key.rsplit(".", 1)[0]
+            raise ConfigError(f"{key!r} is not set in conf/{config_name}.yaml with these choices, but {node} takes it: "
+                              f"add it with +{key}=VALUE (the + adds a key)") from None
         known = [k for k in flat_keys(base) if k.startswith("hydra.") == key.startswith("hydra.")]
         known += [k.rsplit(".", i)[0] for k in known for i in range(1, k.count(".") + 1)]
         key = _first_unknown_subkey(key, overrides, known)
@@ -315,9 +334,15 @@ def check_overrides(config_name: str, arguments: Sequence[str]) -> DictConfig:
              and ("." in o.key_or_group or not _is_group(o.key_or_group))}  # '+group=choice' adds a config group
     if added:
         base = compose(config_name, [line for o, line in zip(parsed, overrides) if o.key_or_group not in added])
-        unknown = sorted(filter(None, (_unknown_added_key(key, base) for key in added)))
+        unknown = sorted(filter(None, (_unknown_added_key(key, base, config_name) for key in added)))
         if unknown:
             known = flat_keys(base)
+            parts = unknown[0].split(".")
+            for depth in range(1, len(parts)):  # below a pass-through node: its schema's keys
+                node = ".".join(parts[:depth])
+                schema = _pass_through_schema(config_name, node)
+                if schema is not None:
+                    known = [f"{node}.{k}" for k in schema]
             known += [k.rsplit(".", i)[0] for k in known for i in range(1, k.count(".") + 1)]
             raise ConfigError(unknown_key_message(unknown[0], known, f"conf/{config_name}.yaml")
                               + f" ('+{unknown[0]}=...' would add a key that {config_name} never reads)")
@@ -329,13 +354,65 @@ def check_overrides(config_name: str, arguments: Sequence[str]) -> DictConfig:
 OPEN_NODES = ("kwargs", "model_kwargs", "overrides", "score_params")
 
 
-def _unknown_added_key(key: str, base: DictConfig) -> str | None:
+@functools.lru_cache(maxsize=None)
+def _recipe_keys(below: str = "") -> frozenset[str]:
+    """Every key of the training recipes' configs (``conf/train/<recipe>.yaml``), dotted, or those under ``below``."""
+    from .recipes import RECIPES
+
+    keys: set[str] = set()
+    for recipe in RECIPES:
+        for key in flat_keys(compose("train", [f"train={recipe}"]).train):
+            if not below or key.startswith(below + "."):
+                keys.add(key[len(below) + 1:] if below else key)
+    return frozenset(keys)
+
+
+@functools.lru_cache(maxsize=None)
+def _invert_keys() -> frozenset[str]:
+    from invert.config import InvertConfig
+
+    return frozenset(["preset", *InvertConfig().to_dict()])
+
+
+# Nodes a command hands on to another schema, key by key: '+node.key=value' may add any key of that schema, and
+# only those. (config name, node pattern) -> the schema's dotted keys.
+PASS_THROUGH_NODES: dict[tuple[str, str], Callable[[], frozenset[str]]] = {
+    ("reproduce", "scale.measure.invert"): _invert_keys,
+    ("reproduce", "scale.schedule"): _recipe_keys,
+    ("reproduce", "scale.recipe_schedule.*"): _recipe_keys,
+    ("reproduce", "scale.attack"): lambda: _recipe_keys("attack"),
+    ("reproduce", "trainings.*"): lambda: frozenset(["recipe", "adversarial", "overrides"]),
+    ("demo", "schedule"): _recipe_keys,
+    ("demo", "attack"): lambda: _recipe_keys("attack"),
+    ("audit", "references.schedule"): _recipe_keys,
+    ("audit", "references.attack"): lambda: _recipe_keys("attack"),
+}
+
+
+def _pass_through_schema(config_name: str, node_path: str) -> frozenset[str] | None:
+    for (name, pattern), keys in PASS_THROUGH_NODES.items():
+        if name == config_name and fnmatch.fnmatchcase(node_path, pattern) and node_path.count(".") == pattern.count("."):
+            return keys()
+    return None
+
+
+def _unknown_added_key(key: str, base: DictConfig, config_name: str = "") -> str | None:
     """The shortest part of the dotted ``key`` that ``base`` lacks (``threat.epz`` of ``threat.epz.x``) where the node
     it would join is closed: a non-empty dict, not named in :data:`OPEN_NODES`. None when the key exists, or joins a
-    free-form, empty or null node (the command checks a dict put there, as ``measure`` checks ``controversial``)."""
+    free-form, empty or null node (the command checks a dict put there, as ``measure`` checks ``controversial``). Below
+    a node of :data:`PASS_THROUGH_NODES` the key must be one of its schema's (``scale.measure.invert.cuda_graph``)."""
     node: Any = base
     parts = key.split(".")
     for depth, part in enumerate(parts):
+        schema = _pass_through_schema(config_name, ".".join(parts[:depth])) if depth else None
+        if schema is not None:
+            rest = ".".join(parts[depth:])
+            if rest in schema or any(k.startswith(rest + ".") for k in schema) or parts[depth] in OPEN_NODES:
+                return None
+            return key
+        new_entry = not isinstance(node, DictConfig) or node._is_none() or part not in node
+        if new_entry and _pass_through_schema(config_name, ".".join(parts[:depth + 1])) is not None:
+            continue  # a new entry of a pass-through collection (scale.recipe_schedule.pgd): its keys are checked next
         if not isinstance(node, DictConfig) or node._is_none() or (depth and not len(node)):
             return None
         if part not in node:
@@ -361,6 +438,6 @@ def run_checked(config_name: str, arguments: Sequence[str]) -> None:
 
 __all__ = [
     "ConfigError", "check_known_keys", "check_overrides", "check_train_config", "check_whole_number", "compose", "dataset_from_config", "expand_path",
-    "flat_keys", "get", "model_from_config", "representation_from_config", "resolve_device", "run_checked",
+    "flat_items", "flat_keys", "get", "model_from_config", "representation_from_config", "resolve_device", "run_checked",
     "unknown_key_message",
 ]

@@ -13,6 +13,8 @@ from typing import Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
+from training.config import flat_items
+
 from .training_runs import train_models, training_config
 
 PAIR_RECIPES = (("standard", "standard"), ("robust", "pgd"))
@@ -26,9 +28,9 @@ def pair_configs(cfg: DictConfig, runs_dir: str | Path) -> dict[str, DictConfig]
     and ``progress``; the runs go to ``runs_dir/standard`` and ``runs_dir/robust``."""
     configs = {}
     for label, recipe in PAIR_RECIPES:
-        overrides = dict(OmegaConf.to_container(cfg.schedule, resolve=True))
+        overrides = flat_items(cfg.schedule)
         if recipe == "pgd":
-            overrides.update({f"attack.{key}": value for key, value in OmegaConf.to_container(cfg.attack, resolve=True).items()})
+            overrides.update(flat_items(cfg.attack, "attack."))
         configs[label] = training_config(model=cfg.model, model_kwargs=cfg.model_kwargs, data=cfg.data, recipe=recipe,
                                          run_dir=Path(runs_dir) / label, seed=cfg.seed, device=cfg.device, progress=cfg.progress,
                                          train_overrides=overrides)
@@ -44,7 +46,9 @@ def pair_key(cfg: DictConfig) -> str:
     """A short name for a training setup (data set, architecture, schedule, attack, seed): the cache folder of
     its pair, so another audit with the same setup finds it."""
     fields = {key: OmegaConf.to_container(cfg[key], resolve=True) if isinstance(cfg[key], DictConfig) else cfg[key]
-              for key in ("model", "model_kwargs", "schedule", "attack", "seed")}
+              for key in ("model", "model_kwargs", "seed")}
+    # the schedule as the dotted keys it becomes: written nested or dotted, one setup keeps one cache folder
+    fields |= {"schedule": flat_items(cfg.schedule), "attack": flat_items(cfg.attack)}
     fields["data"] = {"name": cfg.data.name, "root": cfg.data.get("root")}
     digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"{cfg.data.name}-{cfg.model}-{digest}"

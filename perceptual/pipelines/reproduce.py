@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from invert.config import load_preset
-from training.config import resolved_path_text
+from training.config import flat_items, resolved_path_text
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 from training.trainer import run_identity
@@ -84,25 +84,15 @@ def expand_variants(cfg: DictConfig) -> list[Variant]:
     return variants
 
 
-def _flatten(node, prefix: str = "") -> dict:
-    """``{optimizer: {lr: 0.1}}`` -> ``{"optimizer.lr": 0.1}``: the scale writes nested keys so that each can be overridden."""
-    if isinstance(node, dict) and node:
-        flat: dict = {}
-        for key, value in node.items():
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        return flat
-    return {prefix[:-1]: node} if prefix else {}
-
-
 def train_overrides(variant: Variant, scale: DictConfig) -> dict:
     """The scale's schedule, then the recipe's own schedule at this scale, the scale's attack for an adversarial
     recipe, then the catalogue entry's overrides (which win); as dotted keys of ``conf/train/<recipe>.yaml``."""
     recipe_schedules = OmegaConf.to_container(scale.recipe_schedule, resolve=True)
-    overrides = _flatten(OmegaConf.to_container(scale.schedule, resolve=True))
-    overrides.update(_flatten(recipe_schedules.get(variant.recipe) or {}))
+    overrides = flat_items(OmegaConf.to_container(scale.schedule, resolve=True))
+    overrides.update(flat_items(recipe_schedules.get(variant.recipe) or {}))
     if variant.adversarial:
-        overrides.update(_flatten(OmegaConf.to_container(scale.attack, resolve=True), "attack."))
-    overrides.update(_flatten(variant.overrides))
+        overrides.update(flat_items(OmegaConf.to_container(scale.attack, resolve=True), "attack."))
+    overrides.update(flat_items(variant.overrides))
     return overrides
 
 

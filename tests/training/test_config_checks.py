@@ -72,6 +72,36 @@ def test_a_nested_key_added_with_plus_is_refused_where_its_node_is_closed():
     assert check_overrides("stimuli_invert", ["hydra/launcher=slurm_gpu", "+hydra.launcher.additional_parameters.qos=high"]).n_targets > 0
 
 
+def test_nodes_handed_to_a_recipe_or_the_engine_take_that_schemas_keys_and_only_those():
+    """At scale=paper the inversion settings (steps, cuda_graph, precision) could not be changed at all, nor a schedule
+    key the scale does not set (label_smoothing): '+key' was refused as a key 'reproduce never reads', yet it reads them."""
+    from perceptual.pipelines._references import pair_configs
+    from perceptual.pipelines.reproduce import engine_config, expand_variants, train_overrides
+
+    cfg = check_overrides("reproduce", ["scale=paper", "+scale.measure.invert.cuda_graph=auto", "+scale.measure.invert.steps=1000",
+                                        "+scale.schedule.label_smoothing=0.1", "+scale.recipe_schedule.pgd.epochs=20"])
+    engine = engine_config(cfg.scale)
+    assert (engine.cuda_graph, engine.steps) == ("auto", 1000)
+    pgd = next(v for v in expand_variants(cfg) if v.recipe == "pgd")
+    assert train_overrides(pgd, cfg.scale)["label_smoothing"] == 0.1 and train_overrides(pgd, cfg.scale)["epochs"] == 20
+    for typo, close in (("+scale.measure.invert.cuda_grph=auto", "scale.measure.invert.cuda_graph"),
+                        ("+scale.schedule.label_smothing=0.1", "scale.schedule.label_smoothing"),
+                        ("+scale.recipe_schedule.pgd.epoch=20", "scale.recipe_schedule.pgd.epochs")):
+        with pytest.raises(ConfigError, match=rf"Did you mean {close}\b"):
+            check_overrides("reproduce", ["scale=paper", typo])
+    with pytest.raises(ConfigError, match=r"add it with \+scale.measure.invert.steps=VALUE"):  # no + on a key the scale does not set
+        check_overrides("reproduce", ["scale=paper", "scale.measure.invert.steps=1000"])
+    with pytest.raises(ConfigError, match=r"add it with \+model.kwargs.width=VALUE"):
+        check_overrides("train", ["model.kwargs.width=8"])
+    # the demo's and the audit's schedules are nested: each key can be set (dotted YAML keys could not be addressed at all)
+    demo = check_overrides("demo", ["schedule.optimizer.lr=0.1", "schedule.eval.every=1", "+schedule.label_smoothing=0.1", "+attack.step_size=0.2"])
+    robust = pair_configs(demo, "unused")["robust"]
+    assert (robust.train.optimizer.lr, robust.train.eval.every, robust.train.label_smoothing, robust.train.attack.step_size) == (0.1, 1, 0.1, 0.2)
+    assert check_overrides("audit", ["references.schedule.optimizer.lr=0.1"]).references.schedule.optimizer.lr == 0.1
+    with pytest.raises(ConfigError, match=r"'attack.stepsize'.*Did you mean attack.step_size"):
+        check_overrides("demo", ["+attack.stepsize=0.1"])
+
+
 def test_a_key_added_with_plus_is_refused_before_training(tmp_path):
     cfg = compose("train", ["+train.epoch=1", f"run_dir={tmp_path}"])
     with pytest.raises(ConfigError, match=r"unknown config key 'train.epoch' in the standard recipe.*Did you mean train.epochs"):
