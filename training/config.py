@@ -329,6 +329,7 @@ def check_overrides(config_name: str, arguments: Sequence[str]) -> DictConfig:
                     _check_composition(config_name, overrides[:i] + [f"{o.get_key_element()}={value}"] + overrides[i + 1:])
                 except ConfigError as err:
                     raise ConfigError(f"{err} (in the sweep's jobs with {o.key_or_group}={value})") from None
+    _check_switches(config_name, parsed, overrides)
     # '+key=value' adds a key Hydra accepts and no command reads: one new to a closed node is a typo.
     added = {o.key_or_group for o in parsed if (o.is_add() or o.is_force_add()) and not o.key_or_group.startswith("hydra.")
              and ("." in o.key_or_group or not _is_group(o.key_or_group))}  # '+group=choice' adds a config group
@@ -347,6 +348,29 @@ def check_overrides(config_name: str, arguments: Sequence[str]) -> DictConfig:
             raise ConfigError(unknown_key_message(unknown[0], known, f"conf/{config_name}.yaml")
                               + f" ('+{unknown[0]}=...' would add a key that {config_name} never reads)")
     return config
+
+
+# Switches (false by default) that take a word besides true and false, by their last key part.
+SWITCH_WORDS = {"cuda_graph": ("auto",), "overwrite": ("archive",)}
+
+
+def _check_switches(config_name: str, parsed: Sequence, overrides: Sequence[str]) -> None:
+    """Refuse a word for a key whose default is true or false (``resume=no``, ``train.augment.enabled=off``): Hydra
+    reads only true and false as booleans, and the command would read any other word as true."""
+    candidates = [o for o in parsed if not o.is_delete() and not o.key_or_group.startswith("hydra.") and not _is_group(o.key_or_group)]
+    if not candidates:
+        return
+    reference = compose(config_name, [line for o, line in zip(parsed, overrides) if _is_group(o.key_or_group) and not o.is_delete()])
+    for o in candidates:
+        if not isinstance(OmegaConf.select(reference, o.key_or_group, default=None), bool):
+            continue
+        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
+        words = SWITCH_WORDS.get(o.key_or_group.rsplit(".", 1)[-1], ())
+        for value in values:
+            if isinstance(value, bool) or str(value).lower() in ("true", "false", *words):
+                continue
+            raise ConfigError(f"{o.key_or_group} is a switch: {o.key_or_group}=true or {o.key_or_group}=false"
+                              + "".join(f" or {o.key_or_group}={w}" for w in words) + f", got {value!r}")
 
 
 # Nodes whose keys are free-form, so that '+node.anything=value' is how they are filled: architecture arguments,

@@ -102,6 +102,19 @@ def test_nodes_handed_to_a_recipe_or_the_engine_take_that_schemas_keys_and_only_
         check_overrides("demo", ["+attack.stepsize=0.1"])
 
 
+def test_a_switch_takes_true_or_false_not_a_word_read_as_true():
+    """Hydra reads only true/false as booleans: 'train.augment.enabled=no' trained with augmentation, 'resume=no' resumed."""
+    for command, override in (("train", "train.augment.enabled=no"), ("train", "resume=no"), ("measure", "strict=off"),
+                              ("stimuli_invert", "overwrite=yes")):
+        with pytest.raises(ConfigError, match=rf"{override.split('=')[0]} is a switch: .*=false.*got '{override.split('=')[1]}'"):
+            check_overrides(command, [override])
+    with pytest.raises(ConfigError, match="resume is a switch.*got 'flase'"):  # a later sweep value too
+        check_overrides("train", ["-m", "resume=true,flase"])
+    # the words a switch documents, and real booleans, pass
+    check_overrides("train", ["train=pgd", "train.cuda_graph=auto", "resume=true", "train.augment.enabled=false"])
+    check_overrides("stimuli_invert", ["overwrite=archive", "invert.cuda_graph=auto"])
+
+
 def test_a_key_added_with_plus_is_refused_before_training(tmp_path):
     cfg = compose("train", ["+train.epoch=1", f"run_dir={tmp_path}"])
     with pytest.raises(ConfigError, match=r"unknown config key 'train.epoch' in the standard recipe.*Did you mean train.epochs"):
