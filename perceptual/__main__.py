@@ -15,9 +15,12 @@ from .pipelines import COMMANDS
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    usage = f"usage: python -m perceptual {{{', '.join(COMMANDS)}}} [key=value ...]\n{__doc__}"
+    if argv and argv[0] in ("-h", "--help", "help"):
+        print(usage)  # asked for: status 0
+        return
     if not argv or argv[0] not in COMMANDS:
-        names = ", ".join(COMMANDS)
-        sys.exit(f"usage: python -m perceptual {{{names}}} [key=value ...]\n{__doc__}")
+        sys.exit((f"unknown command {argv[0]!r}\n" if argv else "") + usage)
     module_name = COMMANDS[argv[0]]
     from training.config import run_checked
 

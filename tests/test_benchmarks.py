@@ -153,3 +153,19 @@ def test_every_benchmark_command_in_the_readme_parses():
     assert {name for name, _ in commands} >= {"bench_inversion", "bench_measure", "bench_training"}
     for name, flags in commands:
         importlib.import_module(name).parse_args(shlex.split(flags))  # argparse exits (a failure) on a bad flag
+
+
+def test_every_benchmark_answers_help_without_running():
+    """gpu_deterministic_cost.py had no parser: --help ran the benchmark and died in CUDA's driver check."""
+    for script in sorted(BENCHMARKS.glob("*.py")):
+        if script.name in ("results_io.py", "timing.py", "throughput.py", "robustness_compat.py"):
+            continue  # modules the benchmarks import, not commands
+        done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "usage" in done.stdout, (script.name, done.stderr[-1000:])
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_the_deterministic_cost_benchmark_refuses_a_machine_without_cuda(tmp_path):
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_deterministic_cost.py"), "--out", str(tmp_path / "r.json")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "needs a CUDA device" in done.stderr and not (tmp_path / "r.json").exists()

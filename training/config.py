@@ -256,17 +256,19 @@ def _first_unknown_subkey(key: str, overrides: Sequence[str], known: Sequence[st
     return key
 
 
-def _composition_message(err: Exception) -> str:
+def _composition_message(err: Exception, overrides: Sequence[str] = ()) -> str:
     """Hydra's composition error without its config search path; an unknown group choice (``invert=papr``) with
-    the close and the valid choices."""
+    the close and the valid choices, spelt as the override that chose it (``model_a=`` for ``model@model_a=``)."""
     from hydra.errors import MissingConfigException
 
     if isinstance(err, MissingConfigException) and err.options and err.missing_cfg_file:
         group, _, choice = err.missing_cfg_file.rpartition("/")
         options = sorted(err.options)
         close = difflib.get_close_matches(choice, options, n=3, cutoff=0.5)
-        hint = f" Did you mean {' or '.join(f'{group}={c}' for c in close)}?" if close else ""
-        return (f"unknown {group} config {choice!r} ({group}={choice}: no {group}/{choice}.yaml on the config search path).{hint}"
+        packaged = [o.split("=", 1)[0].lstrip("+") for o in overrides if o.lstrip("+").startswith(f"{group}@") and o.endswith(f"={choice}")]
+        key = packaged[0].split("@", 1)[1] if packaged else group  # the package: stimuli's model_a= alias of model@model_a=
+        hint = f" Did you mean {' or '.join(f'{key}={c}' for c in close)}?" if close else ""
+        return (f"unknown {group} config {choice!r} ({key}={choice}: no {group}/{choice}.yaml on the config search path).{hint}"
                 f" Valid choices: {', '.join(options)}")
     message = str(err).split("\nConfig search path:")[0].strip()
     twice = re.match(r"(\S+) appears more than once in the final defaults list", message)
@@ -291,7 +293,7 @@ def _check_composition(config_name: str, overrides: Sequence[str]) -> DictConfig
     except ConfigCompositionException as err:
         found = re.search(r"Could not override '([^']+)'", str(err))
         if not found:
-            raise ConfigError(_composition_message(err)) from None
+            raise ConfigError(_composition_message(err, overrides)) from None
         key = found.group(1)
         rest = [o for o in overrides if not o.lstrip("+~").startswith(key + "=")]
         base = compose(config_name, rest, with_hydra=key.startswith("hydra."))  # hydra.launcher.* keys live there

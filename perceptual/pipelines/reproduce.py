@@ -41,7 +41,7 @@ from ..measure import ModelSpec, make_panel, measure_models, threat_from_config,
 from .measure import check_convergence
 from .training_runs import train_models, training_config
 
-PAPER_DATA = ("cifar10", "cifar100", "imagenet")
+PAPER_DATA = ("cifar10", "cifar100")  # the recipes train on in-memory sets; ImageNet models come as checkpoints (measure)
 
 
 def _names(selection, available: dict, what: str, preset: str, sets: dict | None = None) -> list[str]:
@@ -163,7 +163,13 @@ def check_config(cfg: DictConfig) -> None:
     if cfg.experiment.result not in RESULTS:
         raise ValueError(f"experiment {cfg.experiment.name}: result must be one of {RESULTS}, got {cfg.experiment.result!r}")
     if cfg.scale.name == "paper" and cfg.data.name not in PAPER_DATA:
-        raise ValueError(f"scale=paper runs the paper's data sets {PAPER_DATA}: add data=cifar10 data.root=PATH (got data={cfg.data.name})")
+        raise ValueError(f"scale=paper trains on the paper's data sets {PAPER_DATA}: add data=cifar10 data.root=PATH (got data={cfg.data.name}; "
+                         "ImageNet models are measured from checkpoints with `python -m perceptual measure`)")
+    # what the result needs from the measurement, before any model trains (at scale=paper: hours)
+    if cfg.experiment.result == "scatter" and cfg.scale.measure.get("threat") is None:
+        raise ValueError(f"experiment {cfg.experiment.name} plots alignment against robust accuracy: scale.measure.threat must not be null")
+    if cfg.experiment.result == "gaussian" and not cfg.experiment.get("gaussian_targets"):
+        raise ValueError(f"experiment {cfg.experiment.name} compares test-image with Gaussian targets: it needs experiment.gaussian_targets=true")
 
 
 def run(cfg: DictConfig) -> dict:

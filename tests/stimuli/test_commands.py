@@ -119,6 +119,14 @@ def test_controversial_command_ood_origins(tmp_path):
     assert list(s.role("origin")[0]["source"]) == ["gaussian:dark", "gaussian:light"]
 
 
+def test_a_misspelt_alias_choice_is_answered_in_the_alias():
+    """``model_a=resnt18`` suggested ``model=resnet18``, which the controversial command refuses."""
+    from training.config import ConfigError, check_overrides
+
+    with pytest.raises(ConfigError, match=r"Did you mean model_a=resnet18\b"):
+        check_overrides("stimuli_controversial", translate(["model_a=resnt18", "model_b=vgg16"]))
+
+
 def test_help_lists_the_commands(capsys):
     main([])
     out = capsys.readouterr().out

@@ -41,3 +41,15 @@ def test_survey_jobs_build_packages_apart(monkeypatch, tmp_path):
                             "trial_order": "per_participant", "overwrite": False})
     stimuli_commands.survey_command(cfg)
     assert seen["out"] == tmp_path / "survey" / "eot=2"
+
+
+def test_perceptual_help_is_an_answer_not_an_error(capsys):
+    """``python -m perceptual --help`` exited with status 1, like a mistyped command."""
+    import pytest
+
+    from perceptual.__main__ import main
+
+    main(["--help"])
+    assert "usage: python -m perceptual {measure" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="unknown command 'mesure'"):
+        main(["mesure"])

@@ -50,9 +50,13 @@ def test_train_overrides_give_every_adversarial_recipe_the_scales_attack_and_let
 @pytest.mark.parametrize("overrides, message", [
     (["experiment.architectures=[cnn,transformer]"], "unknown architectures"),
     (["experiment.trainings=[standard,pdg]"], "unknown trainings"),
-    (["scale=paper"], "scale=paper runs the paper's data sets"),
+    (["scale=paper"], "scale=paper trains on the paper's data sets"),
+    (["scale=paper", "data=imagenet", "data.root=/nowhere"], r"scale=paper trains on .*ImageNet models are measured from checkpoints"),
     (["experiment.result=bars"], "result must be one of"),
     (["experiment.architectures=everything"], "is not a set of this scale"),
+    # found only after every model was trained and measured
+    (["experiment=fig4", "scale.measure.threat=null"], "fig4 plots alignment against robust accuracy: scale.measure.threat must not be null"),
+    (["experiment=table3", "experiment.gaussian_targets=false"], "table3 compares .* it needs experiment.gaussian_targets=true"),
 ])
 def test_bad_presets_are_refused_before_anything_trains(tmp_path, overrides, message):
     cfg = compose("reproduce", [f"out={tmp_path / 'out'}", f"runs_dir={tmp_path / 'runs'}", "progress=false", *overrides])
