@@ -73,9 +73,10 @@ def pair_indices(i, j, n_images: int, device=None) -> tuple[Tensor, Tensor]:
     i, j = torch.as_tensor(i, dtype=torch.long, device=device), torch.as_tensor(j, dtype=torch.long, device=device)
     if i.ndim != 1 or j.shape != i.shape:
         raise ValueError(f"pairwise needs two index vectors of one length (one pair per position), got shapes {tuple(i.shape)} and {tuple(j.shape)}")
-    if len(i) and (int(torch.minimum(i.min(), j.min())) < 0 or int(torch.maximum(i.max(), j.max())) >= n_images):
-        raise ValueError(f"pair indices must lie in [0, {n_images}) for {n_images} images, got values in "
-                         f"[{int(torch.minimum(i.min(), j.min()))}, {int(torch.maximum(i.max(), j.max()))}]")
+    if len(i):
+        lo, hi = int(torch.minimum(i.min(), j.min())), int(torch.maximum(i.max(), j.max()))
+        if lo < 0 or hi >= n_images:
+            raise ValueError(f"pair indices must lie in [0, {n_images}) for {n_images} images, got values in [{lo}, {hi}]")
     return i, j
 
 
@@ -102,7 +103,10 @@ class Observer(nn.Module):
     def pairwise(self, images: Tensor, i: Tensor, j: Tensor) -> Tensor:
         """Distances between ``images[i]`` and ``images[j]``, shape (P,)."""
         check_images(images, "observer images")
-        i, j = pair_indices(i, j, len(images))
+        return self._pairs(images, *pair_indices(i, j, len(images)))
+
+    def _pairs(self, images: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        """:meth:`pairwise` on checked images and indices."""
         device = self.device
         out = [self.pairwise_images(images[i[s]].to(device), images[j[s]].to(device)).float().cpu() for s in batch_slices(len(i), self.batch_size)]
         return torch.cat(out) if out else torch.zeros(0)
@@ -115,7 +119,7 @@ class Observer(nn.Module):
         images = a if b is None else torch.cat([a, b_])
         offset = 0 if b is None else len(a)
         ii, jj = torch.meshgrid(torch.arange(len(a)), torch.arange(len(b_)) + offset, indexing="ij")
-        return self.pairwise(images, ii.flatten(), jj.flatten()).view(len(a), len(b_))
+        return self._pairs(images, ii.flatten(), jj.flatten()).view(len(a), len(b_))
 
     @property
     def device(self) -> torch.device:
@@ -289,7 +293,11 @@ class LPIPSObserver(Observer):
     def embed(self, images: Tensor) -> list[Tensor]:
         """Per-layer (N, C, H·W) feature matrices for Gram-product distances, kept in float32 as the backbone computes them
         (:meth:`_distances` widens one layer at a time to float64: all of them at once would take 2x the memory)."""
-        check_images(images, "observer images")
+        check_images(images, "observer images", channels=self._channels(images))
+        return self._embed(images)
+
+    def _embed(self, images: Tensor) -> list[Tensor]:
+        """:meth:`embed` of checked images."""
         per_layer: list[list[Tensor]] = []
         for s in batch_slices(len(images), self.batch_size):
             feats = self.features(images[s].to(self.device).float())
@@ -319,7 +327,7 @@ class LPIPSObserver(Observer):
     def pairwise(self, images: Tensor, i: Tensor, j: Tensor) -> Tensor:
         check_image_sets(images, None, channels=self._channels(images))
         i, j = pair_indices(i, j, len(images))
-        feats = self.embed(images)
+        feats = self._embed(images)
         i, j = i.to(feats[0].device), j.to(feats[0].device)
         # batch_size pairs at a time: a pair's weighted feature product is as large as one image's features
         out = [self._distances(feats, feats, (i[s], j[s])) for s in batch_slices(len(i), self.batch_size)]
@@ -327,8 +335,8 @@ class LPIPSObserver(Observer):
 
     def matrix(self, a: Tensor, b: Tensor | None = None) -> Tensor:
         check_image_sets(a, b, channels=self._channels(a))
-        fa = self.embed(a)
-        return self._distances(fa, fa if b is None else self.embed(b), None)
+        fa = self._embed(a)
+        return self._distances(fa, fa if b is None else self._embed(b), None)
 
     def pairwise_images(self, a: Tensor, b: Tensor) -> Tensor:
         fa, fb = self.embed(a), self.embed(b)

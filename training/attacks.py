@@ -157,6 +157,8 @@ def check_labels(y: Tensor, x: Tensor) -> Tensor:
     """One integer class label per image to attack (shape and dtype only: no host sync inside a training step);
     returns them as int64, the index type the losses take (a no-op for int64 labels)."""
     if not isinstance(y, Tensor) or y.dtype.is_floating_point or y.dtype == torch.bool or y.shape != x.shape[:1]:
+        if not isinstance(x, Tensor) or x.ndim != 4:
+            check_images(x, "images to attack")  # the images' shape is what is wrong: say so (e.g. a missing batch dimension)
         got = f"{type(y).__name__} of shape {tuple(y.shape)} and dtype {y.dtype}" if isinstance(y, Tensor) else type(y).__name__
         raise ValueError(f"labels must be an integer tensor of shape ({x.shape[0]},), one class index per image to attack; got {got}")
     return y.long()
@@ -198,7 +200,6 @@ def maximize(
 
 def pgd(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel, generator: torch.Generator | None = None) -> Tensor:
     """Madry et al.'s PGD: maximise the cross-entropy of ``model`` (which takes [0, 1] images)."""
-    check_images(x, "images to attack")  # first: a missing batch dimension would read as a label-count error
     y = check_labels(y, x)
     return maximize(lambda z: F.cross_entropy(model(z), y, reduction="none"), x, threat, generator=generator)
 

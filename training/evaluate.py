@@ -192,13 +192,12 @@ def _loss_and_accuracy(model: nn.Module, data: Data, threat: ThreatModel | None,
     correct = torch.zeros((), dtype=torch.long, device=device)
     with evaluation(model), hot_loop():
         for batch, (x, y) in enumerate(_batches(data, batch_size, model)):
-            if batch == 0:
-                with torch.no_grad():
-                    _check_label_range(data, model(x[:1]))
             if threat is not None:
                 x = pgd(model, x, y, threat, generator=generator)
             with torch.no_grad():
                 logits = model(x).float()
+            if batch == 0 and threat is None:  # the clean pass runs first: labels are checked before any attack
+                _check_label_range(data, logits)
             loss_sum += F.cross_entropy(logits, y, reduction="sum").double()
             correct += (logits.argmax(dim=1) == y).sum()
     n = _length(data)
