@@ -17,6 +17,7 @@ import fnmatch
 import functools
 import os
 import re
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -331,7 +332,7 @@ def check_overrides(config_name: str, arguments: Sequence[str]) -> DictConfig:
                     _check_composition(config_name, overrides[:i] + [f"{o.get_key_element()}={value}"] + overrides[i + 1:])
                 except ConfigError as err:
                     raise ConfigError(f"{err} (in the sweep's jobs with {o.key_or_group}={value})") from None
-    _check_switches(config_name, parsed, overrides)
+    _check_values(config_name, parsed, overrides)
     # '+key=value' adds a key Hydra accepts and no command reads: one new to a closed node is a typo.
     added = {o.key_or_group for o in parsed if (o.is_add() or o.is_force_add()) and not o.key_or_group.startswith("hydra.")
              and ("." in o.key_or_group or not _is_group(o.key_or_group))}  # '+group=choice' adds a config group
@@ -356,23 +357,51 @@ def check_overrides(config_name: str, arguments: Sequence[str]) -> DictConfig:
 SWITCH_WORDS = {"cuda_graph": ("auto",), "overwrite": ("archive",)}
 
 
-def _check_switches(config_name: str, parsed: Sequence, overrides: Sequence[str]) -> None:
-    """Refuse a word for a key whose default is true or false (``resume=no``, ``train.augment.enabled=off``): Hydra
-    reads only true and false as booleans, and the command would read any other word as true."""
+def _number_like(value: Any) -> bool:
+    """What a numeric key's reader takes: a number, a fraction or ``inf`` written as text (``8/255``), null, an
+    interpolation, or a list of those (``eps=[0.5,1]``); a bool is not one (``float(True)`` would read it as 1)."""
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return True
+    if isinstance(value, str):
+        text = value.strip().replace(" ", "")
+        if text.startswith("${"):
+            return True
+        try:
+            float(Fraction(text)) if "/" in text else float(text)
+        except (ValueError, ZeroDivisionError):
+            return False
+        return True
+    return isinstance(value, (list, tuple)) and all(_number_like(v) for v in value)
+
+
+def _check_values(config_name: str, parsed: Sequence, overrides: Sequence[str]) -> None:
+    """Refuse, for every value a command line gives (each of a sweep's too), a word where the config has a switch
+    (``resume=no``: Hydra reads only true and false as booleans, and the command would read any other word as true)
+    or a number (``train.beta=1,6x``: the sweep's second job would stop there, after the first had trained)."""
     candidates = [o for o in parsed if not o.is_delete() and not o.key_or_group.startswith("hydra.") and not _is_group(o.key_or_group)]
     if not candidates:
         return
     reference = compose(config_name, [line for o, line in zip(parsed, overrides) if _is_group(o.key_or_group) and not o.is_delete()])
     for o in candidates:
-        if not isinstance(OmegaConf.select(reference, o.key_or_group, default=None), bool):
+        default = OmegaConf.select(reference, o.key_or_group, default=None)
+        if not isinstance(default, (bool, int, float)):
             continue
         values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
-        words = SWITCH_WORDS.get(o.key_or_group.rsplit(".", 1)[-1], ())
+        in_sweep = f" (in the sweep's jobs with {o.key_or_group}=" if o.is_sweep_override() else ""
+        if isinstance(default, bool):
+            words = SWITCH_WORDS.get(o.key_or_group.rsplit(".", 1)[-1], ())
+            for value in values:
+                if not (isinstance(value, bool) or str(value).lower() in ("true", "false", *words)):
+                    raise ConfigError(f"{o.key_or_group} is a switch: {o.key_or_group}=true or {o.key_or_group}=false"
+                                      + "".join(f" or {o.key_or_group}={w}" for w in words) + f", got {value!r}")
+            continue
         for value in values:
-            if isinstance(value, bool) or str(value).lower() in ("true", "false", *words):
-                continue
-            raise ConfigError(f"{o.key_or_group} is a switch: {o.key_or_group}=true or {o.key_or_group}=false"
-                              + "".join(f" or {o.key_or_group}={w}" for w in words) + f", got {value!r}")
+            if isinstance(value, str) and o.is_sweep_override():  # a sweep's values come back as text: read them as Hydra would
+                value = parse_overrides([f"{o.key_or_group}={value}"])[0].value()
+            if not _number_like(value):
+                raise ConfigError(f"{o.key_or_group} takes a number (conf/{config_name}.yaml has {default!r}), e.g. "
+                                  f"{o.key_or_group}={default}" + (" or a fraction like 8/255" if isinstance(default, float) else "") + f", got {value!r}"
+                                  + (f"{in_sweep}{value})" if in_sweep else ""))
 
 
 # Nodes whose keys are free-form, so that '+node.anything=value' is how they are filled: architecture arguments,

@@ -115,6 +115,22 @@ def test_a_switch_takes_true_or_false_not_a_word_read_as_true():
     check_overrides("stimuli_invert", ["overwrite=archive", "invert.cuda_graph=auto"])
 
 
+def test_a_number_key_refuses_a_word_in_every_sweep_value_before_any_job_starts():
+    """'-m train.beta=1,6x' trained the first job, then stopped the second with "could not convert string to float"."""
+    with pytest.raises(ConfigError, match=r"train.beta takes a number .*got '6x' \(in the sweep's jobs with train.beta=6x\)"):
+        check_overrides("train", ["-m", "train=trades", "train.beta=1,6x"])
+    with pytest.raises(ConfigError, match=r"train.epochs takes a number .*train.epochs=\d+, got True"):  # no fraction hint for a count
+        check_overrides("train", ["train.epochs=true"])
+    with pytest.raises(ConfigError, match=r"n_targets takes a number"):
+        check_overrides("measure", ["n_targets=ten"])
+    # fractions, inf, null, interpolations, numeric sweeps and lists of numbers are what the readers take
+    check_overrides("train", ["-m", "train=pgd", "train.attack.eps=8/255,inf", "train.attack.step_size=${train.attack.eps}",
+                              "train.epochs=range(1,3)", "data_limit=null"])
+    check_overrides("train", ["train=pgd", "train.attack.eps=[0.5,1]"])
+    with pytest.raises(ConfigError, match=r"train.attack.eps takes a number .*or a fraction like 8/255, got \[0.5, 'x'\]"):
+        check_overrides("train", ["train=pgd", "train.attack.eps=[0.5,x]"])
+
+
 def test_a_key_added_with_plus_is_refused_before_training(tmp_path):
     cfg = compose("train", ["+train.epoch=1", f"run_dir={tmp_path}"])
     with pytest.raises(ConfigError, match=r"unknown config key 'train.epoch' in the standard recipe.*Did you mean train.epochs"):
