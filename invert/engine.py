@@ -87,6 +87,9 @@ class InversionResult:
     item_steps_computed: the item-steps the device computed. At least ``steps_used.sum()``: frozen items stay in
         the batch until the next report (eager) or until every item of their micro-batch is frozen (masked, cuda-graph),
         so early stopping saves that much less work.
+    task_loss: (N,) the caller's objective alone at ``images``, without the config's priors (``tv_weight``, ``lp_weight``)
+        and transformation robustness, which serve the search: for an inversion, the normalised distance that says
+        whether it converged. It is ``best_loss`` itself when those are off.
     """
 
     images: Tensor
@@ -99,6 +102,7 @@ class InversionResult:
     micro_batch: int
     loop: str
     item_steps_computed: int
+    task_loss: Tensor
 
 
 class _HostMirror:
@@ -225,7 +229,7 @@ class Engine:
                 raise ValueError(
                     f"objective holds tensors on {tensor.device} but init is on {device}: move one with .to(device)"
                 )
-        objective = self._with_extras(objective, item_offset, device)
+        task_objective, objective = objective, self._with_extras(objective, item_offset, device)
         n = init.shape[0]
         parametrization = make_parametrization(cfg.parametrization, cfg.stop_at_bounds)
         # steps=0 only scores the starting images; a schedule over zero steps is never consulted.
@@ -247,6 +251,7 @@ class Engine:
                     runner.run_chunk(init[start:stop], start, stop, out, bar)
             finally:
                 bar.close()
+            task_loss = out.best_loss.clone() if objective is task_objective else runner.task_loss(task_objective, out.images, micro_batch)
         return InversionResult(
             images=out.images.to(caller_dtype),
             best_loss=out.best_loss,
@@ -258,6 +263,7 @@ class Engine:
             micro_batch=micro_batch,
             loop="+".join(dict.fromkeys(runner.loops)),
             item_steps_computed=runner.item_steps_computed,
+            task_loss=task_loss,
         )
 
     # ------------------------------------------------------------------ helpers
@@ -428,6 +434,18 @@ class _Runner:
                 "do not reduce over the batch (no .mean() / .sum())"
             )
         return loss
+
+    def task_loss(self, objective: nn.Module, images: Tensor, micro_batch: int) -> Tensor:
+        """``objective`` (the caller's, without the engine's extras) at the kept ``images``, one micro-batch at a time, at
+        the last step and in the run's precision."""
+        rows = torch.arange(images.shape[0], device=images.device)
+        step = torch.tensor(self.cfg.steps, device=images.device)
+        losses = []
+        for start in range(0, images.shape[0], micro_batch):
+            with self.autocast():
+                image = images[start:start + micro_batch]
+                losses.append(self._checked(objective(image, rows[start:start + micro_batch], step), image).float())
+        return torch.cat(losses)
 
     # -- the loop
 

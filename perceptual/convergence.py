@@ -5,9 +5,15 @@ an item whose normalised representation distance ``||g(x) - g(x_t)|| / ||g(x_t)|
 optimiser, not the model. This module summarises a set's per-item distances (the best one, which the set keeps,
 and the last iterate's), their curves over steps, and which items count as converged (best distance at or below
 a threshold, 0.05 by default), so that reports show convergence next to every alignment number.
+
+The distance is the set's ``final_task_loss``: the inversion objective alone at the kept image. ``final_loss`` is the
+engine's whole objective, which with ``tv_weight``, ``lp_weight`` or ``transform_robust`` adds priors or averages over
+transformations, and would call converged items unconverged (or the reverse). The loss curve and ``last_loss`` are
+recorded on the whole objective only: with those settings on, the summary says so (``curve_includes_priors``).
 """
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Mapping
@@ -16,6 +22,8 @@ import numpy as np
 import torch
 
 from .report import save_figure
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_THRESHOLD = 0.05
 # A model whose converged fraction falls below this is marked in Table 1 and warned about.
@@ -28,10 +36,29 @@ def check_threshold(threshold: float) -> None:
         raise ValueError(f"the convergence threshold must be a positive number (a normalised distance), got {threshold!r}")
 
 
+def search_extras(stimulus_set) -> list[str]:
+    """The engine settings of ``stimulus_set`` that made its ``final_loss`` more than the inversion distance."""
+    engine = (getattr(stimulus_set, "parameters", None) or {}).get("engine") or {}
+    return [key for key in ("tv_weight", "lp_weight", "transform_robust") if engine.get(key)]
+
+
+def result_distances(stimulus_set, results) -> np.ndarray:
+    """Each result row's distance at its kept image: ``final_task_loss``, or ``final_loss`` where the set has none
+    (made before the column, or from parts saved before it), which is the same number when no prior was on."""
+    best = results["final_loss"].to_numpy(dtype=float)
+    task = results["final_task_loss"].to_numpy(dtype=float) if "final_task_loss" in results else np.full(len(best), math.nan)
+    extras = search_extras(stimulus_set)
+    if np.isnan(task).any() and extras:
+        logger.warning("%s was made with %s but does not record its inversion distances alone (made before final_task_loss): "
+                       "convergence is judged on the whole objective; remake the set for the distances",
+                       getattr(stimulus_set, "path", None) or "the set", ", ".join(extras))
+    return np.where(np.isnan(task), best, task)
+
+
 def convergence_summary(stimulus_set, threshold: float = DEFAULT_THRESHOLD) -> dict:
     """Per-item convergence of an inversion set's results.
 
-    Returns the median and 90th percentile of the best (``final_loss``) and last-iterate (``last_loss``) distances,
+    Returns the median and 90th percentile of the best (``final_task_loss``) and last-iterate (``last_loss``) distances,
     the fraction of items with best distance <= ``threshold``, the converged result ids, and the distance curve
     over steps (median, 10th and 90th percentile of each item's best distance so far, at the set's curve steps).
     """
@@ -41,7 +68,7 @@ def convergence_summary(stimulus_set, threshold: float = DEFAULT_THRESHOLD) -> d
     results = manifest[mask]
     if not len(results):
         raise ValueError("the set has no results to judge convergence on")
-    best = results["final_loss"].to_numpy(dtype=float)
+    best = result_distances(stimulus_set, results)
     last = results["last_loss"].to_numpy(dtype=float) if "last_loss" in results else np.full(len(results), math.nan)
     converged = best <= threshold
     curve = stimulus_set.loss_curve[torch.tensor(mask)].double().numpy() if len(stimulus_set.curve_steps) else np.empty((len(best), 0))
@@ -52,8 +79,8 @@ def convergence_summary(stimulus_set, threshold: float = DEFAULT_THRESHOLD) -> d
 
     per_seed_type = {}
     if "seed_type" in results:
-        for seed_type, group in results.groupby("seed_type", sort=True):
-            values = group["final_loss"].to_numpy(dtype=float)
+        for seed_type, rows in results.reset_index(drop=True).groupby("seed_type", sort=True).indices.items():
+            values = best[rows]
             per_seed_type[str(seed_type)] = {"median": quantile(values, 0.5), "converged_fraction": float((values <= threshold).mean())}
     return {
         "threshold": float(threshold),
@@ -65,6 +92,7 @@ def convergence_summary(stimulus_set, threshold: float = DEFAULT_THRESHOLD) -> d
         "converged_fraction": float(converged.mean()),
         "converged_ids": [str(i) for i in results["id"][converged]],
         "by_seed_type": per_seed_type,
+        "curve_includes_priors": bool(search_extras(stimulus_set)),
         "curve": {
             "steps": [int(s) for s in stimulus_set.curve_steps],
             "median": [float(v) for v in np.nanquantile(curve, 0.5, axis=0)] if curve.size else [],
@@ -98,8 +126,9 @@ def convergence_figure(per_model: Mapping[str, Mapping], path: str | Path) -> Pa
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.2, 3.6))
-    threshold = None
+    threshold, whole_objective = None, False
     for label, summary in per_model.items():
+        whole_objective |= bool(summary.get("curve_includes_priors"))
         curve = summary["curve"]
         if not curve["steps"]:
             continue
@@ -111,11 +140,14 @@ def convergence_figure(per_model: Mapping[str, Mapping], path: str | Path) -> Pa
         ax.axhline(threshold, color="grey", ls="--", lw=0.8, label=f"threshold {threshold:g}")
     ax.set_yscale("log")
     ax.set_xlabel("optimisation step")
-    ax.set_ylabel("normalised representation distance (best so far)")
+    ax.set_ylabel("objective with the priors (best so far)" if whole_objective else "normalised representation distance (best so far)")
     ax.set_title("Convergence of the inversions (band: 10th-90th percentile of items)", fontsize=9)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     return save_figure(fig, Path(path))
 
 
-__all__ = ["DEFAULT_THRESHOLD", "MIN_CONVERGED_FRACTION", "convergence_figure", "convergence_sentence", "convergence_summary", "is_converged"]
+__all__ = [
+    "DEFAULT_THRESHOLD", "MIN_CONVERGED_FRACTION", "convergence_figure", "convergence_sentence", "convergence_summary", "is_converged",
+    "result_distances", "search_extras",
+]

@@ -56,7 +56,16 @@ from training.models.defences import build_from_factory
 from . import report
 from .cache import cache_key, cached_json, module_identity
 from .class_controversial import class_controversial_score, class_controversial_sentence, class_exemplars
-from .convergence import DEFAULT_THRESHOLD, MIN_CONVERGED_FRACTION, check_threshold, convergence_figure, convergence_sentence, convergence_summary, is_converged
+from .convergence import (
+    DEFAULT_THRESHOLD,
+    MIN_CONVERGED_FRACTION,
+    check_threshold,
+    convergence_figure,
+    convergence_sentence,
+    convergence_summary,
+    is_converged,
+    result_distances,
+)
 from .decisions import observer_slug
 from .observers import Panel, default_panel, make_observer, offline_variants, quantize_8bit
 from .statistics import measurement_statistics, percentile_interval
@@ -304,13 +313,12 @@ def measure_models(
         convergence = convergence_summary(stimulus_set, convergence_threshold)
         observed = observe_set(stimulus_set, panel, model_dir, tasks=tasks, seed=seed, attention_rate=attention_rate, judge_8bit=judge_8bit,
                                only_results=convergence["converged_ids"] if converged_only else None)
-        final_loss = stimulus_set.manifest.loc[stimulus_set.manifest["role"] == "result", "final_loss"]
         results[spec.label] = {
             "model": {"name": spec.name, **({"factory": spec.factory} if spec.factory else {}), "checkpoint": spec.checkpoint, "layer": ref.layer,
                       "fake_relu": getattr(ref.representation, "fake_relu", None)},
             "set": str((model_dir / "set").resolve()),  # absolute: humans= and reports read it from any folder
             "set_fingerprint": stimulus_set.fingerprint,
-            "median_final_distance": float(final_loss.median()) if len(final_loss) else math.nan,
+            "median_final_distance": convergence["best_median"],
             "clean_accuracy": accuracy["clean_accuracy"],
             "robust_accuracy": accuracy.get("robust_accuracy"),
             **_panel_scores(observed),
@@ -754,8 +762,8 @@ def _grid(models_data: Mapping[str, dict], path: Path, n_columns: int = 6) -> Pa
             rows[f"{seed_type} seed"] = list(stimulus_set.get(list(chosen["seed_id"])))
             name = f"{label}\n({seed_type})"
             rows[name] = list(stimulus_set.get(list(chosen["id"])))
-            captions[name] = [f"d = {v:.3f}" for v in chosen["final_loss"]]
-            notes[name] = f"median {float(results.loc[results['seed_type'] == seed_type, 'final_loss'].median()):.3f}\n(all items)"
+            captions[name] = [f"d = {v:.3f}" for v in result_distances(stimulus_set, chosen)]
+            notes[name] = f"median {np.median(result_distances(stimulus_set, results[results['seed_type'] == seed_type])):.3f}\n(all items)"
     title = ("Targets, seeds and inversion results: where a model's invariances match perception, its results look like the "
              "targets above them, not like their seeds (d: normalised representation distance; lower = nearer the target's)")
     return report.image_grid(rows, [f"#{i + 1}" for i in range(n_columns)], path, "\n".join(textwrap.wrap(title, 110)),

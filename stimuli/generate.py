@@ -520,6 +520,7 @@ class _Parts:
         tensors = {
             "images": result.images.detach().to("cpu", torch.float32).contiguous(),
             "best_loss": result.best_loss.detach().to("cpu", torch.float32).contiguous(),
+            "task_loss": result.task_loss.detach().to("cpu", torch.float32).contiguous(),
             "initial_loss": result.initial_loss.detach().to("cpu", torch.float32).contiguous(),
             "last_loss": result.last_loss.detach().to("cpu", torch.float32).contiguous(),
             "steps_used": result.steps_used.detach().to("cpu", torch.long).contiguous(),
@@ -695,6 +696,7 @@ def _run_plan(
                 steps_used=int(part["steps_used"][offset]),
                 initial_loss=float(part["initial_loss"][offset]),
                 final_loss=float(part["best_loss"][offset]),
+                final_task_loss=float(part["task_loss"][offset]) if "task_loss" in part else math.nan,  # parts saved before it
                 last_loss=float(part["last_loss"][offset]) if "last_loss" in part else math.nan,
             )
             result_rows.append(row)

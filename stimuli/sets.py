@@ -14,7 +14,9 @@ Layout of a set at ``PATH``::
 ``manifest.json`` holds the format name and version, the set's kind, the PNG quantisation, the
 SHA-256 of the tensors file and of every PNG, the parameters that determine the set and their
 fingerprint, the config that made it, the shard it is (null for a complete set) and one row per
-image (:data:`COLUMNS`). :func:`load_set` verifies all of it and refuses a set that is partial or
+image (:data:`COLUMNS`; a result's ``final_loss`` is the engine's whole objective at its image, ``final_task_loss``
+the set's objective alone, without the engine's priors and transformation robustness: for an inversion, the normalised
+representation distance; sets made before it have no such column). :func:`load_set` verifies all of it and refuses a set that is partial or
 corrupted, with a message that says what to do.
 
 Every file is written atomically (temporary file + rename, :mod:`training.io`).
@@ -57,13 +59,13 @@ STRING_COLUMNS = (
     "pushed_checkpoint", "objective", "png",
 )
 INT_COLUMNS = ("position", "restart", "label", "source_index", "steps_used")
-FLOAT_COLUMNS = ("initial_loss", "final_loss", "last_loss")
+FLOAT_COLUMNS = ("initial_loss", "final_loss", "final_task_loss", "last_loss")
 DICT_COLUMNS = ("objective_params",)
 COLUMNS = [
     "id", "position", "role", "target_id", "seed_id", "origin_id", "seed_type", "direction", "restart",
     "label", "class_name", "source", "source_split", "source_index",
     "model", "layer", "checkpoint", "pushed_model", "pushed_layer", "pushed_checkpoint",
-    "objective", "objective_params", "steps_used", "initial_loss", "final_loss", "last_loss", "png",
+    "objective", "objective_params", "steps_used", "initial_loss", "final_loss", "final_task_loss", "last_loss", "png",
 ]
 LINK_COLUMNS = ("target_id", "seed_id", "origin_id")
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

@@ -693,3 +693,20 @@ def test_both_controversial_directions_in_one_batch_equal_one_batch_per_directio
         torch.testing.assert_close(both.best_loss, separate["best_loss"], atol=1e-6, rtol=1e-5)
     with pytest.raises(ValueError, match=r"first_keeps must be a bool tensor with one entry per origin \(12,\), got torch.int64 \(12,\)"):
         TwoWayControversialLoss(g1, g2, origins.repeat(2, 1, 1, 1), first_keeps.long())
+
+
+def test_task_loss_is_the_callers_objective_alone_at_the_kept_images():
+    """With priors or transformation robustness the engine minimises more than the caller's objective; task_loss is what
+    the caller's objective says of the images it returns (an inversion's distance), best_loss itself when neither is on."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 16))
+    objective = InversionLoss(net, torch.rand(4, 3, 8, 8))
+    start = torch.rand(4, 3, 8, 8)
+    plain = Engine(InvertConfig(steps=20, step_size=0.5, progress=False)).run(objective, start)
+    assert torch.equal(plain.task_loss, plain.best_loss) and plain.task_loss is not plain.best_loss
+    for extras in ({"tv_weight": 0.05, "lp_weight": 0.01}, {"transform_robust": True, "transform_samples": 2}):
+        result = Engine(InvertConfig(steps=20, step_size=0.5, progress=False, **extras)).run(objective, start)
+        with torch.no_grad():
+            bare = objective(result.images, torch.arange(4))
+        torch.testing.assert_close(result.task_loss, bare)
+        assert not torch.allclose(result.task_loss, result.best_loss), extras

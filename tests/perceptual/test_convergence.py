@@ -43,6 +43,42 @@ def test_summary_of_a_constructed_set_counts_items_under_the_threshold():
         convergence_summary(s, threshold=0)
 
 
+def test_convergence_is_judged_on_the_inversion_distance_not_on_the_objective_with_priors(caplog):
+    """With tv_weight the set's final_loss adds the prior: 0.07 for items whose distance is 0.04 read as unconverged."""
+    s = _set([0.07, 0.07, 0.07], [0.08, 0.08, 0.08], [[1.0, 0.5, 0.07]] * 3)
+    s.parameters = {"engine": {"tv_weight": 0.05, "lp_weight": 0.0}}
+    s.manifest["final_task_loss"] = [math.nan, 0.04, 0.045, 0.07]  # the target row has none
+    summary = convergence_summary(s, threshold=0.05)
+    assert summary["converged_ids"] == ["r0", "r1"] and summary["best_median"] == pytest.approx(0.045)
+    assert summary["by_seed_type"]["noise"]["converged_fraction"] == 0.5 and summary["curve_includes_priors"]
+    assert not caplog.records
+    s.manifest["final_task_loss"] = math.nan  # a set made before the column: the whole objective, said so
+    with caplog.at_level("WARNING", logger="perceptual.convergence"):
+        assert convergence_summary(s, threshold=0.05)["converged_fraction"] == 0.0
+    assert "tv_weight" in caplog.text and "remake the set" in caplog.text
+
+
+def test_an_inversion_set_made_with_a_prior_records_each_results_distance(tmp_path):
+    import stimuli
+    from invert import InversionLoss
+    from training import load_dataset
+
+    torch.manual_seed(0)
+    representation = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3, 2, 1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(4), torch.nn.Flatten()).eval()
+    targets = stimuli.select_targets(load_dataset("digits", "test"), n=3, seed=0)
+    engine = {"steps": 15, "step_size": 0.5, "tv_weight": 0.05, "progress": False}
+    s = stimuli.make_inversion_set(tmp_path / "set", stimuli.ModelRef("tiny", representation), targets, seed_types=("noise",), engine=engine,
+                                   preview=False)
+    results, images = s.role("result")
+    target_rows, target_images = s.role("target")
+    order = [list(target_rows["id"]).index(t) for t in results["target_id"]]
+    with torch.no_grad():
+        distance = InversionLoss(representation, target_images[order])(images).double().numpy()
+    assert results["final_task_loss"].to_numpy() == pytest.approx(distance, rel=1e-4)
+    assert (results["final_loss"].to_numpy() > distance).all()  # the prior's share
+    assert convergence_summary(s, threshold=1.0)["best_median"] == pytest.approx(float(pd.Series(distance).median()), rel=1e-4)
+
+
 def test_convergence_figure_is_written(tmp_path):
     s = _set([0.01, 0.2], [0.01, 0.3], [[1.0, 0.5, 0.01], [1.0, 0.6, 0.2]])
     path = convergence_figure({"a": convergence_summary(s), "b": convergence_summary(s, 0.3)}, tmp_path / "c.png")
