@@ -184,10 +184,14 @@ def load_cifar(name: str = "cifar10", split: str = "test", root: str | Path | No
         )
     images, labels = [], []
     for file_name in layout[split]:
-        batch = _read_pickle(folder / file_name)
-        images.append(_cifar_rows(np.asarray(batch["data"]), folder / file_name))
-        labels.extend(batch[layout["label_key"]])
-    classes = list(_read_pickle(folder / layout["meta"])[layout["names_key"]])
+        batch = _cifar_entries(folder / file_name, ("data", layout["label_key"]))
+        rows = _cifar_rows(np.asarray(batch["data"]), folder / file_name)
+        file_labels = list(batch[layout["label_key"]])
+        if len(file_labels) != len(rows):
+            raise ValueError(f"{folder / file_name} holds {len(rows)} images but {len(file_labels)} {layout['label_key']}: one label per image")
+        images.append(rows)
+        labels.extend(file_labels)
+    classes = list(_cifar_entries(folder / layout["meta"], (layout["names_key"],))[layout["names_key"]])
     outside = sorted({int(k) for k in labels if not 0 <= int(k) < len(classes)})
     if outside:
         raise ValueError(f"{folder}: labels {outside[:5]} lie outside the {len(classes)} classes of {layout['meta']}: corrupt or mixed files")
@@ -201,16 +205,33 @@ def load_cifar(name: str = "cifar10", split: str = "test", root: str | Path | No
     )
 
 
+def _cifar_entries(path: Path, keys: Sequence[str]) -> dict:
+    """The dict a CIFAR file holds, with ``keys`` in it (a file of another layout is named, with what it holds)."""
+    content = _read_pickle(path)
+    missing = [key for key in keys if not isinstance(content, dict) or key not in content]
+    if missing:
+        holds = f"a dict with the keys {sorted(map(str, content))[:8]}" if isinstance(content, dict) else f"a {type(content).__name__}"
+        raise ValueError(f"{path} holds {holds}, not CIFAR's layout: a dict with {', '.join(repr(k) for k in keys)} "
+                         f"(missing {', '.join(repr(k) for k in missing)})")
+    return content
+
+
+class _RefusedGlobal(pickle.UnpicklingError):
+    """A pickle names something no CIFAR file needs (and that could run code)."""
+
+
 class _CifarUnpickler(pickle.Unpickler):
     """CIFAR's files are pickles of dicts, lists and numpy arrays: only numpy's array reconstruction may be named, so
     a crafted file cannot run code on loading (a plain ``pickle.load`` would call whatever it names)."""
 
     ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"), ("numpy", "ndarray"),
-               ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar")}
+               ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+               # protocol 5 (pickle.HIGHEST_PROTOCOL) stores arrays from a buffer; protocol 2 under Python 3 stores bytes so
+               ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"), ("_codecs", "encode")}
 
     def find_class(self, module: str, name: str):
         if (module, name) not in self.ALLOWED:
-            raise pickle.UnpicklingError(f"it refers to {module}.{name}, which no CIFAR batch file does (not loaded: it could run code)")
+            raise _RefusedGlobal(f"it refers to {module}.{name}, which no CIFAR batch file does (not loaded: it could run code)")
         return super().find_class(module, name)
 
 
@@ -220,6 +241,8 @@ def _read_pickle(path: Path) -> dict:
     try:
         with open(path, "rb") as f:
             return _CifarUnpickler(f, encoding="latin1").load()
+    except _RefusedGlobal as err:
+        raise ValueError(f"{path} is not a CIFAR batch file: {err}") from err
     except Exception as err:  # a corrupt pickle fails in many ways (MemoryError, OverflowError, KeyError ...)
         raise ValueError(f"{path} is not a readable CIFAR batch file (truncated or corrupt?): {type(err).__name__}: {err}") from err
 

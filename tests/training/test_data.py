@@ -165,3 +165,32 @@ def test_cifar_rows_in_another_layout_are_refused_not_scrambled(tmp_path, data, 
         pickle.dump({"data": data, "labels": [0, 1]}, f)
     with pytest.raises(ValueError, match=message):
         load_cifar("cifar10", "test", root=tmp_path)
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_a_cifar_subset_pickled_with_any_protocol_loads(tmp_path, protocol):
+    """Protocol 5 (pickle.HIGHEST_PROTOCOL) stores arrays through numpy's _frombuffer, protocol 2 bytes through
+    _codecs.encode: both were refused as 'truncated or corrupt'."""
+    write_cifar10_folder(tmp_path)
+    data = np.arange(2 * 3072, dtype=np.int64).reshape(2, 3072).astype(np.uint8)
+    with open(tmp_path / "cifar-10-batches-py" / "test_batch", "wb") as f:
+        pickle.dump({"data": data, "labels": [3, 4], b"batch_label": b"bytes"}, f, protocol=protocol)
+    test = load_cifar("cifar10", "test", root=tmp_path)
+    assert test.labels.tolist() == [3, 4] and torch.equal(test.images.flatten(1), torch.from_numpy(data))
+
+
+@pytest.mark.parametrize("content, message", [
+    ({"data": np.zeros((2, 3072), dtype=np.uint8)}, r"test_batch holds a dict with the keys \['data'\], not CIFAR's layout: .*missing 'labels'"),
+    ([np.zeros((2, 3072), dtype=np.uint8)], r"test_batch holds a list, not CIFAR's layout"),
+    ({"data": np.zeros((2, 3072), dtype=np.uint8), "labels": [1]}, r"test_batch holds 2 images but 1 labels: one label per image"),
+])
+def test_a_cifar_file_of_another_layout_is_named_with_what_it_holds(tmp_path, content, message):
+    write_cifar10_folder(tmp_path)
+    with open(tmp_path / "cifar-10-batches-py" / "test_batch", "wb") as f:
+        pickle.dump(content, f)
+    with pytest.raises(ValueError, match=message):
+        load_cifar("cifar10", "test", root=tmp_path)
+    with open(tmp_path / "cifar-10-batches-py" / "batches.meta", "wb") as f:
+        pickle.dump({"names": ["a"]}, f)
+    with pytest.raises(ValueError, match=r"batches.meta holds a dict with the keys \['names'\].*missing 'label_names'"):
+        load_cifar("cifar10", "train", root=tmp_path)
