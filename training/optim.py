@@ -113,7 +113,7 @@ def lr_factor(step: int, *, schedule: str, epochs: int, steps_per_epoch: int, mi
     else:
         factor = 1.0
     if warmup_steps > 0 and step < warmup_steps:
-        factor *= (step + 1) / warmup_steps
+        factor *= min(1.0, (step + 1) / warmup_steps)  # a fractional warm-up's last step would overshoot the base rate
     return factor
 
 

@@ -53,6 +53,9 @@ def test_cosine_and_cyclic_shapes():
 def test_warmup_ramps_linearly():
     f = factors("constant", warmup_epochs=2)
     assert f[0] == pytest.approx(1 / 20) and f[9] == pytest.approx(10 / 20) and f[19] == 1.0 and f[30] == 1.0
+    # 2.5 warm-up steps: the third step's (2 + 1) / 2.5 went 20% above the base rate
+    fractional = [lr_factor(step, schedule="constant", epochs=2, steps_per_epoch=5, warmup_epochs=0.5) for step in range(5)]
+    assert fractional == pytest.approx([0.4, 0.8, 1.0, 1.0, 1.0])
 
 
 def test_lars_step_matches_hand_computation():
