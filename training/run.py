@@ -165,8 +165,24 @@ class RunDirectory:
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
             raise RunDirectoryError(f"{self.latest_path} is unreadable ({err}); delete it to resume from scratch") from err
         if not (ref.weights.is_file() and ref.state.is_file()):
-            raise RunDirectoryError(f"{self.latest_path} points at {folder}, which lacks model.safetensors or state.pt")
+            raise RunDirectoryError(f"{self.latest_path} points at {folder}, which lacks model.safetensors or state.pt{self.resume_hint(ref)}")
         return ref
+
+    def earlier_checkpoint(self, ref: CheckpointRef) -> CheckpointRef | None:
+        """The newest kept checkpoint before ``ref`` with both of its files: the way back when ``ref``'s are damaged."""
+        for folder in sorted(self.checkpoint_dir.glob("epoch_*"), reverse=True):
+            epoch = folder.name.removeprefix("epoch_")
+            if epoch.isdigit() and int(epoch) < ref.epoch and (folder / "model.safetensors").is_file() and (folder / "state.pt").is_file():
+                return CheckpointRef(int(epoch), folder / "model.safetensors", folder / "state.pt")
+        return None
+
+    def resume_hint(self, ref: CheckpointRef) -> str:
+        """What to do when the checkpoint ``ref`` cannot be read: go back to an earlier one, or start afresh."""
+        earlier = self.earlier_checkpoint(ref)
+        if earlier is None:
+            return f"; no earlier checkpoint is kept: delete {self.path} (or choose another run_dir) to start afresh"
+        return (f"; the checkpoint of epoch {earlier.epoch} is kept beside it: resume from it by writing "
+                f"'{json.dumps({'epoch': earlier.epoch, 'path': earlier.weights.parent.name})}' to {self.latest_path}")
 
     def save_checkpoint(self, epoch: int, model: nn.Module, state: Mapping[str, Any], metadata: Mapping[str, Any] | None = None,
                         keep: int = 2) -> CheckpointRef:

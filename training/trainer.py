@@ -39,7 +39,7 @@ from torch import Tensor
 from invert.validation import hot_loop
 
 from .attacks import ThreatModel, check_norm, config_number
-from .checkpoints import load_into
+from .checkpoints import CheckpointError, load_into
 from .config import ConfigError, check_train_config, check_whole_number, dataset_from_config, expand_path, model_from_config, resolve_device
 from .config import get as _get
 from .data import ImageSet
@@ -352,11 +352,16 @@ def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> Tr
     for key, value in {**counts, "stop_after_epochs": _get(cfg, "stop_after_epochs"), "save_every": _get(cfg, "save_every")}.items():
         if value is not None:
             check_whole_number(value, key, hint=" (or null for the default)")
+    for key in ("subset", "final_subset"):  # a count of test images, not a fraction (0.5 measured the headline on 1 image)
+        if eval_cfg.get(key) is not None:
+            check_whole_number(eval_cfg.get(key), f"train.eval.{key}", least=0, hint=" test images (0 = none, null = all)")
 
     run = RunDirectory(expand_path(_get(cfg, "run_dir", "runs/default")))
     if dist.is_main:  # rank 0 writes the run; a DDP job does not wait for another's, as its other ranks would time out at a barrier
         held.enter_context(run.held(wait=dist.world_size == 1))
-    progress = _resume_or_start(run, cfg, recipe, optimizer, scheduler, device, dist)
+    # What a saved step count means: the scheduler counts steps, so a resumed run must take as many per epoch.
+    layout = {"train_images": len(train_set), "processes": dist.world_size, "steps_per_epoch": steps_per_epoch}
+    progress = _resume_or_start(run, cfg, recipe, optimizer, scheduler, device, dist, layout)
     finished = _finished_run(run, recipe, progress, epochs)
     if finished is not None:
         return finished
@@ -400,7 +405,7 @@ def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> Tr
         if dist.is_main:
             run.log_metrics(record)
             if last or interrupt or progress.epoch % save_every == 0:
-                _save(run, recipe, optimizer, scheduler, progress, device, keep)
+                _save(run, recipe, optimizer, scheduler, progress, device, keep, layout)
             _print_epoch(record, epochs, show_progress)
         dist.barrier()
         if interrupt and not last:
@@ -446,7 +451,8 @@ def _diverged(run: RunDirectory, record: dict, cfg: DictConfig, recipe: Recipe, 
         run.write_summary({**_summary(cfg, recipe, progress, device, dist, bf16, channels_last, step_mode, wall_start, status="diverged"),
                            "stopped": reason})
     dist.barrier()
-    kept = f"the checkpoint of epoch {progress.epoch} is kept" if progress.epoch else "no checkpoint was written"
+    latest = run.latest()  # with save_every > 1 the last finished epoch may have no checkpoint
+    kept = f"the checkpoint of epoch {latest.epoch} is kept" if latest else "no checkpoint was written"
     raise TrainingDiverged(f"training diverged: {reason}; {kept} in {run.path}. Lower train.optimizer.lr (now "
                            f"{cfg.train.optimizer.get('lr')}) or train in fp32 (train.precision=fp32), and start a new run_dir")
 
@@ -464,7 +470,8 @@ def _finished_run(run: RunDirectory, recipe: Recipe, progress: _Progress, epochs
     return TrainResult(recipe.model, summary, run.path, completed=True)
 
 
-def _resume_or_start(run: RunDirectory, cfg: DictConfig, recipe: Recipe, optimizer, scheduler, device, dist: Distributed) -> _Progress:
+def _resume_or_start(run: RunDirectory, cfg: DictConfig, recipe: Recipe, optimizer, scheduler, device, dist: Distributed,
+                     layout: Mapping[str, int]) -> _Progress:
     ref = run.latest()
     if ref is None:
         if dist.is_main:
@@ -479,8 +486,12 @@ def _resume_or_start(run: RunDirectory, cfg: DictConfig, recipe: Recipe, optimiz
             f"or choose another run_dir=..."
         )
     check_same_run(run.read_config_text(), cfg, run.path)
-    load_into(recipe.model, ref.weights)
-    state = run.load_state(ref)
+    try:
+        load_into(recipe.model, ref.weights)
+        state = run.load_state(ref)
+    except (CheckpointError, RunDirectoryError) as err:  # a damaged file: say which earlier checkpoint is still there
+        raise RunDirectoryError(f"{err}{run.resume_hint(ref)}") from err
+    _check_same_layout(state.get("layout"), layout, run.path)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     for name, module in recipe.auxiliary_modules().items():
@@ -498,8 +509,23 @@ def _resume_or_start(run: RunDirectory, cfg: DictConfig, recipe: Recipe, optimiz
     return progress
 
 
-def _save(run: RunDirectory, recipe: Recipe, optimizer, scheduler, progress: _Progress, device, keep: int) -> None:
+def _check_same_layout(saved: Mapping[str, int] | None, layout: Mapping[str, int], path: Path) -> None:
+    """Refuse to resume on other data or another number of processes: the learning-rate schedule resumes at a step count,
+    which would then fall in another epoch (a 2-GPU run resumed on 1 climbed back up; one on fewer images trained at lr 0),
+    and the global batch would change. Checkpoints saved before the layout was recorded are not checked."""
+    if saved is None or dict(saved) == dict(layout):
+        return
+    changed = "; ".join(f"{key} {saved.get(key)} then, {value} now" for key, value in layout.items() if saved.get(key) != value)
+    raise RunDirectoryError(
+        f"{path} cannot resume with another data layout ({changed}): its learning-rate schedule counts steps, which would "
+        f"fall in other epochs. Resume with the same training data (data.root, data_limit) on {saved.get('processes')} "
+        "process(es) (torchrun --nproc_per_node=N), or start a new run_dir"
+    )
+
+
+def _save(run: RunDirectory, recipe: Recipe, optimizer, scheduler, progress: _Progress, device, keep: int, layout: Mapping[str, int]) -> None:
     state = {
+        "layout": dict(layout),
         "epoch": progress.epoch,
         "step": progress.step,
         "train_seconds": progress.train_seconds,

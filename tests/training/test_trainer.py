@@ -93,6 +93,9 @@ def test_an_existing_run_is_not_overwritten_and_a_changed_config_is_not_resumed(
         (["train.eval.batch_size=0"], ConfigError, r"train.eval.batch_size must be a whole number >= 1 \(or null for the default\), got 0"),
         (["train.eval.final_restarts=0"], ConfigError, "train.eval.final_restarts must be a whole number >= 1"),
         (["stop_after_epochs=0"], ConfigError, "stop_after_epochs must be a whole number >= 1"),
+        # a count of test images: 0.5 measured the final robust accuracy on one image, -1 dropped it, 'all' crashed after training
+        (["train.eval.final_subset=0.5"], ConfigError, r"train.eval.final_subset must be a whole number >= 0 test images \(0 = none, null = all\)"),
+        (["train.eval.subset=-5"], ConfigError, "train.eval.subset must be a whole number >= 0"),
         (["train=simclr", "train.probe.lr=0"], ValueError, r"linear probe needs .*lr > 0.*got 100, 0.0, 256.*\(train.probe\)"),
     ],
 )
@@ -112,6 +115,54 @@ def test_a_diverged_run_stops_and_keeps_no_weights_that_are_not_numbers(make_con
     run = RunDirectory(make_config().run_dir)
     assert [m["epoch"] for m in run.read_metrics()] == [1] and run.latest() is None and not run.model_path.exists()
     assert json.loads(run.summary_path.read_text())["status"] == "diverged"
+
+
+def test_a_diverged_run_names_the_checkpoint_it_kept_not_the_last_finished_epoch(make_config, monkeypatch):
+    """save_every=2 and a NaN loss in epoch 4: the message said epoch 3 was kept, which was never written."""
+    from training import trainer
+    from training.trainer import TrainingDiverged
+
+    real_epoch = trainer._train_epoch
+
+    def nan_from_epoch_4(*args, **kwargs):
+        record = real_epoch(*args, **kwargs)
+        return {**record, "train_loss": float("nan")} if kwargs["epoch"] == 3 else record
+
+    monkeypatch.setattr(trainer, "_train_epoch", nan_from_epoch_4)
+    with pytest.raises(TrainingDiverged, match=r"in epoch 4; the checkpoint of epoch 2 is kept"):
+        train(make_config("train=standard", "train.epochs=5", "save_every=2", "train.eval.every=0"))
+    assert RunDirectory(make_config().run_dir).latest().epoch == 2
+
+
+def test_a_run_resumes_only_on_the_data_and_processes_it_started_with(make_config, tmp_path):
+    """The scheduler resumes at a step count: on fewer images (same data.root) the resumed epoch trained at lr 0."""
+    from .test_data import write_cifar10_folder
+
+    write_cifar10_folder(tmp_path / "data", per_batch=16)
+    cifar = ["data=cifar10", f"data.root={tmp_path / 'data'}", "train.batch_size=16",
+             "train.eval.every=0", "train.eval.final_subset=0", "train.epochs=2"]
+    first = train(make_config("train=standard", *cifar, "stop_after_epochs=1"))
+    assert torch.load(RunDirectory(first.run_dir).latest().state, weights_only=True)["layout"] == {
+        "train_images": 80, "processes": 1, "steps_per_epoch": 5}
+    import shutil
+
+    shutil.rmtree(tmp_path / "data")
+    write_cifar10_folder(tmp_path / "data", per_batch=8)  # the folder re-extracted with fewer images
+    with pytest.raises(RunDirectoryError, match=r"another data layout \(train_images 80 then, 40 now; steps_per_epoch 5 then, 2 now\)"
+                                                r".*same training data .* on 1 process"):
+        train(make_config("train=standard", *cifar, "resume=true"))
+
+
+def test_a_damaged_latest_checkpoint_names_the_earlier_one_kept_beside_it(make_config):
+    first = train(make_config("train=standard", "train.epochs=3", "train.eval.every=0", "stop_after_epochs=2"))
+    run = RunDirectory(first.run_dir)
+    latest = run.latest()
+    latest.state.write_bytes(latest.state.read_bytes()[:100])  # a partial copy of the run folder
+    with pytest.raises(RunDirectoryError, match=r"cannot read training state .*epoch 1 is kept beside it: resume from it by writing "
+                                                r"'\{\"epoch\": 1, \"path\": \"epoch_0001\"\}' to .*latest.json"):
+        train(make_config("train=standard", "train.epochs=3", "train.eval.every=0", "resume=true"))
+    (run.checkpoint_dir / "latest.json").write_text('{"epoch": 1, "path": "epoch_0001"}')  # as the message says
+    assert train(make_config("train=standard", "train.epochs=3", "train.eval.every=0", "resume=true")).summary["epochs_completed"] == 3
 
 
 def test_the_logged_rate_is_the_one_the_epoch_trained_at(make_config):
