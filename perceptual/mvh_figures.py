@@ -5,7 +5,9 @@ per experiment (the human subjects as a band from the lowest to the highest subj
 as lines), error consistency against condition (human-human pairs as a band and mean; each model's mean over the
 humans as a line), a subject × subject error-consistency matrix per experiment, and the shape-bias plot (shape
 bias per category; the benchmark draws the fraction of shape decisions on the x axis, categories on the y axis).
-Each function writes its PNG atomically (:func:`perceptual.report.save_figure`) and returns the path.
+Each function writes its PNG atomically (:func:`perceptual.report.save_figure`) and returns the path. A model keeps one
+colour in every panel and the panels share one legend, as the benchmark gives each decision maker a fixed colour (a model
+without data in one experiment would otherwise shift the others' colours there).
 """
 from __future__ import annotations
 
@@ -34,10 +36,26 @@ def _grid(n: int):
     plt = _pyplot()
     cols = min(4, n)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.0 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.0 * rows + 0.6), squeeze=False, layout="constrained")
     for ax in axes.flat[n:]:
         ax.set_visible(False)
-    return fig, axes.flat
+    return fig, list(axes.flat)
+
+
+def _model_colours(models) -> dict[str, str]:
+    """One colour per model for every panel, from matplotlib's tab10 without its red (the humans' colour is red)."""
+    palette = [colour for i, colour in enumerate(_pyplot().get_cmap("tab10").colors) if i != 3]
+    return {model: palette[i % len(palette)] for i, model in enumerate(sorted(models))}
+
+
+def _shared_legend(fig, axes) -> None:
+    """One legend below the panels with every label any panel drew (a model missing from the first panel is still named)."""
+    handles: dict[str, object] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="outside lower center", ncol=min(4, len(handles)), fontsize=7)
 
 
 def _band(ax, x, low, mean, high, label):
@@ -57,24 +75,25 @@ def accuracy_figure(per_subject: pd.DataFrame, path: str | Path, title: str = "A
     """
     datasets = sorted(per_subject["dataset"].unique())
     fig, axes = _grid(len(datasets))
+    colours = _model_colours(per_subject.loc[~per_subject["is_human"], "subject"].unique())
     for ax, dataset in zip(axes, datasets):
         rows = per_subject[per_subject["dataset"] == dataset]
         order = condition_order(rows["condition"].unique())
         x = np.arange(len(order))
         humans = rows[rows["is_human"]].groupby("condition")["accuracy"]
-        if len(rows[rows["is_human"]]):
+        n_humans = rows.loc[rows["is_human"], "subject"].nunique()
+        if n_humans:
             stats = humans.agg(["min", "mean", "max"]).reindex(order)
-            _band(ax, x, stats["min"], stats["mean"], stats["max"], f"humans (n={rows[rows['is_human']]['subject'].nunique()})")
+            _band(ax, x, stats["min"], stats["mean"], stats["max"], "humans")
         for model, group in rows[~rows["is_human"]].groupby("subject"):
-            ax.plot(x, group.set_index("condition")["accuracy"].reindex(order), "s--", markersize=3, label=model)
+            ax.plot(x, group.set_index("condition")["accuracy"].reindex(order), "s--", markersize=3, color=colours[model], label=model)
         ax.set_xticks(x, order, rotation=45 if len(order) > 4 else 0, fontsize=7)
         ax.set_ylim(0, 1)
-        ax.set_title(dataset, fontsize=9)
+        ax.set_title(f"{dataset} ({n_humans} human subjects)", fontsize=9)
         ax.set_xlabel("condition", fontsize=8)
         ax.set_ylabel("16-class accuracy", fontsize=8)
-    axes[0].legend(fontsize=6, loc="lower left")
+    _shared_legend(fig, axes)
     fig.suptitle(title)
-    fig.tight_layout()
     return save_figure(fig, Path(path))
 
 
@@ -83,25 +102,27 @@ def error_consistency_figure(pairs: pd.DataFrame, path: str | Path, title: str =
     mean error consistency with the humans. ``pairs``: :func:`perceptual.mvh_analysis.pairwise_consistency`."""
     datasets = sorted(pairs["dataset"].unique())
     fig, axes = _grid(len(datasets))
+    colours = _model_colours(pairs.loc[pairs["kind"] == "model-human", "subject_a"].unique())
     for ax, dataset in zip(axes, datasets):
         rows = pairs[pairs["dataset"] == dataset]
         order = condition_order(rows["condition"].unique())
         x = np.arange(len(order))
         human = rows[rows["kind"] == "human-human"]
+        n_pairs = len(human) // len(order)
         if len(human):
             stats = human.groupby("condition")["error_consistency"].agg(["min", "mean", "max"]).reindex(order)
-            _band(ax, x, stats["min"], stats["mean"], stats["max"], f"human-human ({len(human) // len(order)} pairs)")
+            _band(ax, x, stats["min"], stats["mean"], stats["max"], "human-human")
         for model, group in rows[rows["kind"] == "model-human"].groupby("subject_a"):
-            ax.plot(x, group.groupby("condition")["error_consistency"].mean().reindex(order), "s--", markersize=3, label=f"{model} vs humans")
+            ax.plot(x, group.groupby("condition")["error_consistency"].mean().reindex(order), "s--", markersize=3, color=colours[model],
+                    label=f"{model} vs humans")
         ax.axhline(0, color="grey", linewidth=0.6)
         ax.set_xticks(x, order, rotation=45 if len(order) > 4 else 0, fontsize=7)
         ax.set_ylim(-0.2, 1)
-        ax.set_title(dataset, fontsize=9)
+        ax.set_title(f"{dataset} ({n_pairs} human pairs)", fontsize=9)
         ax.set_xlabel("condition", fontsize=8)
         ax.set_ylabel("error consistency (kappa)", fontsize=8)
-    axes[0].legend(fontsize=6, loc="upper left")
+    _shared_legend(fig, axes)
     fig.suptitle(title + " (0: independent errors, 1: the same errors)")
-    fig.tight_layout()
     return save_figure(fig, Path(path))
 
 

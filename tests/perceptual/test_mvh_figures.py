@@ -46,10 +46,10 @@ def test_accuracy_figure_draws_the_human_band_and_model_lines(captured, tmp_path
     figures.accuracy_figure(accuracy_per_subject(trials()), tmp_path / "a.png")
     (fig,) = captured
     ax = fig.axes[0]
-    assert ax.get_title() == "high-pass" and ax.get_xlabel() == "condition" and ax.get_ylabel() == "16-class accuracy"
+    assert ax.get_title() == "high-pass (2 human subjects)" and ax.get_xlabel() == "condition" and ax.get_ylabel() == "16-class accuracy"
     assert [t.get_text() for t in ax.get_xticklabels()] == ["0.4", "3", "inf"]  # numeric order, not string order
     lines = {line.get_label(): line.get_ydata() for line in ax.get_lines()}
-    np.testing.assert_allclose(lines["humans (n=2) (mean)"], [0.375, 0.625, 0.875])
+    np.testing.assert_allclose(lines["humans (mean)"], [0.375, 0.625, 0.875])
     np.testing.assert_allclose(lines["net"], [0.0, 0.25, 0.5])
     band = ax.collections[0].get_paths()[0].vertices[:, 1]
     assert band.min() == pytest.approx(0.25) and band.max() == pytest.approx(1.0)  # lowest and highest subject
@@ -63,7 +63,8 @@ def test_error_consistency_figure_and_matrix(captured, tmp_path):
     assert ax.get_ylabel() == "error consistency (kappa)"
     lines = {line.get_label(): line.get_ydata() for line in ax.get_lines() if not line.get_label().startswith("_")}
     human = pairs[pairs["kind"] == "human-human"].set_index("condition")["error_consistency"]
-    np.testing.assert_allclose(lines["human-human (1 pairs) (mean)"], human.loc[["0.4", "3", "inf"]].to_numpy())
+    assert ax.get_title() == "high-pass (1 human pairs)"
+    np.testing.assert_allclose(lines["human-human (mean)"], human.loc[["0.4", "3", "inf"]].to_numpy())
     model = pairs[pairs["kind"] == "model-human"].groupby("condition")["error_consistency"].mean()
     np.testing.assert_allclose(lines["net vs humans"], model.loc[["0.4", "3", "inf"]].to_numpy())
     matrix = consistency_matrix(pairs, "high-pass")
@@ -71,6 +72,23 @@ def test_error_consistency_figure_and_matrix(captured, tmp_path):
     ax = captured[1].axes[0]
     np.testing.assert_allclose(ax.get_images()[0].get_array(), matrix.to_numpy(dtype=float))
     assert [t.get_text() for t in ax.get_yticklabels()] == ["net", "subject-01", "subject-02"]
+
+
+def test_a_model_keeps_its_colour_in_every_panel_and_the_shared_legend_names_it(captured, tmp_path):
+    """A model without trials in the first experiment shifted the others' colours there, and only panel 0 had a legend."""
+    a, b = trials().replace({"subject": {"net": "a-net"}}), trials().replace({"subject": {"net": "b-net"}})
+    both = pd.concat([b.assign(dataset="colour"), a, b[b["subject"] == "b-net"]])  # a-net has no colour trials
+    for draw, data in ((figures.accuracy_figure, accuracy_per_subject(both)), (figures.error_consistency_figure, pairwise_consistency(both))):
+        draw(data, tmp_path / "f.png")
+        fig = captured[-1]
+        colours = {}
+        for ax in fig.axes:
+            for line in ax.get_lines():
+                if "net" in line.get_label():
+                    colours.setdefault(line.get_label(), set()).add(line.get_color())
+        assert len(colours) == 2 and all(len(c) == 1 for c in colours.values()) and len(set.union(*colours.values())) == 2
+        (legend,) = fig.legends
+        assert {t.get_text() for t in legend.get_texts()} >= set(colours)
 
 
 def test_shape_bias_figure(captured, tmp_path):
