@@ -321,20 +321,25 @@ class ClassControversialLoss(Objective):
 
 
 class TotalVariation(Objective):
-    """``weight * mean((dx^2 + dy^2) ** (beta / 2))`` per sample: the TV^beta prior of Mahendran &
-    Vedaldi (2015). The mean (instead of their sum) makes ``weight`` independent of image size; for
-    beta < 2 a 1e-8 inside the power keeps the gradient finite on flat regions. The authors' ``TVLoss``
-    (deep-learning-base ``attack/losses.py``) raises the *total* to beta / 2, ``(sum dy² + sum dx²) ** (beta/2)``,
-    which is the same prior only at beta = 2 (up to the sum-vs-mean scale); their ``freq*`` losses with beta != 2
-    are not reproduced."""
+    """``weight * mean((dx^2 + dy^2) ** (beta / 2))`` per sample: the TV^beta prior of Mahendran & Vedaldi (2015), with
+    ``dx``, ``dy`` the differences to the right and lower neighbours at every pixel, 0 past the last column and row
+    (the image's edge replicated). Mahendran & Vedaldi sum over the pixels that have both neighbours, which leaves the
+    last row's horizontal and the last column's vertical differences out (stripes there cost a quarter of the same
+    stripes in the first row, and the corner pixel is free); the replicated edge keeps every difference once.
+
+    The mean (instead of their sum) makes ``weight`` independent of image size; for beta < 2 a 1e-8 inside the power
+    keeps the gradient finite on flat regions. At beta = 2 this is the authors' ``TVLoss`` (deep-learning-base
+    ``attack/losses.py``: ``sum dy² + sum dx²`` over the full difference arrays) divided by C·H·W. For beta != 2 their
+    loss raises the *total* to beta / 2, a different prior: their ``freq*`` losses with beta != 2 are not reproduced."""
 
     def __init__(self, weight: float = 1.0, beta: float = 2.0):
         super().__init__()
         self.weight, self.beta = weight, beta
 
     def forward(self, x: Tensor, items: Tensor | None = None, step: Step = 0) -> Tensor:
-        dx = x[..., :-1, 1:] - x[..., :-1, :-1]
-        dy = x[..., 1:, :-1] - x[..., :-1, :-1]
+        edged = F.pad(x, (0, 1, 0, 1), mode="replicate")
+        dx = edged[..., :-1, 1:] - x
+        dy = edged[..., 1:, :-1] - x
         squared = dx * dx + dy * dy
         if self.beta != 2.0:
             squared = (squared + 1e-8) ** (self.beta / 2)

@@ -83,6 +83,22 @@ def test_class_controversial_loss_is_the_negative_smooth_minimum(tiny_classifier
     torch.testing.assert_close(loss(x[[1, 3]], torch.tensor([1, 3])), expected[[1, 3]])
 
 
+def test_total_variation_counts_every_neighbour_difference_once():
+    """At beta 2 the authors' TVLoss (full difference arrays) over C*H*W; the crop to pixels with both neighbours left the
+    last row and column half-penalised and the corner pixel free."""
+    x = torch.rand(2, 3, 7, 5, dtype=torch.float64)
+    authors = ((x[..., 1:, :] - x[..., :-1, :]) ** 2).sum((1, 2, 3)) + ((x[..., :, 1:] - x[..., :, :-1]) ** 2).sum((1, 2, 3))
+    torch.testing.assert_close(TotalVariation(1.0)(x).double(), authors / (3 * 7 * 5))
+    stripes = torch.tensor([0.0, 1.0, 0.0, 1.0])
+    top, bottom = torch.zeros(2, 1, 4, 4), torch.zeros(2, 1, 4, 4)
+    top[..., 0, :], bottom[..., -1, :] = stripes, stripes
+    torch.testing.assert_close(TotalVariation(1.0)(top), TotalVariation(1.0)(bottom))
+    corner = torch.rand(1, 3, 6, 6, requires_grad=True)
+    (grad,) = torch.autograd.grad(TotalVariation(1.0)(corner).sum(), corner)
+    assert (grad[0, :, -1, -1] != 0).all()
+    assert torch.isfinite(TotalVariation(1.0)(torch.rand(1, 3, 1, 8))).all()  # one row: NaN before
+
+
 def test_priors():
     flat = torch.full((2, 3, 8, 8), 0.3)
     noise = torch.rand(2, 3, 8, 8)
