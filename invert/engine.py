@@ -87,9 +87,10 @@ class InversionResult:
     item_steps_computed: the item-steps the device computed. At least ``steps_used.sum()``: frozen items stay in
         the batch until the next report (eager) or until every item of their micro-batch is frozen (masked, cuda-graph),
         so early stopping saves that much less work.
-    task_loss: (N,) the caller's objective alone at ``images``, without the config's priors (``tv_weight``, ``lp_weight``)
-        and transformation robustness, which serve the search: for an inversion, the normalised distance that says
-        whether it converged. It is ``best_loss`` itself when those are off.
+    task_loss: (N,) the caller's objective alone at ``images``, in float32, without the config's priors (``tv_weight``,
+        ``lp_weight``) and transformation robustness, which serve the search: for an inversion, the normalised distance
+        that says whether it converged (a bf16 run's losses have a floor of about 0.003 there). It is ``best_loss``
+        itself when the run was fp32 without those settings.
     """
 
     images: Tensor
@@ -251,7 +252,8 @@ class Engine:
                     runner.run_chunk(init[start:stop], start, stop, out, bar)
             finally:
                 bar.close()
-            task_loss = out.best_loss.clone() if objective is task_objective else runner.task_loss(task_objective, out.images, micro_batch)
+            rescored = objective is not task_objective or use_bf16  # bf16 features leave a floor (~0.003 at the target itself)
+            task_loss = runner.task_loss(task_objective, out.images, micro_batch) if rescored else out.best_loss.clone()
         return InversionResult(
             images=out.images.to(caller_dtype),
             best_loss=out.best_loss,
@@ -437,14 +439,13 @@ class _Runner:
 
     def task_loss(self, objective: nn.Module, images: Tensor, micro_batch: int) -> Tensor:
         """``objective`` (the caller's, without the engine's extras) at the kept ``images``, one micro-batch at a time, at
-        the last step and in the run's precision."""
+        the last step, in float32."""
         rows = torch.arange(images.shape[0], device=images.device)
         step = torch.tensor(self.cfg.steps, device=images.device)
         losses = []
         for start in range(0, images.shape[0], micro_batch):
-            with self.autocast():
-                image = images[start:start + micro_batch]
-                losses.append(self._checked(objective(image, rows[start:start + micro_batch], step), image).float())
+            image = images[start:start + micro_batch]
+            losses.append(self._checked(objective(image, rows[start:start + micro_batch], step), image).float())
         return torch.cat(losses)
 
     # -- the loop
