@@ -76,14 +76,17 @@ class Sigmoid:
     """``x = sigmoid(logits)``: always in (0, 1), no projection (Golan et al. 2020).
 
     ``from_image`` clamps to [margin, 1 - margin] before the logit, so images with exact 0 or 1
-    start at finite logits (|logit| <= 9.2 for the default margin) and still receive gradient.
+    start at finite logits (|logit| <= 9.2 for the default margin) and still receive gradient; the logits are float32
+    whatever the image's dtype, since in fp16 or bf16 neither holds.
     """
 
     def __init__(self, margin: float = 1e-4):
         self.margin = margin
 
     def from_image(self, x: Tensor) -> Tensor:
-        return torch.logit(x.detach().clamp(self.margin, 1 - self.margin))
+        # float32 whatever x's dtype: 1 - 1e-4 rounds to 1 in fp16 and bf16 (logit inf), and a half-precision sigmoid
+        # rounds near-white to 1, passing no gradient either way: a white pixel could never move
+        return torch.logit(x.detach().float().clamp(self.margin, 1 - self.margin))
 
     def to_image(self, param: Tensor) -> Tensor:
         return torch.sigmoid(param)

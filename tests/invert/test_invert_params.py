@@ -73,6 +73,15 @@ def test_fourier_steps_favour_low_frequencies():
     assert dc.norm() > 5 * high.norm()
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sigmoid_starts_white_and_black_pixels_at_finite_logits_with_gradient_in_half_precision(dtype):
+    """1 - 1e-4 rounds to 1 in half precision: a white pixel started at logit inf and could never move."""
+    sigmoid = make_parametrization("sigmoid")
+    logits = sigmoid.from_image(torch.tensor([0.0, 0.5, 1.0], dtype=dtype).view(1, 1, 1, 3)).requires_grad_(True)
+    (grad,) = torch.autograd.grad(sigmoid.to_image(logits).sum(), logits)
+    assert logits.dtype == torch.float32 and torch.isfinite(logits).all() and (grad > 0).all()
+
+
 def test_errors():
     with pytest.raises(ValueError, match="unknown parametrization 'wavelet'.*fourier.*pixel.*sigmoid"):
         make_parametrization("wavelet")
