@@ -41,6 +41,7 @@ from .metrics import SIXTEEN_CLASS_NAMES, is_excluded
 from .metrics._validation import nanmean
 from .mvh_analysis import condition_order
 from .pair_metrics import NESTED_METRICS, PAIR_METRIC_REGISTRY, MetricContext, Responses, metric_correlations, nanmean_matrices, rankings
+from .tasks import panel_summary
 
 log = logging.getLogger(__name__)
 
@@ -226,11 +227,11 @@ def summary_markdown(data: Mapping, figures: Sequence[str] = ()) -> str:
     among = ranking["observers_among_themselves"]
     lines += ["", "Humans among themselves (the ceiling): " + ", ".join(f"{k} {_fmt(v)}" for k, v in among.items()) + ".", ""]
     lines += metric_correlation_lines(data)
-    lines += ["", "## Accuracy per condition", "", "| experiment/condition | " + " | ".join(models) + " | humans (mean ± std) |",
+    lines += ["", "## Accuracy per condition", "", "| experiment/condition | " + " | ".join(models) + " | humans (mean ± sample std) |",
               "|---" * (len(models) + 2) + "|"]
     for cell, acc in data["accuracy"].items():
-        human = np.array([acc[s] for s in subjects if s in acc])
-        lines.append(f"| {cell} | " + " | ".join(_fmt(acc.get(m)) for m in models) + f" | {_fmt(human.mean())} ± {_fmt(human.std())} |")
+        human = panel_summary({s: acc[s] for s in subjects if s in acc})  # the sample std, as humans-mvh and compare print
+        lines.append(f"| {cell} | " + " | ".join(_fmt(acc.get(m)) for m in models) + f" | {_fmt(human['mean'])} ± {_fmt(human['std'])} |")
     if figures:
         lines += ["", "## Figures", ""] + [f"- ![{f}]({f})" for f in figures]
     return "\n".join(lines) + "\n"

@@ -188,10 +188,11 @@ def panel_summary(per_observer: Mapping[str, float]) -> dict:
     """Mean ± sample std of one score across a panel's observers.
 
     The sample std (ddof 1) is wider than the authors' notebook's ``np.std`` (ddof 0) by sqrt(n / (n - 1)):
-    a panel is a sample of possible observers, not all of them."""
+    a panel is a sample of possible observers, not all of them. With fewer than two scores it is NaN (shown as no
+    spread at all), not 0, which would read as observers in perfect agreement."""
     values = np.array([v for v in per_observer.values() if v is not None and not math.isnan(v)], dtype=float)
     return {
         "mean": float(values.mean()) if len(values) else math.nan,
-        "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0,
+        "std": float(values.std(ddof=1)) if len(values) > 1 else math.nan,
         "observers": dict(per_observer),
     }

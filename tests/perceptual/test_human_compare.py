@@ -253,7 +253,11 @@ def test_the_ranking_nests_every_metric_per_experiment_without_the_benchmarks_ex
         per_experiment.append(np.nanmean(per_human))
     assert values["misclassification_agreement"] == pytest.approx(np.mean(per_experiment))
     assert data["excluded_conditions"] == {"colour": ["cr"]} and "colour/cr" in data["per_condition"]  # kept per condition
-    assert "leave out its controls" in human_summary_markdown(data)
+    summary = human_summary_markdown(data)
+    assert "leave out its controls" in summary and "humans (mean ± sample std)" in summary
+    cell, accuracy = next(iter(data["accuracy"].items()))
+    humans = [accuracy[s] for s in accuracy if s.startswith("human:")]
+    assert f"{np.mean(humans):.3f} ± {np.std(humans, ddof=1):.3f} |" in summary.split(f"| {cell} |", 1)[1].split("\n", 1)[0]
 
 
 def test_cles_smooths_over_sixteen_classes_unless_a_trial_is_unanswered(trials):

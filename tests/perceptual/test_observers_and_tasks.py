@@ -292,6 +292,8 @@ def test_8bit_quantisation_and_unknown_observer():
 def test_panel_summary_and_unique_names():
     summary = panel_summary({"a": 0.6, "b": 0.8, "c": 0.7})
     assert summary["mean"] == pytest.approx(0.7) and summary["std"] == pytest.approx(0.1)
+    for lone in ({"lpips": 0.71}, {"lpips": 0.71, "ssim": math.nan}):  # one score: no spread to show, not a perfect agreement
+        assert panel_summary(lone)["mean"] == 0.71 and math.isnan(panel_summary(lone)["std"])
     with pytest.raises(ValueError, match="unique"):
         Panel([PixelL2Observer(), PixelL2Observer()])
     shouting = PixelL2Observer()
