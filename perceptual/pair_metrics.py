@@ -124,6 +124,8 @@ def nanmean_matrices(matrices: Sequence[np.ndarray]) -> np.ndarray:
 def metric_correlations(matrices: Mapping[str, np.ndarray]) -> dict:
     """Spearman's rho between every two metrics over the distinct system pairs (NaN pairs omitted)."""
     names = list(matrices)
+    if not names:
+        raise ValueError("no metric matrices to correlate: pass at least one {name: (systems, systems) matrix}")
     size = next(iter(matrices.values())).shape[0]
     rho = np.full((len(names), len(names)), np.nan)
     pairs = np.zeros((len(names), len(names)), dtype=int)

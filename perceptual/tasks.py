@@ -42,6 +42,17 @@ def _index(ids: Sequence[str], id_to_row: Mapping[str, int]) -> torch.Tensor:
     return torch.tensor([id_to_row[i] for i in ids], dtype=torch.long)
 
 
+def _check_finite(d: np.ndarray, observer: Observer, trials: pd.DataFrame) -> None:
+    """Refuse a NaN or infinite distance ``d`` (one row per trial row): a NaN is no tie and never nearer, so it would be
+    scored as a choice."""
+    bad = ~np.isfinite(d)
+    if bad.any():
+        row = int(np.flatnonzero(bad.any(axis=1))[0])
+        first = trials["trial"].tolist()[row] if "trial" in trials else row
+        raise ValueError(f"observer {observer.name!r} returned {int(bad.sum())} non-finite distance(s), first in trial {first}: "
+                         "check the observer (a registered one must give a finite distance for every pair)")
+
+
 def judge_2afc(trials: pd.DataFrame, images: torch.Tensor, id_to_row: Mapping[str, int], observer: Observer,
                tie_tolerance: float = TIE_TOLERANCE) -> pd.DataFrame:
     """Per-trial judgements: distances to both options, the choice, credit (1, 0 or 0.5 on a tie)."""
@@ -49,6 +60,7 @@ def judge_2afc(trials: pd.DataFrame, images: torch.Tensor, id_to_row: Mapping[st
     left, right = _index(trials["left_id"], id_to_row), _index(trials["right_id"], id_to_row)
     d = observer.pairwise(images, torch.cat([query, query]), torch.cat([left, right])).double().numpy()
     d_left, d_right = d[: len(trials)], d[len(trials):]
+    _check_finite(np.stack([d_left, d_right], axis=1), observer, trials)
     tie = np.abs(d_left - d_right) <= tie_tolerance
     choice = np.where(tie, "tie", np.where(d_left < d_right, "left", "right"))
     credit = np.where(tie, 0.5, (choice == trials["answer"].to_numpy()).astype(float))
@@ -64,6 +76,7 @@ def judge_clustering(trials: pd.DataFrame, images: torch.Tensor, id_to_row: Mapp
     query = _index(trials["query_id"], id_to_row)
     columns = [_index(trials[f"column_{k}"], id_to_row) for k in range(3)]
     d = observer.pairwise(images, query.repeat(3), torch.cat(columns)).double().numpy().reshape(3, -1).T  # (rows, 3)
+    _check_finite(d, observer, trials)
     nearest = d <= d.min(axis=1, keepdims=True) + tie_tolerance
     answer = trials["answer"].to_numpy()
     credit = nearest[np.arange(len(d)), answer] / nearest.sum(axis=1)

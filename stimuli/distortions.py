@@ -117,6 +117,7 @@ def gaussian_blur(images: Tensor, sigma: float, cval: float = MVH_GREY) -> Tenso
     Equals ``scipy.ndimage.gaussian_filter(channel, sigma, mode="constant", cval=cval)`` (same kernel and
     truncation; separable, padding each pass with ``cval`` as scipy does). ``sigma = 0`` returns the input.
     """
+    check_images(images, "images")  # uint8 images would round the kernel to zeros: an all-black result
     sigma = _check_nonnegative(sigma, "sigma")
     if sigma == 0:
         return images.clone()
@@ -501,6 +502,8 @@ def parse_conditions(spec: Any, reference_size: int = REFERENCE_SIZE) -> list[Di
 def apply_batched(distortion: Distortion, images: Tensor, image_ids: Tensor, seed: int, batch_size: int = 256,
                   device: torch.device | str | None = None) -> Tensor:
     """Distort a whole set in batches on ``device`` (fitting first where needed); float [0, 1] on the CPU."""
+    if not len(images):
+        raise ValueError("no images to distort: select at least one (e.g. a larger limit or another split)")
     device = torch.device(device) if device is not None else images.device
     ids = torch.as_tensor(image_ids, dtype=torch.long)
     if distortion.needs_fit:
@@ -542,6 +545,9 @@ def make_condition_set(path: str | Path, distortion: Distortion, images: Tensor,
     labels = torch.as_tensor(labels, dtype=torch.long).cpu()
     if not (len(index) == len(labels) == len(images)):
         raise ValueError(f"one label and one source index per image: {len(images)} images, {len(labels)} labels, {len(index)} indices")
+    if not len(images):
+        raise ValueError(f"no images for the condition set {path}: select at least one (e.g. a larger limit or another split)")
+    class_names = [classes[int(k)] for k in labels]
     parameters = condition_parameters(distortion, images, labels, seed=seed, dataset=dataset, split=split, source_index=index.tolist())
     empty = distortion.below_resolution(images.shape[-1])
     if empty:
@@ -552,13 +558,14 @@ def make_condition_set(path: str | Path, distortion: Distortion, images: Tensor,
         except stimuli.StimulusSetError as err:  # a condition set is a cache: a damaged one is made again
             logger.warning("the condition set %s cannot be read (%s): it is made again", path, err)
         else:
-            if existing.fingerprint == fingerprint_of(parameters):
+            # the class names are not in the fingerprint (sets made before would all be rebuilt): compared here
+            if existing.fingerprint == fingerprint_of(parameters) and list(existing.manifest["class_name"]) == class_names:
                 return existing
     distorted = apply_batched(distortion, images, index, seed, batch_size=batch_size, device=device)
     eight_bit = stimuli.quantise(distorted).float() / 255
     manifest = pd.DataFrame({
         "id": [f"{dataset}-{split}-{int(i):05d}" for i in index], "role": "query", "label": labels.tolist(),
-        "class_name": [classes[int(k)] for k in labels], "source": dataset, "source_split": split, "source_index": index.tolist(),
+        "class_name": class_names, "source": dataset, "source_split": split, "source_index": index.tolist(),
     })
     stimuli.write_set(path, eight_bit, manifest, kind="condition", parameters=parameters, config=dict(config or {}), preview=preview)
     return stimuli.load_set(path, verify_pngs=False)

@@ -82,6 +82,8 @@ def test_condition_means_skip_nan_and_metric_correlations():
     rho = result["rho"]
     assert rho[0, 0] == pytest.approx(1.0) and rho[0, 1] == pytest.approx(-1.0)
     assert result["pairs"][0, 1] == 10 and result["pairs"][0, 2] == 0 and math.isnan(rho[0, 2])
+    with pytest.raises(ValueError, match="no metric matrices to correlate"):  # a bare StopIteration before
+        metric_correlations({})
 
 
 def _overrides(out, checkpoints) -> list[str]:

@@ -87,6 +87,25 @@ def test_clustering_scoring_with_known_distances_and_three_way_ties():
     assert tie["credit"].iloc[0] == pytest.approx(1 / 3) and bool(tie["tie"].iloc[0])
 
 
+def test_a_nan_distance_is_refused_not_scored_as_a_choice():
+    """A NaN is no tie and never nearer: 2AFC chose 'right' (credit by the answer's side), clustering gave NaN credit."""
+
+    class NaNForOne(PixelL2Observer):
+        name = "nan-for-one"
+
+        def pairwise_images(self, a, b):
+            d = super().pairwise_images(a, b)
+            return torch.where((a - 0.7).abs().amax(dim=(1, 2, 3)) < 1e-6, torch.nan, d)
+
+    images, index = flat_images({"q": 0.5, "t": 0.45, "s": 0.9, "odd": 0.7})
+    two_afc = pd.DataFrame({"trial": [0, 7], "query_id": ["q", "odd"], "left_id": ["s", "s"], "right_id": ["t", "t"], "answer": ["right", "left"]})
+    with pytest.raises(ValueError, match=r"observer 'nan-for-one' returned 2 non-finite distance\(s\), first in trial 7"):
+        judge_2afc(two_afc, images, index, NaNForOne())
+    rows = pd.DataFrame({"query_id": ["q", "odd"], "column_0": ["t"] * 2, "column_1": ["s"] * 2, "column_2": ["q"] * 2, "answer": [0, 1]})
+    with pytest.raises(ValueError, match=r"returned 3 non-finite distance\(s\), first in trial 1"):
+        judge_clustering(rows, images, index, NaNForOne())
+
+
 def test_missing_trial_image_names_the_problem():
     images, index = flat_images({"q": 0.1, "t": 0.2})
     trials = pd.DataFrame({"query_id": ["q"], "left_id": ["t"], "right_id": ["gone"], "answer": ["left"]})

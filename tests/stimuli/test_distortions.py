@@ -64,6 +64,12 @@ def test_blur_on_pixel_sigmas_larger_than_the_image(images):
     out = C.gaussian_blur(images[:, :1].double(), 20.0)  # kernel radius 80 px on a 16 px image
     expected = [gaussian_filter(g, 20.0, mode="constant", cval=MVH_GREY) for g in images[:, 0].double().numpy()]
     np.testing.assert_allclose(out[:, 0].numpy(), expected, atol=1e-10)
+    with pytest.raises(TypeError, match="uint8"):  # the kernel rounded to zeros: an all-black image, no error
+        C.gaussian_blur((images * 255).to(torch.uint8), 1.0)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        C.gaussian_blur(images * 255, 1.0)
+    with pytest.raises(ValueError, match="no images to distort"):
+        C.apply_batched(Distortion("low_pass", 1), images[:0], IDS[:0], seed=0)
 
 
 @pytest.mark.parametrize("sigma_224", [3, 0.45])
@@ -231,6 +237,11 @@ def test_condition_set_is_a_stimulus_set_and_is_reused_when_unchanged(tmp_path, 
     assert relabelled.fingerprint != made.fingerprint and relabelled.manifest["label"].tolist() == labels.roll(1).tolist()
     with pytest.raises(ValueError, match="one label and one source index per image"):
         C.make_condition_set(tmp_path / "bad", distortion, images, labels[:2], IDS, **kwargs)
+    with pytest.raises(ValueError, match="no images for the condition set"):  # torch.cat's "expected a non-empty list" before
+        C.make_condition_set(tmp_path / "bad", distortion, images[:0], labels[:0], [], **kwargs)
+    renamed = C.make_condition_set(tmp_path / "set", distortion, images, labels, IDS, **{**kwargs, "classes": ["nil", "uno", "dos"]})
+    assert renamed.manifest["class_name"].tolist() == ["nil", "uno", "dos", "uno", "nil"]  # the cache kept the old names
+    C.make_condition_set(tmp_path / "set", distortion, images, labels, IDS, **kwargs)
     # a damaged cache is made again (it stopped compare, whose advice overwrite=true compare does not take)
     with open(tmp_path / "set" / "tensors.safetensors", "r+b") as f:
         f.truncate(100)
