@@ -420,13 +420,17 @@ class Distortion:
         return float(self.parameter) * image_size / self.reference_size
 
     def below_resolution(self, image_size: int) -> str | None:
-        """Why this high-pass condition leaves nothing at ``image_size`` px, or None. x − G_σ(x) keeps a pixel's
-        neighbours' weight exp(−1 / 2σ²) of each edge; under one 8-bit level (1/255, σ < 0.30 px) every image
-        becomes flat grey once stored, so every observer and model is at chance there."""
+        """Why this high-pass condition leaves nothing at ``image_size`` px, or None. A pixel of x − G_σ(x) lies within
+        a = 1 − w0² of 0 (w0: the 1-D kernel's centre weight; a bright pixel among dark ones), the shift to a mean of
+        0.4423 moves it by at most a more, so when 2a stays inside the 8-bit level of 0.4423 every image is stored as
+        one flat grey whatever its content, and every observer and model is at chance there."""
         if self.generator != "high_pass" or math.isinf(self.parameter):
             return None
         sigma = self.pixel_sigma(image_size)
-        if sigma <= 0 or math.exp(-1 / (2 * sigma ** 2)) < 1 / 255:
+        reach = 0.0 if sigma <= 0 else 2 * (1 - float(gaussian_kernel1d(sigma).max()) ** 2)
+        grey = MVH_GREY * 255
+        level_margin = min(grey - (round(grey) - 0.5), round(grey) + 0.5 - grey)  # from 0.4423 to its level's edges
+        if reach * 255 < level_margin:
             return (f"{self.name} at {image_size} px is a Gaussian of sigma {sigma:.3g} px, below the image's resolution: "
                     "every image becomes flat grey (nothing is left to judge); drop the condition at this size or use larger images")
         return None

@@ -292,6 +292,10 @@ def test_high_pass_below_the_images_resolution_is_named_and_is_flat_grey(tmp_pat
         assert (levels == 1) == (parameter in flagged)  # the criterion is exactly "one 8-bit level is left"
     assert "sigma 0.214 px, below the image's resolution" in Distortion("high_pass", 1.5).below_resolution(32)
     assert Distortion("low_pass", 1).below_resolution(32) is None
+    # sigma 0.30 px at 96 px: a neighbour weighs 1/255, but four of them leave a checkerboard 4 levels (it was called flat)
+    checker = ((torch.arange(96)[:, None] + torch.arange(96)[None]) % 2).float().expand(1, 3, 96, 96)
+    assert stimuli.quantise(Distortion("high_pass", 0.7)(checker, torch.arange(1))).unique().numel() > 1
+    assert Distortion("high_pass", 0.7).below_resolution(96) is None
     with caplog.at_level("WARNING", logger="stimuli.distortions"):
         C.make_condition_set(tmp_path / "set", Distortion("high_pass", 1), photos, torch.zeros(4, dtype=torch.long), range(4),
                              classes=["a"], dataset="toy")
