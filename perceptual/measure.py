@@ -757,13 +757,14 @@ def _grid(models_data: Mapping[str, dict], path: Path, n_columns: int = 6) -> Pa
             rows["target"] = list(stimulus_set.get(target_ids))
             first = False
         results = manifest[manifest["role"] == "result"]
+        distance = pd.Series(result_distances(stimulus_set, results), index=results["id"].to_numpy())
         for seed_type in sorted(results["seed_type"].unique()):
             chosen = results[(results["seed_type"] == seed_type) & results["target_id"].isin(target_ids)].set_index("target_id").loc[target_ids]
             rows[f"{seed_type} seed"] = list(stimulus_set.get(list(chosen["seed_id"])))
             name = f"{label}\n({seed_type})"
             rows[name] = list(stimulus_set.get(list(chosen["id"])))
-            captions[name] = [f"d = {v:.3f}" for v in result_distances(stimulus_set, chosen)]
-            notes[name] = f"median {np.median(result_distances(stimulus_set, results[results['seed_type'] == seed_type])):.3f}\n(all items)"
+            captions[name] = [f"d = {v:.3f}" for v in distance[chosen["id"]]]
+            notes[name] = f"median {distance[results.loc[results['seed_type'] == seed_type, 'id']].median():.3f}\n(all items)"
     title = ("Targets, seeds and inversion results: where a model's invariances match perception, its results look like the "
              "targets above them, not like their seeds (d: normalised representation distance; lower = nearer the target's)")
     return report.image_grid(rows, [f"#{i + 1}" for i in range(n_columns)], path, "\n".join(textwrap.wrap(title, 110)),

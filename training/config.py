@@ -387,7 +387,6 @@ def _check_values(config_name: str, parsed: Sequence, overrides: Sequence[str]) 
         if not isinstance(default, (bool, int, float)):
             continue
         values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
-        in_sweep = f" (in the sweep's jobs with {o.key_or_group}=" if o.is_sweep_override() else ""
         if isinstance(default, bool):
             words = SWITCH_WORDS.get(o.key_or_group.rsplit(".", 1)[-1], ())
             for value in values:
@@ -399,9 +398,10 @@ def _check_values(config_name: str, parsed: Sequence, overrides: Sequence[str]) 
             if isinstance(value, str) and o.is_sweep_override():  # a sweep's values come back as text: read them as Hydra would
                 value = parse_overrides([f"{o.key_or_group}={value}"])[0].value()
             if not _number_like(value):
+                fraction = " or a fraction like 8/255" if isinstance(default, float) else ""
+                job = f" (in the sweep's jobs with {o.key_or_group}={value})" if o.is_sweep_override() else ""
                 raise ConfigError(f"{o.key_or_group} takes a number (conf/{config_name}.yaml has {default!r}), e.g. "
-                                  f"{o.key_or_group}={default}" + (" or a fraction like 8/255" if isinstance(default, float) else "") + f", got {value!r}"
-                                  + (f"{in_sweep}{value})" if in_sweep else ""))
+                                  f"{o.key_or_group}={default}{fraction}, got {value!r}{job}")
 
 
 # Nodes whose keys are free-form, so that '+node.anything=value' is how they are filled: architecture arguments,
