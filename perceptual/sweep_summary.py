@@ -122,8 +122,9 @@ register_sweep_source(SweepSource(
              SweepMetric("epochs_completed", "Epochs", percent=False), SweepMetric("train_seconds", "Train seconds", percent=False),
              SweepMetric("images_per_second", "Images/s", percent=False)),
     plotted=("clean_accuracy", "robust_accuracy"),
-    recognise=lambda data: "epochs_completed" in data and "clean_accuracy" in data,
-    rows=lambda data: [{"model": data.get("model"), "status": data.get("status"),
+    # a run that diverged or was interrupted writes a summary without accuracies: it is a job, tabled with its status
+    recognise=lambda data: "epochs_completed" in data and ("clean_accuracy" in data or "status" in data),
+    rows=lambda data: [{"model": data.get("model"), "status": data.get("status"), "stopped": data.get("stopped"),
                         **{k: data.get(k) for k in ("clean_accuracy", "robust_accuracy", "epochs_completed", "train_seconds", "images_per_second")}}],
     config=_training_config,
 ))
@@ -258,13 +259,20 @@ def collect_sweep(root: str | Path, sources: Mapping[str, SweepSource] | None = 
 
 
 def _cell(value: Any, metric: SweepMetric | None = None) -> str:
+    """A table cell: a metric to 4 significant digits (percent where it is a fraction); a swept value exactly enough to
+    tell jobs apart (a float column holds whole numbers as floats once any job lacks the key: seed 12345.0 is "12345")."""
     if _unknown(value):
         return "–"
     if metric is not None and metric.percent and not isinstance(value, bool):
         return format_score(float(value))
     if isinstance(value, float):
-        return f"{value:.4g}"
+        if metric is None and value.is_integer():
+            return str(int(value))
+        return f"{value:{'.4g' if metric is not None else '.10g'}}"
     return str(value).replace("|", "\\|")
+
+
+FINISHED_STATUS = "completed"  # a training summary's status when the run wrote its final result
 
 
 def sweep_markdown(tables: Mapping[str, SweepTable], root: str | Path) -> str:
@@ -279,6 +287,10 @@ def sweep_markdown(tables: Mapping[str, SweepTable], root: str | Path) -> str:
             lines += ["The jobs' configs do not differ in any key that changes a result.", ""]
         if table.without_config:
             lines += [f"> No config saved by: {', '.join(table.without_config)}; their swept values are unknown.", ""]
+        unfinished = _unfinished(table)
+        if unfinished:
+            lines += ["> Not finished, so without a final result: "
+                      + "; ".join(f"{job} ({status}" + (f": {stopped}" if stopped else "") + ")" for job, status, stopped in unfinished) + ".", ""]
         metrics = [m for m in table.source.metrics if m.column in table.frame]
         extra = ["status"] if "status" in table.frame else []
         header = ["Job", *table.swept, "Model", *extra, *(m.heading for m in metrics)]
@@ -291,15 +303,55 @@ def sweep_markdown(tables: Mapping[str, SweepTable], root: str | Path) -> str:
     return "\n".join(lines)
 
 
+def _unfinished(table: SweepTable) -> list[tuple[str, str, str | None]]:
+    """(job, status, why it stopped) of every job that ended without a final result (a training run that diverged or
+    was interrupted)."""
+    if "status" not in table.frame:
+        return []
+    rows = table.frame.drop_duplicates("job")
+    return [(row["job"], row["status"], None if _unknown(row.get("stopped")) else row.get("stopped"))
+            for _, row in rows.iterrows() if not _unknown(row["status"]) and row["status"] != FINISHED_STATUS]
+
+
+def _is_seed(key: str) -> bool:
+    return key == "seed" or key.endswith(".seed")
+
+
+def _named_in_job_folders(table: SweepTable) -> set[str]:
+    """The swept keys the jobs' folder names give (:func:`training.sweeps.job_name`: ``seed=0,train.beta=3``): the
+    keys the sweep was asked for, not those that changed with them; a config group's choice (``train=trades``) names
+    the group's ``name`` key."""
+    named = set()
+    for job in table.frame["job"]:
+        for part in Path(job).name.split(","):
+            key = part.split("=", 1)[0].lstrip("+~") if "=" in part else None
+            if key in table.swept:
+                named.add(key)
+            elif key is not None and f"{key}.name" in table.swept:
+                named.add(f"{key}.name")
+    return named
+
+
 def choose_x(table: SweepTable, x: str | None = None) -> str | None:
-    """The swept key the figure puts on its x axis: ``x`` when given (it must be a swept key), else the first swept
-    key whose values are all numbers, else the first swept key; None when nothing was swept."""
+    """The swept key the figure puts on its x axis: ``x`` when given (it must be a swept key), else the first swept key
+    by: named in the job folders (a group sweep ``train=standard,pgd,trades`` changes ``train.attack.eps`` too, and
+    the standard run has none), every job with a config has a value of it, not a seed (a hyper-parameter swept over
+    seeds is plotted against the hyper-parameter, a line per seed), its values all numbers; None when nothing was swept."""
     if x is not None:
         if x not in table.swept:
             raise ValueError(f"x={x!r} is not a swept key of the {table.source.kind} jobs; swept: {table.swept or 'none'}")
         return x
-    numeric = [k for k in table.swept if all(numeric_value(v) is not None for v in table.frame[k] if not _unknown(v))]
-    return (numeric or table.swept or [None])[0]
+    if not table.swept:
+        return None
+    with_config = table.frame[~table.frame["job"].isin(table.without_config)]
+    named = _named_in_job_folders(table)
+
+    def rank(key: str) -> tuple:
+        values = list(with_config[key])
+        known = [v for v in values if not _unknown(v)]
+        return (key not in named, len(known) < len(values), _is_seed(key), not all(numeric_value(v) is not None for v in known),
+                table.swept.index(key))
+    return min(table.swept, key=rank)
 
 
 def _unknown(value: Any) -> bool:
@@ -385,7 +437,7 @@ def write_sweep_summary(root: str | Path, out: str | Path | None = None, *, x: s
     atomic_write_json(out / "sweep.json", {
         "root": str(root.resolve()),
         "kinds": {kind: {"swept": table.swept, "without_config": table.without_config, "files": written[kind],
-                         "rows": json.loads(table.frame.to_json(orient="records"))} for kind, table in tables.items()},
+                         "rows": json.loads(table.frame.to_json(orient="records", double_precision=15))} for kind, table in tables.items()},
     })
     return tables
 

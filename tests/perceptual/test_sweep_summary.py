@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from perceptual.sweep_summary import collect_sweep, find_jobs, flatten_config, numeric_value, write_sweep_summary
+from perceptual.sweep_summary import choose_x, collect_sweep, find_jobs, flatten_config, numeric_value, write_sweep_summary
 from training.config import compose
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -158,3 +158,54 @@ def test_a_new_summary_removes_the_files_of_kinds_it_no_longer_finds(tmp_path):
     (tmp_path / "sweep_measure.png").write_bytes(b"old")
     write_sweep_summary(tmp_path, figures=False)
     assert sorted(p.name for p in tmp_path.glob("sweep*")) == ["sweep.json", "sweep.md", "sweep_training.csv"]
+
+
+def test_a_diverged_or_interrupted_run_is_tabled_with_its_status_not_dropped(tmp_path):
+    """The trainer's summary of a run that diverged or was interrupted has no accuracies: the job stays in the table."""
+    write_training_job(tmp_path / "train.optimizer.lr=0.1", 0.1, clean=0.8)
+    for lr, status, stopped in ((1.0, "diverged", "non-finite training loss (nan) in epoch 3"), (0.5, "interrupted", None)):
+        folder = tmp_path / f"train.optimizer.lr={lr}"
+        write_training_job(folder, lr, clean=0.0, status=status)
+        (folder / "summary.json").write_text(json.dumps({"status": status, "model": "small_cnn", "epochs_completed": 3, "stopped": stopped}))
+    frame = write_sweep_summary(tmp_path)["training"].frame
+    assert list(frame["status"]) == ["completed", "interrupted", "diverged"] and frame["clean_accuracy"].isna().tolist() == [False, True, True]
+    markdown = (tmp_path / "sweep.md").read_text()
+    assert "## training (3 jobs)" in markdown
+    assert ("> Not finished, so without a final result: train.optimizer.lr=0.5 (interrupted); "
+            "train.optimizer.lr=1.0 (diverged: non-finite training loss (nan) in epoch 3).") in markdown
+
+
+def _job_with_config(folder: Path, config: str, clean: float) -> None:
+    write_training_job(folder, 0.1, clean)
+    (folder / "config.yaml").write_text(config)
+
+
+def test_the_figure_is_drawn_against_the_key_the_jobs_were_swept_over(tmp_path):
+    # a hyper-parameter over seeds: against the hyper-parameter, a line per seed (`seed` sorts first)
+    for beta in (1, 3, 6):
+        for seed in (0, 1):
+            _job_with_config(tmp_path / "a" / f"seed={seed},train.beta={beta}", f"seed: {seed}\ntrain:\n  beta: {beta}\n", 0.5)
+    table = collect_sweep(tmp_path / "a")["training"]
+    assert table.swept == ["seed", "train.beta"] and choose_x(table) == "train.beta"
+    # a config-group sweep changes more keys than its choice; the standard run has no attack, yet is plotted
+    for name, attack in (("standard", ""), ("pgd", "  attack:\n    eps: 1.0\n"), ("trades", "  attack:\n    eps: 0.031\n")):
+        _job_with_config(tmp_path / "b" / f"train={name}", f"train:\n  name: {name}\n  epochs: {3 if name == 'pgd' else 2}\n{attack}", 0.5)
+    table = collect_sweep(tmp_path / "b")["training"]
+    assert table.swept == ["train.attack.eps", "train.epochs", "train.name"] and choose_x(table) == "train.name"
+    # folders named by hand: every job with a value first, then numbers before names
+    for name, lr in (("one", 0.1), ("two", 0.2)):
+        _job_with_config(tmp_path / "c" / name, f"tag: {name}\nlr: {lr}\n" + ("extra: 1\n" if name == "one" else ""), 0.5)
+    assert choose_x(collect_sweep(tmp_path / "c")["training"]) == "lr"
+
+
+def test_swept_values_are_printed_and_saved_exactly_enough_to_tell_jobs_apart(tmp_path):
+    """A float column (one job lacks the key) keeps whole numbers whole, and sweep.json keeps small values."""
+    for seed, decay in ((12344, 1e-12), (12345, 3e-11)):
+        _job_with_config(tmp_path / f"seed={seed}", f"seed: {seed}\ndecay: {decay}\n", 0.5)
+    (tmp_path / "by-hand").mkdir()
+    (tmp_path / "by-hand" / "summary.json").write_text(json.dumps({"status": "completed", "model": "small_cnn", "epochs_completed": 1, "clean_accuracy": 0.7}))
+    write_sweep_summary(tmp_path)
+    markdown = (tmp_path / "sweep.md").read_text()
+    assert "| seed=12344 | 1e-12 | 12344 |" in markdown and "| seed=12345 | 3e-11 | 12345 |" in markdown
+    rows = json.loads((tmp_path / "sweep.json").read_text())["kinds"]["training"]["rows"]
+    assert sorted(r["decay"] for r in rows if r["decay"] is not None) == [1e-12, 3e-11]
