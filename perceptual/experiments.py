@@ -102,11 +102,34 @@ def baseline_pairs(variants: Sequence[Variant]) -> list[tuple[str, str]]:
     return pairs
 
 
-def table_result(data: Mapping, variants: Sequence[Variant], tasks: Sequence[str], title: str, *, n_boot: int = 2000, seed: int = 0) -> dict:
+def comparison_pairs(variants: Sequence[Variant], comparisons: Sequence[Sequence[str]] | None = None) -> list[tuple[str, str]]:
+    """The model pairs whose paired differences a result reports: with ``comparisons`` (a preset's list of
+    ``[training, baseline training]``), each of them within every architecture that has both (Fig. 6 asks about
+    augmentation under each loss: ``[pgd_aug, pgd_noaug]``, not ``pgd_aug`` against ``standard_noaug``); without,
+    :func:`baseline_pairs`."""
+    if comparisons is None:
+        return baseline_pairs(variants)
+    trainings = list(dict.fromkeys(v.training for v in variants))
+    for comparison in comparisons:
+        if isinstance(comparison, str) or len(comparison) != 2 or comparison[0] == comparison[1]:
+            raise ValueError(f"a comparison is [training, baseline training] of two different trainings, got {comparison!r}")
+        unknown = [t for t in comparison if t not in trainings]
+        if unknown:
+            raise ValueError(f"comparison {list(comparison)} names {unknown}, not trainings of this experiment: use some of {trainings}")
+    by_cell = {(v.architecture, v.training): v.label for v in variants}
+    pairs = [(by_cell[arch, a], by_cell[arch, b]) for arch in dict.fromkeys(v.architecture for v in variants) for a, b in comparisons
+             if (arch, a) in by_cell and (arch, b) in by_cell]
+    if not pairs:
+        raise ValueError(f"no architecture has both trainings of any comparison {[list(c) for c in comparisons]}: nothing to compare")
+    return pairs
+
+
+def table_result(data: Mapping, variants: Sequence[Variant], tasks: Sequence[str], title: str, *, n_boot: int = 2000, seed: int = 0,
+                 comparisons: Sequence[Sequence[str]] | None = None) -> dict:
     """Table 1: one row per model (observer tasks, clean and robust accuracy), then each architecture's
-    adversarial - standard difference with its paired interval."""
+    adversarial - standard difference (or the ``comparisons``, :func:`comparison_pairs`) with its paired interval."""
     models = data["models"]
-    differences = paired_against(models, baseline_pairs(variants), tasks, n_boot=n_boot, seed=seed)
+    differences = paired_against(models, comparison_pairs(variants, comparisons), tasks, n_boot=n_boot, seed=seed)
     rows = {_mark(v.label, models[v.label]): models[v.label] for v in variants}
     lines = [markdown_table(rows, f"**{title}** (panel mean ± std over observers; † = inversions did not converge)").rstrip()]
     lines += _difference_table(differences, tasks)
@@ -134,9 +157,15 @@ def gaussian_result(data: Mapping, variants: Sequence[Variant], tasks: Sequence[
     return {"markdown": "\n".join(lines) + "\n", "table": table}
 
 
+# Fewer models give no bootstrap interval: of three, every draw that has a correlation is a reordering of the three
+# (the interval is the estimate itself, zero wide); of four, most are.
+MIN_MODELS_FOR_INTERVAL = 5
+
+
 def correlation_with_interval(x: Sequence[float], y: Sequence[float], *, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
     """Spearman's rho and Pearson's r between ``x`` and ``y`` over models, each with a percentile-bootstrap interval
-    resampling models (draws where the correlation is undefined are dropped; see the module docstring)."""
+    resampling models (draws where the correlation is undefined are dropped; see the module docstring); the interval
+    is NaN below :data:`MIN_MODELS_FOR_INTERVAL` models."""
     check_level(level)
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     keep = np.isfinite(x) & np.isfinite(y)
@@ -144,7 +173,7 @@ def correlation_with_interval(x: Sequence[float], y: Sequence[float], *, n_boot:
     n = len(x)
     out = {"n_models": int(n)}
     rng = np.random.default_rng(seed)
-    draws = rng.integers(0, n, size=(n_boot, n)) if n >= 3 else np.empty((0, 0), dtype=int)
+    draws = rng.integers(0, n, size=(n_boot, n)) if n >= MIN_MODELS_FOR_INTERVAL else np.empty((0, 0), dtype=int)
     for name, fn in (("spearman", lambda a, b: spearmanr(a, b)[0]), ("pearson", lambda a, b: pearsonr(a, b)[0])):
         defined = n >= 3 and np.ptp(x) > 0 and np.ptp(y) > 0
         value = float(fn(x, y)) if defined else math.nan
@@ -166,14 +195,20 @@ def scatter_result(data: Mapping, variants: Sequence[Variant], tasks: Sequence[s
     if any(r is None for r in robust):
         raise ValueError("Fig. 4 needs every model's robust accuracy: the scale's measure.threat must not be null")
     correlations, figures = {}, []
-    lines = [f"**{title}** (correlation over the {len(variants)} models; 95% bootstrap intervals resampling models)", "",
-             "| task | Spearman rho | Pearson r |", "|---|---|---|"]
+    lines = [f"**{title}** (correlation over the models; 95% bootstrap intervals resampling models, from {MIN_MODELS_FOR_INTERVAL} models)", "",
+             "| task | models | Spearman rho | Pearson r |", "|---|---|---|---|"]
     for task in tasks:
         alignment = [_mean(models[v.label], task) for v in variants]
         corr = correlation_with_interval(robust, alignment, n_boot=n_boot, seed=seed)
         correlations[task] = corr
-        cells = [f"{c['value']:+.2f} [{c['ci_low']:+.2f}, {c['ci_high']:+.2f}]" if math.isfinite(c["value"])
-                 else "undefined (a constant column)" for c in (corr["spearman"], corr["pearson"])]
+        cells = [str(corr["n_models"])]
+        for c in (corr["spearman"], corr["pearson"]):
+            if not math.isfinite(c["value"]):
+                cells.append("undefined (a constant column)" if corr["n_models"] >= 3 else "undefined (fewer than 3 models)")
+            elif math.isfinite(c["ci_low"]):
+                cells.append(f"{c['value']:+.2f} [{c['ci_low']:+.2f}, {c['ci_high']:+.2f}]")
+            else:
+                cells.append(f"{c['value']:+.2f} (no interval from {corr['n_models']} models)")
         lines.append(f"| {TASK_TITLES.get(task, task)} | " + " | ".join(cells) + " |")
         marked = {_mark(v.label, models[v.label]): models[v.label] for v in variants}
         if scatter_points(marked, task):
@@ -184,9 +219,10 @@ def scatter_result(data: Mapping, variants: Sequence[Variant], tasks: Sequence[s
 
 
 def grid_result(data: Mapping, variants: Sequence[Variant], tasks: Sequence[str], title: str, out: Path, *, n_boot: int = 2000,
-                seed: int = 0) -> dict:
+                seed: int = 0, comparisons: Sequence[Sequence[str]] | None = None) -> dict:
     """Figs. 5-7: one panel per task, architectures on the x axis, one bar per training (panel mean, error bar = std
-    over observers), and every training against its architecture's first training as a paired interval."""
+    over observers), and every training against its architecture's first training (or the ``comparisons``,
+    :func:`comparison_pairs`) as a paired interval."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -219,7 +255,7 @@ def grid_result(data: Mapping, variants: Sequence[Variant], tasks: Sequence[str]
     axes[0][0].legend(fontsize=7, title="training", title_fontsize=7)
     fig.suptitle(f"{title}\n(bars: observer-panel mean; error bars: ± std over observers; dashed: chance)", fontsize=9)
     figure = save_figure(fig, out / "grid.png").name
-    differences = paired_against(models, baseline_pairs(variants), tasks, n_boot=n_boot, seed=seed)
+    differences = paired_against(models, comparison_pairs(variants, comparisons), tasks, n_boot=n_boot, seed=seed)
     rows = {_mark(v.label, models[v.label]): models[v.label] for v in variants}
     lines = [markdown_table(rows, f"**{title}** (panel mean ± std over observers; † = inversions did not converge)").rstrip()]
     lines += _difference_table(differences, tasks)
@@ -227,17 +263,18 @@ def grid_result(data: Mapping, variants: Sequence[Variant], tasks: Sequence[str]
 
 
 def experiment_result(kind: str, data: Mapping, variants: Sequence[Variant], tasks: Sequence[str], title: str, out: str | Path, *,
-                      n_boot: int = 2000, seed: int = 0) -> dict:
-    """The preset's result (``kind`` one of :data:`RESULTS`) as ``{"markdown", ...numbers, "figures"}``; figures go to ``out``."""
+                      n_boot: int = 2000, seed: int = 0, comparisons: Sequence[Sequence[str]] | None = None) -> dict:
+    """The preset's result (``kind`` one of :data:`RESULTS`) as ``{"markdown", ...numbers, "figures"}``; figures go to ``out``;
+    ``comparisons`` names the paired differences of a table or grid (:func:`comparison_pairs`)."""
     out = Path(out)
     if kind == "table":
-        result = table_result(data, variants, tasks, title, n_boot=n_boot, seed=seed)
+        result = table_result(data, variants, tasks, title, n_boot=n_boot, seed=seed, comparisons=comparisons)
     elif kind == "gaussian":
         result = gaussian_result(data, variants, tasks, title)
     elif kind == "scatter":
         result = scatter_result(data, variants, tasks, title, out, n_boot=n_boot, seed=seed)
     elif kind == "grid":
-        result = grid_result(data, variants, tasks, title, out, n_boot=n_boot, seed=seed)
+        result = grid_result(data, variants, tasks, title, out, n_boot=n_boot, seed=seed, comparisons=comparisons)
     else:
         raise ValueError(f"unknown experiment result {kind!r}: use one of {RESULTS}")
     result.setdefault("figures", [])
@@ -245,5 +282,5 @@ def experiment_result(kind: str, data: Mapping, variants: Sequence[Variant], tas
     return result
 
 
-__all__ = ["RESULTS", "Variant", "baseline_pairs", "correlation_with_interval", "experiment_result", "gaussian_result", "grid_result",
+__all__ = ["RESULTS", "Variant", "baseline_pairs", "comparison_pairs", "correlation_with_interval", "experiment_result", "gaussian_result", "grid_result",
            "paired_against", "scatter_result", "table_result"]

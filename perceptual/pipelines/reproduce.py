@@ -36,7 +36,7 @@ from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 from training.trainer import run_identity
 
-from ..experiments import RESULTS, Variant, experiment_result
+from ..experiments import RESULTS, Variant, comparison_pairs, experiment_result
 from ..measure import ModelSpec, make_panel, measure_models, threat_from_config, validate_inputs
 from .measure import check_convergence
 from .training_runs import train_models, training_config
@@ -177,6 +177,8 @@ def run(cfg: DictConfig) -> dict:
     check_config(cfg)  # before the variants: scale=paper on the digits is refused first
     out, scale, experiment = Path(cfg.out), cfg.scale, cfg.experiment
     variants = expand_variants(cfg)
+    comparisons = OmegaConf.to_container(experiment.comparisons) if experiment.get("comparisons") is not None else None
+    comparison_pairs(variants, comparisons)  # a misnamed comparison is refused before any model trains
     measure_cfg = OmegaConf.to_container(scale.measure, resolve=True)
     tasks = list(measure_cfg["tasks"])
     engine = engine_config(scale)
@@ -195,7 +197,8 @@ def run(cfg: DictConfig) -> dict:
                           seed=cfg.seed, panel=panel, tasks=tasks, threat=threat, accuracy_limit=measure_cfg.get("accuracy_limit"),
                           device=cfg.device, config=container, convergence_threshold=float(cfg.convergence_threshold),
                           gaussian_targets=bool(experiment.gaussian_targets), model_dirs=model_dirs)
-    result = experiment_result(experiment.result, data, variants, tasks, experiment.title, out, n_boot=int(cfg.n_boot), seed=int(cfg.seed))
+    result = experiment_result(experiment.result, data, variants, tasks, experiment.title, out, n_boot=int(cfg.n_boot), seed=int(cfg.seed),
+                               comparisons=comparisons)
     seconds = round(time.perf_counter() - started, 1)
     command = f"python -m perceptual reproduce experiment={experiment.name} scale={scale.name} data={cfg.data.name}" + (
         f" data.root={cfg.data.root}" if cfg.data.get("root") else "")

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from perceptual.experiments import Variant, baseline_pairs, correlation_with_interval, experiment_result, gaussian_result, paired_against
+from perceptual.experiments import Variant, baseline_pairs, comparison_pairs, correlation_with_interval, experiment_result, gaussian_result, paired_against
 
 TASKS = ("2afc", "clustering")
 
@@ -44,6 +44,39 @@ def test_baseline_pairs_compare_within_an_architecture():
     variants = [_variant("cnn", "standard"), _variant("cnn", "pgd"), _variant("resnet", "standard"), _variant("resnet", "trades"),
                 _variant("resnet", "mart")]
     assert baseline_pairs(variants) == [("cnn-pgd", "cnn-standard"), ("resnet-trades", "resnet-standard"), ("resnet-mart", "resnet-standard")]
+
+
+def test_a_presets_comparisons_pair_trainings_within_each_architecture(tmp_path):
+    """Fig. 6 asks about augmentation under each loss: pgd_aug against pgd_noaug, not against standard_noaug."""
+    variants = [_variant(a, t) for a in ("cnn", "vgg") for t in ("standard_noaug", "standard_aug", "pgd_noaug", "pgd_aug")][:-1]  # vgg lacks pgd_aug
+    fig6 = [["standard_aug", "standard_noaug"], ["pgd_aug", "pgd_noaug"]]
+    assert comparison_pairs(variants, fig6) == [("cnn-standard_aug", "cnn-standard_noaug"), ("cnn-pgd_aug", "cnn-pgd_noaug"),
+                                                ("vgg-standard_aug", "vgg-standard_noaug")]
+    assert comparison_pairs(variants, None) == baseline_pairs(variants)
+    for bad, message in ((["pgd_aug"], "two different trainings"), ([["pgd_aug", "pgd_aug"]], "two different trainings"),
+                         ([["pgd_aug", "trades"]], r"names \['trades'\], not trainings")):
+        with pytest.raises(ValueError, match=message):
+            comparison_pairs(variants, bad)
+    with pytest.raises(ValueError, match="no architecture has both"):
+        comparison_pairs([_variant("cnn", "pgd_aug"), _variant("vgg", "pgd_noaug")], [["pgd_aug", "pgd_noaug"]])
+    scores = {"2afc": {"a": [0.0, 0.5], "b": [0.5, 0.0]}}
+    data = {"models": {v.label: _model({t: {o: [x + 0.1 * i for x in xs] for o, xs in obs.items()} for t, obs in scores.items()})
+                       for i, v in enumerate(variants)}}
+    grid = experiment_result("grid", data, variants, ["2afc"], "Fig. 6", tmp_path, n_boot=50, comparisons=fig6)
+    assert list(grid["differences"]) == ["cnn-standard_aug - cnn-standard_noaug", "cnn-pgd_aug - cnn-pgd_noaug", "vgg-standard_aug - vgg-standard_noaug"]
+    assert grid["differences"]["cnn-pgd_aug - cnn-pgd_noaug"]["2afc"]["difference"] == pytest.approx(0.1)
+
+
+def test_a_correlation_over_too_few_models_has_no_interval(tmp_path):
+    """Of three models every defined bootstrap draw is a reordering of them: an interval of zero width, not certainty."""
+    three = correlation_with_interval([0.1, 0.2, 0.3], [0.3, 0.1, 0.6], n_boot=200)
+    assert three["spearman"]["value"] == pytest.approx(0.5) and math.isnan(three["spearman"]["ci_low"]) and three["spearman"]["valid_draws"] == 0
+    five = correlation_with_interval([0.1, 0.2, 0.3, 0.4, 0.5], [0.3, 0.1, 0.6, 0.5, 0.9], n_boot=200)
+    assert five["spearman"]["ci_low"] < five["spearman"]["value"] < five["spearman"]["ci_high"]
+    variants = [_variant("cnn", t) for t in ("standard", "pgd", "trades")]
+    data = {"models": {f"cnn-{t}": _model({"2afc": {"a": [s, s]}}, robust=r) for t, s, r in (("standard", 0.3, 0.1), ("pgd", 0.1, 0.2), ("trades", 0.6, 0.3))}}
+    markdown = experiment_result("scatter", data, variants, ["2afc"], "Fig. 4", tmp_path, n_boot=100)["markdown"]
+    assert "| 2AFC | 3 | +0.50 (no interval from 3 models) |" in markdown
 
 
 def test_correlation_is_one_for_a_monotone_relation_and_undefined_for_a_constant():

@@ -54,6 +54,7 @@ def test_train_overrides_give_every_adversarial_recipe_the_scales_attack_and_let
     (["scale=paper", "data=imagenet", "data.root=/nowhere"], r"scale=paper trains on .*ImageNet models are measured from checkpoints"),
     (["experiment.result=bars"], "result must be one of"),
     (["experiment.architectures=everything"], "is not a set of this scale"),
+    (["experiment=fig6", "experiment.comparisons=[[pgd_aug,pgd_noug]]"], r"names \['pgd_noug'\], not trainings of this experiment"),
     # found only after every model was trained and measured
     (["experiment=fig4", "scale.measure.threat=null"], "fig4 plots alignment against robust accuracy: scale.measure.threat must not be null"),
     (["experiment=table3", "experiment.gaussian_targets=false"], "table3 compares .* it needs experiment.gaussian_targets=true"),
