@@ -30,6 +30,12 @@ Radius = Union[float, Tensor]
 _TINY = 1e-12
 
 
+def _floored_norm(x: Tensor) -> Tensor:
+    """:func:`_broadcast_norm` no smaller than a floor the dtype can hold: 1e-12 is 0 in float16, where a zero gradient
+    (a confident sample's, underflowed) then stepped by 0 / 0 = NaN."""
+    return _broadcast_norm(x).clamp_min(max(_TINY, torch.finfo(x.dtype).tiny))
+
+
 def per_sample(value: Radius, like: Tensor) -> Radius:
     """A float unchanged, or an (N,) tensor reshaped to broadcast over ``like``'s sample dims."""
     if isinstance(value, Tensor) and value.ndim > 0:
@@ -80,7 +86,7 @@ class L2Step:
         return {}
 
     def step(self, x: Tensor, grad: Tensor, state: dict[str, Tensor]) -> Tensor:
-        scale = per_sample(self.step_size, x) / _broadcast_norm(grad).clamp_min(_TINY)
+        scale = per_sample(self.step_size, x) / _floored_norm(grad)
         return torch.addcmul(x, grad, scale, value=-1.0)
 
 
@@ -199,7 +205,7 @@ def project_l2(x: Tensor, center: Tensor, eps: Radius) -> Tensor:
     """Project each sample onto the L2 ball of radius ``eps`` around ``center``
     (``robustness.L2Step.project`` without its clamp; compose with :func:`clamp01`)."""
     delta = x - center
-    factor = (per_sample(eps, x) / _broadcast_norm(delta).clamp_min(_TINY)).clamp(max=1.0)
+    factor = (per_sample(eps, x) / _floored_norm(delta)).clamp(max=1.0)
     return torch.addcmul(center, delta, factor)
 
 
@@ -222,7 +228,7 @@ def random_start_l2(x: Tensor, eps: Radius, generator: torch.Generator | None = 
     Draws come from ``generator`` (its device must match ``x``) for reproducibility.
     """
     direction = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
-    direction = direction / _broadcast_norm(direction).clamp_min(_TINY)
+    direction = direction / _floored_norm(direction)
     dims = math.prod(x.shape[1:])
     u = torch.rand((x.shape[0],) + (1,) * (x.ndim - 1), generator=generator, device=x.device, dtype=x.dtype)
     return x + direction * (u ** (1.0 / dims)) * per_sample(eps, x)

@@ -55,6 +55,19 @@ def test_zero_gradient_gives_zero_step_not_nan():
         assert not torch.allclose(new[1], x[1])
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_zero_gradient_gives_zero_step_in_half_precision(dtype):
+    """1e-12 is 0 in float16: a zero gradient (a confident sample's, underflowed) stepped by 0 / 0 = NaN, as did the
+    projection of a zero perturbation and a zero random direction."""
+    x = torch.rand(2, 3, 4, 4).to(dtype)
+    grad = torch.zeros_like(x)
+    grad[1] = 1.0
+    new = L2Step(0.5).step(x, grad, None)
+    assert torch.isfinite(new).all() and torch.equal(new[0], x[0])
+    assert per_sample_norm((new - x)[1:].float()).item() == pytest.approx(0.5, rel=1e-2)
+    assert torch.equal(project_l2(x, x, 1.0), x)
+
+
 def test_linf_step_is_a_sign_step():
     x = torch.rand(2, 3, 4, 4)
     grad = torch.randn_like(x)
