@@ -29,6 +29,7 @@ from training.io import atomic_write_json
 from training.strong_attacks import Attack, apgd, square, straight_through, worst_case
 
 from .cache import cache_key, cached_json, module_identity
+from .statistics import SIGN_FLIP_MIN_N
 
 log = logging.getLogger(__name__)
 
@@ -486,11 +487,15 @@ def controversial_summary(result: Mapping) -> str:
     stimuli an observer favours the model whose decisions it shares (``perceptual.class_controversial``)."""
     if result.get("objective") == "class_controversial":
         favoured = [o.get("favours") for o in result.get("observers", {}).values()]
+        n_origins = result.get("n_origins")
     else:
         favoured = [f.get("favours") for f in result.get("favoured_by_observer", {}).values()]
+        n_origins = max((f["n_origins"] for f in result.get("favoured_by_observer", {}).values() if "n_origins" in f), default=None)
     a, b = result["model_a"], result["model_b"]
     undecided = len(favoured) - favoured.count(a) - favoured.count(b)
-    return f"of {len(favoured)} observers, {favoured.count(b)} favour {b}, {favoured.count(a)} {a}, {undecided} undecided"
+    few = (f" ({n_origins} origin{'s' if n_origins != 1 else ''}: a verdict needs at least {SIGN_FLIP_MIN_N})"
+           if n_origins is not None and n_origins < SIGN_FLIP_MIN_N else "")
+    return f"of {len(favoured)} observers, {favoured.count(b)} favour {b}, {favoured.count(a)} {a}, {undecided} undecided{few}"
 
 
 def verdict(audit: RobustnessAudit, alignment: Optional[float] = None, controversial: Optional[str] = None) -> str:

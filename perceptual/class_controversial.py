@@ -12,10 +12,14 @@ models actually disagree on count (a synthesis that failed to split them is no e
 between the two classes gives each model half a point, as the tasks' ties do.
 
 Per observer and model: the fraction of the controversial stimuli on which the observer's choice is that model's
-decision, with a 95 % interval: a percentile bootstrap over origins when the stimuli name theirs (the restarts and
-both directions from one origin are not independent stimuli; :func:`perceptual.tasks.bootstrap_interval`, as the
-controversial score's interval over origins), else a Wilson interval over stimuli. The two rates sum to 1 over the
-same items; a rate above 0.5 means the observer sides with that model more often than with the other.
+decision, with a 95 % interval. When the stimuli name their origins (the restarts and both directions from one
+origin are not independent stimuli) the interval is a percentile bootstrap over origins
+(:func:`perceptual.tasks.bootstrap_interval`), and the verdict is the sign-flip test over origins of each origin's
+rate minus one half (:func:`perceptual.statistics.sign_flip_p_value`, p < 0.05): the bootstrap interval alone sided
+with a model from 1 to 3 origins in a third to all of the runs where each origin sided by a coin toss, and fewer
+than :data:`perceptual.statistics.SIGN_FLIP_MIN_N` origins now never decide. Stimuli without origins are taken as
+independent: a Wilson interval over stimuli, whose lower bound above 0.5 is the verdict. The two rates sum to 1 over
+the same items; a rate above 0.5 means the observer sides with that model more often than with the other.
 
 Differences from Golan et al.: people there answer with any of the classes (or "none"); the observer here makes
 the two-alternative choice between the models' classes, which is the comparison their score uses; exemplars
@@ -23,6 +27,7 @@ stand in for the category knowledge a person brings.
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -33,6 +38,7 @@ from invert.validation import check_images
 from training.config import check_whole_number
 
 from .observers import Observer
+from .statistics import sign_flip_p_value
 from .tasks import TIE_TOLERANCE, bootstrap_interval, wilson_interval
 
 
@@ -98,20 +104,31 @@ def class_controversial_score(stimuli: Tensor, models: Mapping[str, nn.Module], 
     candidates = torch.stack([decision_a[split], decision_b[split]], 1)
     observers = observers if isinstance(observers, Mapping) else {o.name: o for o in observers}
     n = int(split.sum())
-    clusters = np.asarray(list(origins), dtype=object)[split.numpy()] if origins is not None else None
-    by_origin = clusters is not None and len(set(clusters.tolist())) > 1
-    out["interval"] = "bootstrap over origins" if by_origin else "Wilson over stimuli"
+    clusters = np.asarray(list(origins), dtype=object)[split.numpy()].astype(str) if origins is not None else None
+    n_origins = len(set(clusters.tolist())) if clusters is not None else None
+    out["interval"] = "bootstrap over origins" if clusters is not None else "Wilson over stimuli"
+    out["n_origins"] = n_origins
     for name, observer in observers.items():
         choice = nearest_class_choice(observer, stimuli[split], candidates, exemplars, exemplar_labels, k=k).numpy()
         per_model = {}
         for label, side in ((name_a, 0), (name_b, 1)):
             credit = (choice == side) + 0.5 * (choice == -1)
-            low, high = (bootstrap_interval(credit, clusters.astype(str), n_boot=n_boot, seed=seed) if by_origin
-                         else wilson_interval(float(credit.sum()), n))
+            if clusters is None:
+                low, high = wilson_interval(float(credit.sum()), n)
+            else:  # one origin: no interval
+                low, high = bootstrap_interval(credit, clusters, n_boot=n_boot, seed=seed) if n_origins > 1 else (math.nan, math.nan)
             per_model[label] = {"rate": float(credit.mean()), "ci": [low, high]}
-        favoured = max(per_model, key=lambda m: per_model[m]["rate"])
-        separated = per_model[favoured]["ci"][0] > 0.5
-        out["observers"][name] = {"per_model": per_model, "ties": int((choice == -1).sum()), "favours": favoured if separated else None}
+        entry = {"per_model": per_model, "ties": int((choice == -1).sum())}
+        if clusters is None:
+            favoured = max(per_model, key=lambda m: per_model[m]["rate"])
+            entry["favours"] = favoured if per_model[favoured]["ci"][0] > 0.5 else None
+        else:
+            credit_a = (choice == 0) + 0.5 * (choice == -1)
+            _, inverse = np.unique(clusters, return_inverse=True)
+            lead_a = np.bincount(inverse, weights=credit_a) / np.bincount(inverse) - 0.5  # per origin: how far A leads
+            entry["p_value"] = sign_flip_p_value(lead_a, seed=seed)
+            entry["favours"] = (name_a if lead_a.mean() > 0 else name_b) if entry["p_value"] < 0.05 else None
+        out["observers"][name] = entry
     return out
 
 
@@ -122,7 +139,13 @@ def class_controversial_sentence(score: Mapping) -> str:
     lines = []
     for name, result in score["observers"].items():
         rates = ", ".join(f"{m} {r['rate']:.0%} [{r['ci'][0]:.0%}, {r['ci'][1]:.0%}]" for m, r in result["per_model"].items())
-        verdict = f"sides with {result['favours']}" if result["favours"] else "sides with neither (interval includes 50%)"
+        if result["favours"]:
+            verdict = f"sides with {result['favours']}" + (f" (sign-flip p {result['p_value']:.3f} over {score['n_origins']} origins)"
+                                                            if "p_value" in result else "")
+        elif "p_value" in result:
+            verdict = f"sides with neither (sign-flip p {result['p_value']:.2f} over {score['n_origins']} origins)"
+        else:
+            verdict = "sides with neither (interval includes 50%)"
         lines.append(f"{name}: {rates} of {score['n_controversial']} stimuli the models disagree on; {verdict}")
     return "\n".join(lines)
 

@@ -68,7 +68,7 @@ from .convergence import (
 )
 from .decisions import observer_slug
 from .observers import Panel, default_panel, make_observer, offline_variants, quantize_8bit
-from .statistics import measurement_statistics, percentile_interval
+from .statistics import SIGN_FLIP_MIN_N, measurement_statistics, percentile_interval, sign_flip_p_value
 from .tasks import controversial_spread, judge_2afc, judge_clustering, panel_summary, summarize
 
 log = logging.getLogger(__name__)
@@ -541,16 +541,17 @@ def _agreement(favoured: Mapping[str, dict], alignment: Mapping[str, Mapping], a
 def controversial_favoured(per_observer: Mapping[str, Mapping[str, dict]], keeper: Mapping[str, str], n_boot: int = 2000,
                            seed: int = 0) -> dict[str, dict]:
     """Per observer, the model whose "keeps" direction gives the lower controversial score (the more aligned one
-    by Table 2), with a percentile-bootstrap 95 % interval over origins of the score difference (first direction
-    minus second, paired by origin). ``favours`` is None when the interval includes 0 (the origins do not separate
-    the directions), when fewer than two origins are paired (one origin gives no interval, and its sign alone is
-    no evidence) or when a direction is missing."""
+    by Table 2): the score difference (first direction minus second, paired by origin) with a percentile-bootstrap
+    95 % interval over origins, for its size, and the sign-flip test's p-value over origins
+    (:func:`perceptual.statistics.sign_flip_p_value`), for the verdict. ``favours`` is None when p >= 0.05 (the
+    origins do not separate the directions; fewer than :data:`perceptual.statistics.SIGN_FLIP_MIN_N` origins never
+    do: the bootstrap interval alone called 2 origins that agree in sign a verdict) or when a direction is missing."""
     directions = list(keeper)
     out: dict[str, dict] = {}
     rng = np.random.default_rng(seed)
     for observer, spread in per_observer.items():
         if not all(d in spread for d in directions) or len(directions) != 2:
-            out[observer] = {"favours": None, "difference": math.nan, "ci": [math.nan, math.nan], "n_origins": 0}
+            out[observer] = {"favours": None, "difference": math.nan, "ci": [math.nan, math.nan], "p_value": math.nan, "n_origins": 0}
             continue
         first, second = (spread[d].get("per_origin") or {} for d in directions)
         origins = sorted(set(first) & set(second))
@@ -564,25 +565,35 @@ def controversial_favoured(per_observer: Mapping[str, Mapping[str, dict]], keepe
             low, high = percentile_interval(boots, 0.95)
         else:
             low = high = math.nan
-        separated = low > 0 or high < 0  # False for NaN: no interval, no verdict
-        favours = (keeper[directions[0]] if mean < 0 else keeper[directions[1]]) if separated else None
-        out[observer] = {"favours": favours, "difference": mean, "ci": [low, high], "n_origins": len(origins)}
+        p_value = sign_flip_p_value(diff, seed=seed) if origins else math.nan  # means alone: no test, no verdict
+        favours = (keeper[directions[0]] if mean < 0 else keeper[directions[1]]) if p_value < 0.05 else None
+        out[observer] = {"favours": favours, "difference": mean, "ci": [low, high], "p_value": p_value, "n_origins": len(origins)}
     return out
 
 
 def controversial_verdict(favoured: Mapping[str, Mapping | str | None]) -> str:
-    """Plain words for the controversial result: the observers agree on a model, or they disagree (then the
-    result says nothing about alignment at this scale, and the report shows every observer's column)."""
+    """Plain words for the controversial result: the observers agree on a model, or they do not (some favour
+    another model or neither; then the result says nothing about alignment at this scale, and the report shows every
+    observer's column)."""
     favoured = {o: (f["favours"] if isinstance(f, Mapping) else f) for o, f in favoured.items()}
-    choices = {m for m in favoured.values() if m is not None}
+    choices = sorted({m for m in favoured.values() if m is not None})
     if not choices:
-        return ("no observer separates the two directions (every 95% interval over origins includes 0, or there is one origin): "
-                "the controversial stimuli favour neither model")
-    if len(choices) == 1 and None not in favoured.values():
-        return f"every observer favours {choices.pop()}: its controversial stimuli stay perceptually closer together"
-    groups = "; ".join(f"{', '.join(o for o, m in favoured.items() if m == model)} favour {model}" for model in sorted(choices))
-    return (f"the observers disagree ({groups}): at this scale the controversial stimuli do not rank the models; "
-            "read the alignment table instead, or use more origins and steps")
+        return (f"no observer separates the two directions (no sign-flip test over origins reaches p < 0.05; fewer than {SIGN_FLIP_MIN_N} "
+                "origins never do): the controversial stimuli favour neither model")
+    undecided = [o for o, m in favoured.items() if m is None]
+    if len(choices) == 1 and not undecided:
+        return f"every observer favours {choices[0]}: its controversial stimuli stay perceptually closer together"
+    groups = [f"{', '.join(o for o, m in favoured.items() if m == model)} favour {model}" for model in choices]
+    groups += [f"{', '.join(undecided)} favour neither"] if undecided else []
+    return (f"the observers {'disagree' if len(choices) > 1 else 'do not agree'} ({'; '.join(groups)}): at this scale the controversial "
+            "stimuli do not rank the models; read the alignment table instead, or use more origins and steps")
+
+
+def _favoured_cell(favoured: Mapping) -> str:
+    """``robust (p 0.031) [-0.012, -0.004]``; a report saved before the test has no p."""
+    p_value = favoured.get("p_value")
+    p_text = f" (p {p_value:.3f})" if p_value is not None and math.isfinite(p_value) else ""
+    return f"{favoured['favours'] or 'neither'}{p_text} [{favoured['ci'][0]:+.3f}, {favoured['ci'][1]:+.3f}]"
 
 
 def seed_names(data: Mapping) -> str:
@@ -719,9 +730,8 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
         ]
         markdown.append("| distance to origin, " + " / ".join(c["directions"][d].split(",")[0] for d in c["spread"]) + " | "
                         + " | ".join(" / ".join(f"{c['per_observer'][o][d]['to_origin']['mean']:.4f}" for d in c["spread"]) for o in observers) + " |")
-        markdown.append("| favours (95% CI of the difference) | " + " | ".join(
-            f"{(c['favoured_by_observer'][o]['favours'] or 'neither')} [{c['favoured_by_observer'][o]['ci'][0]:+.3f}, "
-            f"{c['favoured_by_observer'][o]['ci'][1]:+.3f}]" for o in observers) + " |")
+        markdown.append("| favours (sign-flip p over origins; 95% CI of the difference) | " + " | ".join(
+            _favoured_cell(c['favoured_by_observer'][o]) for o in observers) + " |")
         if c.get("agrees_with_alignment"):
             markdown.append("| agrees with the clustering ranking | " + " | ".join(
                 {True: "yes", False: "no", None: "–"}[c["agrees_with_alignment"].get(o)] for o in observers) + " |")

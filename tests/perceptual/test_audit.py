@@ -306,6 +306,10 @@ def test_controversial_summary_counts_observers():
     result = {"model_a": "defence", "model_b": "robust",
               "favoured_by_observer": {"a": {"favours": "robust"}, "b": {"favours": "robust"}, "c": {"favours": None}, "d": {"favours": "defence"}}}
     assert controversial_summary(result) == "of 4 observers, 2 favour robust, 1 defence, 1 undecided"
+    few = {"model_a": "defence", "model_b": "robust", "favoured_by_observer": {o: {"favours": None, "n_origins": 4} for o in "abcde"}}
+    assert controversial_summary(few) == "of 5 observers, 0 favour robust, 0 defence, 5 undecided (4 origins: a verdict needs at least 6)"
+    assert controversial_summary({"model_a": "defence", "model_b": "robust", "objective": "class_controversial", "n_origins": 1,
+                                  "observers": {"a": {"favours": None}}}).endswith("(1 origin: a verdict needs at least 6)")
     audit = audit_module.RobustnessAudit("linf", 0.03, 10, {"clean": 0.9, "fgsm": 0.6, "pgd": 0.6, "apgd-ce": 0.6, "apgd-t": 0.6, "square": 0.6,
                                                             "worst_case": 0.6}, False, 1, {})
     text = verdict(audit, alignment=0.2, controversial=controversial_summary(result))

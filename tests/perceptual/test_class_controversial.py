@@ -1,6 +1,8 @@
 """The class-controversial score on constructed images whose nearest class is known, and inside `measure`."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -77,6 +79,23 @@ def test_restarts_of_one_origin_do_not_narrow_the_interval():
     assert first["rate"] == second["rate"] and first["ci"] == second["ci"]
     with pytest.raises(ValueError, match="one origin per stimulus"):
         class_controversial_score(once, models, [observer], exemplars, labels, origins=["o0"])
+
+
+def test_few_origins_decide_nothing_however_many_stimuli_they_hold():
+    """Six stimuli of one origin siding with a model are one coin toss, not six: no interval and no verdict (a Wilson
+    interval over them said "sides with right"); two or three origins that agree are no verdict either."""
+    observer = make_observer("pixel-l2")
+    exemplars, labels = _flat([0.1, 0.2, 0.8, 0.9]), torch.tensor([0, 0, 1, 1])
+    stimuli = _flat([0.05, 0.1, 0.3, 0.7, 0.95, 0.9])  # "right" decides as the observer does on every one
+    models = {"right": Brightness(), "reversed": Brightness(reverse=True)}
+    for n_origins, decides in ((1, False), (2, False), (3, False), (6, True)):
+        score = class_controversial_score(stimuli, models, [observer], exemplars, labels, k=2, origins=[f"o{i % n_origins}" for i in range(6)])
+        result = score["observers"]["pixel-l2"]
+        assert score["interval"] == "bootstrap over origins" and score["n_origins"] == n_origins
+        assert result["p_value"] == pytest.approx(1.0 if n_origins == 1 else 2 / 2 ** n_origins)
+        assert result["favours"] == ("right" if decides else None), n_origins
+    assert all(math.isnan(bound) for bound in class_controversial_score(stimuli, models, [observer], exemplars, labels, k=2, origins=["o"] * 6)
+               ["observers"]["pixel-l2"]["per_model"]["right"]["ci"])
 
 
 def test_exemplars_are_drawn_per_class_and_reproducibly():

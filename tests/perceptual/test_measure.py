@@ -7,6 +7,7 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -298,7 +299,7 @@ def test_imagenet_style_folder_with_a_torchvision_architecture(tmp_path):
     assert load_set(result["set"]).images.shape[1:] == (3, 224, 224)
 
 
-def test_controversial_favoured_model_has_a_bootstrap_interval_over_origins():
+def test_controversial_favoured_model_is_decided_by_a_sign_flip_test_over_origins():
     from perceptual.measure import controversial_favoured, controversial_verdict
 
     def spread(ab, ba):
@@ -306,20 +307,39 @@ def test_controversial_favoured_model_has_a_bootstrap_interval_over_origins():
                 "BA": {"mean": sum(ba) / len(ba), "per_origin": dict(enumerate(ba))}}
 
     favoured = controversial_favoured({
-        "lpips": spread([0.2, 0.25, 0.22, 0.21], [0.3, 0.35, 0.33, 0.31]),   # AB lower at every origin: standard
-        "ssim": spread([0.5, 0.52, 0.55, 0.51], [0.4, 0.41, 0.45, 0.40]),    # BA lower at every origin: robust
-        "pixel": spread([0.1, 0.3, 0.1, 0.3], [0.3, 0.1, 0.3, 0.1]),         # no consistent difference
+        "lpips": spread([0.2, 0.25, 0.22, 0.21, 0.2, 0.2], [0.3, 0.35, 0.33, 0.31, 0.3, 0.3]),   # AB lower at every origin: standard
+        "ssim": spread([0.5, 0.52, 0.55, 0.51, 0.5, 0.5], [0.4, 0.41, 0.45, 0.40, 0.4, 0.4]),    # BA lower at every origin: robust
+        "pixel": spread([0.1, 0.3, 0.1, 0.3, 0.1, 0.3], [0.3, 0.1, 0.3, 0.1, 0.3, 0.1]),         # no consistent difference
     }, {"AB": "standard", "BA": "robust"})
-    assert favoured["lpips"]["favours"] == "standard" and favoured["lpips"]["ci"][1] < 0
+    # six origins agreeing in sign: 2 of the 2^6 sign flips are as extreme
+    assert favoured["lpips"]["favours"] == "standard" and favoured["lpips"]["p_value"] == pytest.approx(2 / 64) and favoured["lpips"]["ci"][1] < 0
     assert favoured["ssim"]["favours"] == "robust" and favoured["ssim"]["ci"][0] > 0
     assert favoured["pixel"]["favours"] is None and favoured["pixel"]["ci"][0] < 0 < favoured["pixel"]["ci"][1]
-    assert favoured["lpips"]["difference"] == pytest.approx(-0.1025)  # (-0.1 - 0.1 - 0.11 - 0.1) / 4
+    assert favoured["lpips"]["difference"] == pytest.approx(-0.61 / 6)
     verdict = controversial_verdict(favoured)
-    assert "disagree" in verdict and "lpips favour standard" in verdict and "ssim favour robust" in verdict
-    agree = controversial_favoured({"lpips": spread([0.4, 0.45], [0.3, 0.31]), "ssim": spread([0.5, 0.6], [0.4, 0.45])},
-                                   {"AB": "standard", "BA": "robust"})
-    assert controversial_verdict(agree).startswith("every observer favours robust")
+    assert verdict.startswith("the observers disagree (ssim favour robust; lpips favour standard; pixel favour neither)")
+    partly = controversial_verdict({"lpips": {"favours": "standard"}, "ssim": {"favours": None}})
+    assert partly.startswith("the observers do not agree (lpips favour standard; ssim favour neither)")
     assert "favour neither" in controversial_verdict({"lpips": {"favours": None}})
+    # five origins that all agree are still a one-in-16 chance under the null: no verdict, though the bootstrap interval excludes 0
+    five = controversial_favoured({"lpips": spread([0.4, 0.45, 0.4, 0.42, 0.41], [0.3, 0.31, 0.3, 0.3, 0.3])}, {"AB": "standard", "BA": "robust"})
+    assert five["lpips"]["ci"][0] > 0 and five["lpips"]["p_value"] == pytest.approx(2 / 32) and five["lpips"]["favours"] is None
+
+
+def test_controversial_verdicts_from_origins_that_side_at_random_stay_rare():
+    """Each origin's difference a fair coin's sign: the percentile bootstrap alone declared a model favoured in about
+    half the runs of 2 origins and one in five of 4; the sign-flip test keeps it at most 5 % at every size."""
+    from perceptual.measure import controversial_favoured
+
+    rng = np.random.default_rng(0)
+    for n_origins in (2, 4, 8, 12):
+        verdicts = 0
+        for _ in range(200):
+            ab = rng.uniform(0.2, 0.4, n_origins)
+            ba = ab + rng.choice([-1, 1], n_origins) * rng.uniform(0.01, 0.1, n_origins)
+            spread = {"AB": {"mean": ab.mean(), "per_origin": dict(enumerate(ab))}, "BA": {"mean": ba.mean(), "per_origin": dict(enumerate(ba))}}
+            verdicts += controversial_favoured({"o": spread}, {"AB": "a", "BA": "b"}, n_boot=200)["o"]["favours"] is not None
+        assert verdicts / 200 <= 0.08, (n_origins, verdicts)
 
 
 def test_one_origin_favours_no_model():

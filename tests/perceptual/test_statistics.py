@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from perceptual.experiments import correlation_with_interval
-from perceptual.statistics import measurement_statistics, paired_difference, percentile_interval, ranking_agreement
+from perceptual.statistics import measurement_statistics, paired_difference, percentile_interval, ranking_agreement, sign_flip_p_value
 from perceptual.tasks import bootstrap_interval
 
 
@@ -84,3 +84,13 @@ def test_percentile_interval_is_the_central_share_of_the_draws():
     assert percentile_interval(draws, 0.95) == pytest.approx((25.0, 975.0))
     assert percentile_interval(draws, 0.5) == (250.0, 750.0)
     assert all(math.isnan(v) for v in percentile_interval([], 0.95))
+
+
+def test_the_sign_flip_p_value_is_exact_on_small_samples():
+    assert sign_flip_p_value([0.1, 0.2, 0.3, 0.4, 0.5, 0.6]) == pytest.approx(2 / 64)  # only all-positive and all-negative as extreme
+    assert sign_flip_p_value([0.1, 0.2, 0.3, 0.4, 0.5]) == pytest.approx(2 / 32)  # 5 agreeing origins cannot decide (> 0.05)
+    assert sign_flip_p_value([0.5, -0.1, 0.3, 0.4, 0.2, 0.6]) == pytest.approx(4 / 64)  # the -0.1 flipped back is as extreme too
+    assert sign_flip_p_value([0.3]) == 1.0 and sign_flip_p_value([0.0, 0.0, 0.0]) == 1.0
+    assert 0.0 < sign_flip_p_value(np.linspace(0.1, 1.0, 30), seed=1) < 0.001  # Monte Carlo above 2^13 flips
+    with pytest.raises(ValueError, match="finite differences"):
+        sign_flip_p_value([0.1, float("nan")])
