@@ -39,7 +39,23 @@
     return saved || fresh(workerId);
   }
   var state = preview ? fresh() : load(KEY);
-  function save() { if (KEY && !preview) storageSet(KEY, JSON.stringify(state)); }
+  // The same survey open in two tabs (a HIT popped out of its frame, a link opened twice): each tab keeps the other's
+  // answers, so the one that saves last writes both; a tab that sees the other save shows where the two now are.
+  function mergeStored() {
+    var stored = null;
+    try { stored = KEY ? JSON.parse(storageGet(KEY)) : null; } catch (e) { stored = null; }
+    if (!stored || !stored.answers) return;
+    Object.keys(stored.answers).forEach(function (id) {
+      var ours = state.answers[id], theirs = stored.answers[id];
+      if (!ours || (!ours.complete && theirs.complete)) state.answers[id] = theirs;
+    });
+    state.finished_at = state.finished_at || stored.finished_at;
+    state.completion_code = state.completion_code || stored.completion_code;
+  }
+  function save() { if (KEY && !preview) { mergeStored(); storageSet(KEY, JSON.stringify(state)); } }
+  window.addEventListener("storage", function (event) {
+    if (!preview && KEY && event.key === KEY && event.newValue && state.consent) { mergeStored(); render(); }
+  });
 
   // The participant's order of the trials (trial ids): drawn at Start where the package shuffles per participant
   // (trial_order=per_participant) and saved with the answers, so a reload keeps it; else the package's order.
@@ -174,7 +190,7 @@
       started_at: state.started_at, finished_at: state.finished_at, user_agent: state.user_agent, answers: rowsOut()
     };
   }
-  function csvCell(v) { v = v === null || v === undefined ? "" : String(v); return /[",\n]/.test(v) ? '"' + v.replace(/"/g, '""') + '"' : v; }
+  function csvCell(v) { v = v === null || v === undefined ? "" : String(v); return /[",\r\n]/.test(v) ? '"' + v.replace(/"/g, '""') + '"' : v; }
   function responsesCsv() {
     // started_at: the import keeps a worker's earliest attempt, whichever download (CSV or JSON) it came back as
     var head = ["package_fingerprint", "survey_id", "worker_id", "session_id", "trial_id", "row", "choice", "rt_ms", "position", "started_at"];
@@ -212,7 +228,7 @@
     }
   }
   // Without an id in the URL the typed id names the saved answers: the field shows the last one, Start continues it.
-  $("worker-id").value = KEY ? state.worker_id : (storageGet(BASE + ":last") || "");
+  $("worker-id").value = KEY ? state.worker_id : (storageGet(BASE + "#last") || "");
   $("worker-id").readOnly = Boolean(urlWorker);  // the platform's id is the participant's: not editable
   if (preview) { $("start").textContent = "Accept the HIT to start"; }
   function canStart() { $("start").disabled = preview || !($("consent-box").checked && $("worker-id").value.trim()); }
@@ -222,7 +238,7 @@
     var typed = urlWorker || $("worker-id").value.trim();
     if (!urlIdentity) {
       KEY = BASE + ":" + typed;
-      storageSet(BASE + ":last", typed);
+      storageSet(BASE + "#last", typed);  // "#": no typed id's key (BASE + ":" + id) is this one
       state = load(KEY, typed);
     }
     state.worker_id = typed; state.consent = true; state.order = state.order || drawOrder();
@@ -247,5 +263,6 @@
   });
 
   window.repalignResponses = responses;  // for tests and for researchers inspecting a session
+  window.repalignResponsesCsv = responsesCsv;  // the CSV download's text
   render();
 })();

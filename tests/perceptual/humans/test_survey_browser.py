@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.server
+import io
 import json
 import shutil
 import tempfile
@@ -269,6 +270,62 @@ def test_every_participant_and_assignment_has_answers_of_its_own(survey_package,
         assert driver.find_element(_by("ID"), "progress-text").text.startswith("Question 1 of ")
         driver.get(url)
         assert _section(driver) == "consent" and driver.find_element(_by("ID"), "worker-id").get_attribute("value") == "P2"
+    finally:
+        driver.quit()
+
+
+def test_two_tabs_keep_each_others_answers_and_odd_ids_survive(survey_package, server, tmp_path):
+    """Each tab saved its own copy whole, so the tab that answered last erased the other's answers; the typed id "last"
+    was the key of the page's last-id slot; a carriage return in an id split the CSV download's rows."""
+    url = f"{server}/2afc-000/index.html"
+    driver = _driver(tmp_path)
+    body = lambda: driver.find_element(_by("TAG_NAME"), "body")  # noqa: E731
+    answers = lambda: len(driver.execute_script("return window.repalignResponses().answers"))  # noqa: E731
+    try:
+        driver.get(url)
+        driver.execute_script("window.localStorage.clear()")
+        driver.get(f"{url}?workerId=W1&assignmentId=A1")
+        driver.find_element(_by("ID"), "consent-box").click()
+        driver.find_element(_by("ID"), "start").click()
+        first = driver.current_window_handle
+        for _ in range(3):
+            body().send_keys("f")
+        driver.switch_to.new_window("tab")
+        driver.get(f"{url}?workerId=W1&assignmentId=A1")
+        second = driver.current_window_handle
+        driver.switch_to.window(first)
+        for _ in range(5):
+            body().send_keys("f")
+        assert answers() == 8
+        driver.switch_to.window(second)
+        body().send_keys("j")
+        assert answers() == 9 and driver.find_element(_by("ID"), "progress-text").text.startswith("Question 10 of ")
+        driver.switch_to.window(first)
+        driver.refresh()
+        assert answers() == 9
+        driver.close()
+        driver.switch_to.window(second)
+        # lab mode: "last" is an id like any other
+        for worker in ("P7", "last"):
+            driver.get(url)
+            field = driver.find_element(_by("ID"), "worker-id")
+            field.clear()
+            field.send_keys(worker)
+            driver.find_element(_by("ID"), "consent-box").click()
+            driver.find_element(_by("ID"), "start").click()
+            for _ in range(2):
+                body().send_keys("f")
+        driver.get(url)
+        assert driver.find_element(_by("ID"), "worker-id").get_attribute("value") == "last"
+        driver.find_element(_by("ID"), "consent-box").click()
+        driver.find_element(_by("ID"), "start").click()
+        assert answers() == 2 and driver.execute_script("return window.repalignResponses().worker_id") == "last"
+        driver.get(f"{url}?workerId=cr%0Dlf&assignmentId=A9")
+        driver.find_element(_by("ID"), "consent-box").click()
+        driver.find_element(_by("ID"), "start").click()
+        body().send_keys("f")
+        frame = pd.read_csv(io.StringIO(driver.execute_script("return window.repalignResponsesCsv()")))
+        assert list(frame["worker_id"]) == ["cr\rlf"] and len(frame) == 1
     finally:
         driver.quit()
 
