@@ -112,6 +112,8 @@ class ProlificStatuses:
 
     by_session: dict[str, str] = field(default_factory=dict)
     by_participant: dict[str, set[str]] = field(default_factory=dict)
+    # participants with an export row that names no submission: answers of theirs with an unknown session id may be of it
+    without_session_ids: set[str] = field(default_factory=set)
 
     def add(self, table: pd.DataFrame) -> None:
         columns = {_column_key(c): c for c in table.columns}
@@ -123,6 +125,8 @@ class ProlificStatuses:
                 self.by_session[session] = status
             if participant:
                 self.by_participant.setdefault(participant, set()).add(status)
+                if not session:
+                    self.without_session_ids.add(participant)
 
     def without_answers(self, answered: Iterable[str]) -> list[str]:
         """Participants of the exports who are not withdrawn and gave no valid answer among the files read: the completion
@@ -133,12 +137,16 @@ class ProlificStatuses:
     def exclusion(self, submission: Mapping) -> str | None:
         """Why ``submission`` is excluded, or None: its own submission's status where the page recorded Prolific's
         ``SESSION_ID`` and the exports hold it, else its participant's statuses; answers Prolific does not know (MTurk,
-        a lab) are kept."""
+        a lab, or a submission of another study whose export was not given: its session id is in none of the exports,
+        all of whose rows for the participant name theirs) are kept."""
         session = str(submission.get("session_id") or "").strip()
+        participant = _worker_id(submission)
         if session in self.by_session:
             statuses = {self.by_session[session]}
+        elif session and participant not in self.without_session_ids:
+            return None  # a returned submission elsewhere says nothing about this one
         else:
-            statuses = self.by_participant.get(_worker_id(submission), set())
+            statuses = self.by_participant.get(participant, set())
         withdrawn = statuses & set(PROLIFIC_WITHDRAWN)
         if not withdrawn:
             return None

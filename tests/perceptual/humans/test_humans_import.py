@@ -272,6 +272,7 @@ def test_a_prolific_export_excludes_returned_rejected_and_timed_out_submissions(
     page_download("P-retook", "S5")
     page_download("P-two-studies")  # two studies with different statuses and no session id: which one is unknown
     page_download("lab-worker", "")  # not on Prolific at all
+    page_download("P-other-study", "S9")  # finished this study (its export not given) after returning another one
     export = pd.DataFrame([
         {"Submission id": "S1", "Participant id": "P-approved", "Status": "APPROVED"},
         {"Submission id": "S2", "Participant id": "P-returned", "Status": "RETURNED"},
@@ -280,6 +281,7 @@ def test_a_prolific_export_excludes_returned_rejected_and_timed_out_submissions(
         {"Submission id": "S5", "Participant id": "P-retook", "Status": "AWAITING REVIEW"},
         {"Submission id": "S6", "Participant id": "P-two-studies", "Status": "APPROVED"},
         {"Submission id": "S7", "Participant id": "P-two-studies", "Status": "REJECTED"},
+        {"Submission id": "S8", "Participant id": "P-other-study", "Status": "RETURNED"},
     ])
     export.to_csv(tmp_path / "prolific_export_abc.csv", index=False)
 
@@ -288,8 +290,8 @@ def test_a_prolific_export_excludes_returned_rejected_and_timed_out_submissions(
     assert counts["submission returned on Prolific"] == 2 * n and counts["submission timed-out on Prolific"] == n
     assert counts["the participant's Prolific submissions are APPROVED, REJECTED and these answers carry no session id to tell which "
                   "(add SESSION_ID={{%SESSION_ID%}} to the study URL)"] == n
-    assert set(responses.answers["worker_id"]) == {"P-approved", "P-retook", "lab-worker"} and len(responses.answers) == 3 * n
-    assert responses.submissions == 7  # the export's rows are statuses, not submissions
+    assert set(responses.answers["worker_id"]) == {"P-approved", "P-retook", "lab-worker", "P-other-study"} and len(responses.answers) == 4 * n
+    assert responses.submissions == 8  # the export's rows are statuses, not submissions
     # the page's CSV download carries the session id as well; Prolific's older lower-case export headers read alike
     frame = pd.DataFrame([{"package_fingerprint": package.fingerprint, "survey_id": sid, "worker_id": "P-returned", "session_id": "S2", **a}
                           for a in _submission(package, sid, "P-returned", lambda u: u.answer)["answers"]])
