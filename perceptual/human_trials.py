@@ -186,7 +186,7 @@ def _is_number_or_nan(text: str) -> bool:
 
 def _read_one(path: Path, dataset: str, categories: frozenset, report: TrialReport) -> tuple[list[dict], list[Problem]]:
     found = _FileProblems(str(path))
-    with open(path, newline="") as handle:
+    with open(path, newline="", encoding="utf-8-sig") as handle:  # Excel's "CSV UTF-8" starts with a byte-order mark
         reader = csv.reader(handle)
         header = next(reader, None)
         if header is None:

@@ -45,6 +45,7 @@ from tqdm.auto import tqdm
 
 import stimuli
 from invert import NOISE_KINDS, Engine, check_push_weight, resolve_engine
+from stimuli.survey import LABEL_FORBIDDEN
 from training import build_model
 from training.attacks import ThreatModel
 from training.config import check_whole_number, dataset_from_config, resolve_device, resolved_path_text
@@ -77,10 +78,6 @@ TASKS = stimuli.TASKS  # the trial kinds of stimuli.trials
 # to <set>.replaced-<k> and the set is made afresh, so a rerun after an update measures instead of stopping.
 SETS_OUT_OF_DATE = "archive"
 FOLDER_ACCURACY_IMAGES = 1000  # accuracy subset of a folder data set when accuracy_limit is not set
-
-
-# "/" and "\\" would split the model's folder, "|" a Markdown table row, "$" turns a figure label into TeX (matplotlib's mathtext)
-LABEL_FORBIDDEN = ("/", "\\", "|", "$", "\n")
 
 
 @dataclass

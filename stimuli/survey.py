@@ -70,10 +70,26 @@ def _template_env() -> jinja2.Environment:
     )
 
 
+# Characters a model label may not hold (perceptual.measure.ModelSpec refuses the same, so a survey's labels can always be a
+# measure report's): "/" and "\\" would split the model's folder, "|" a Markdown table row, "$" turns a figure label into TeX.
+LABEL_FORBIDDEN = ("/", "\\", "|", "$", "\n")
+
+
+def check_model_label(label) -> str:
+    """``label`` if it can name a model in the survey and in a measure report, else a ValueError that says why."""
+    if not isinstance(label, str) or not label or label.startswith(".") or any(c in label for c in LABEL_FORBIDDEN):
+        raise ValueError(f"model label {label!r} must be a plain, non-empty string: it becomes a folder, a cell of the reports' tables "
+                         f"and a figure label, so no {' '.join(repr(c) for c in LABEL_FORBIDDEN)} and no leading '.' (quote numbers: "
+                         "labels=['0.5','1.0'])")
+    return label
+
+
 def _check_options(sets: Mapping, tasks: Sequence[str], trials_per_survey: int, attention_rate: float, minutes: float,
                    trial_order: str, out: Path, overwrite: bool) -> None:
     if not sets:
         raise ValueError("no stimulus sets given: pass sets={label: path} with at least one inversion set")
+    for label in sets:
+        check_model_label(label)
     unknown = [t for t in tasks if t not in SURVEY_TASKS]
     if unknown or not tasks:
         raise ValueError(f"unknown tasks {unknown or tasks}: use some of {SURVEY_TASKS}")

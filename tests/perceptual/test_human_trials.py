@@ -76,6 +76,14 @@ def test_reads_trials_into_the_trial_table(tmp_path):
         read_trials(tmp_path, experiments=["edge"])
 
 
+def test_a_csv_saved_with_a_byte_order_mark_reads_alike(tmp_path):
+    """Excel's "CSV UTF-8" starts with a byte-order mark: it was refused as missing ['subj']."""
+    path = write_csv(tmp_path / "colour" / "colour_subject-01_session_1.csv", ["subject-01,1,1,0.8,oven,oven,cr,0001_cl_s01_cr_oven_40_n1_1.png"])
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    table, report = read_trials(tmp_path)
+    assert report.ok and table["subject"].tolist() == ["subject-01"]
+
+
 def test_every_problem_is_reported_by_file_kind_and_count(tmp_path):
     bad = write_csv(tmp_path / "colour" / "colour_subject-01_session_1.csv", [
         "subject-01,1,1,0.8,oven,oven,cr,0001_cl_s01_cr_oven_40_n1_1.png",       # good

@@ -128,7 +128,19 @@ def test_refusals_before_work(inversion_sets, package_dir, tmp_path):
     with pytest.raises(ValueError, match="labels"):
         paths = ",".join(str(s.path) for s in inversion_sets.values())
         survey_command(_compose("stimuli_survey", [f"sets=[{paths}]", "labels=[a,a]", f"out={tmp_path / 'q'}"]))
+    for bad in ("std|v2", ".hidden", 0.5):  # "|" broke humans.md's table; a number never matched the report's text label
+        with pytest.raises(ValueError, match="must be a plain, non-empty string"):
+            build_survey({bad: next(iter(sets.values()))}, tmp_path / "p")
     assert not (tmp_path / "p").exists()
+
+
+def test_number_labels_and_a_bare_set_path_on_the_command_line(inversion_sets, tmp_path):
+    """labels=[0.5,1.0] arrive as numbers, kept as text to match a measure report; sets=PATH was read one character at a time."""
+    first, second = (str(s.path) for s in inversion_sets.values())
+    manifest = survey_command(_compose("stimuli_survey", [f"sets=[{first},{second}]", "labels=[0.5,1.0]", "tasks=2afc", f"out={tmp_path / 'a'}"]))
+    assert sorted(manifest["sets"]) == ["0.5", "1.0"]
+    manifest = survey_command(_compose("stimuli_survey", [f"sets={first}", "labels=solo", "tasks=[2afc]", f"out={tmp_path / 'b'}"]))
+    assert list(manifest["sets"]) == ["solo"]
 
 
 def test_humans_command_adds_human_columns_to_a_measure_report(package_dir, tmp_path):
