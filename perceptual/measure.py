@@ -45,7 +45,7 @@ from tqdm.auto import tqdm
 
 import stimuli
 from invert import NOISE_KINDS, Engine, check_push_weight, resolve_engine
-from stimuli.survey import LABEL_FORBIDDEN
+from stimuli.survey import LABEL_RULE, is_plain_label
 from training import build_model
 from training.attacks import ThreatModel
 from training.config import check_whole_number, dataset_from_config, resolve_device, resolved_path_text
@@ -102,9 +102,9 @@ class ModelSpec:
                              f"factory={self.factory!r}")
         if not self.label:
             self.label = Path(self.checkpoint).stem if self.checkpoint else (self.name or str(self.factory).rpartition(":")[2])
-        if self.label.startswith(".") or any(c in self.label for c in LABEL_FORBIDDEN):
+        if not is_plain_label(self.label):
             raise ValueError(f"model label {self.label!r} must be a plain name: it becomes a folder, a cell of the reports' tables and a "
-                             f"figure label, so no {' '.join(repr(c) for c in LABEL_FORBIDDEN)} and no leading '.' (set label=...)")
+                             f"figure label, so {LABEL_RULE} (set label=...)")
 
     def build(self, dataset: str) -> torch.nn.Module:
         """The classifier: ``module`` when given, else from the zoo for ``dataset`` or the factory (which knows its own data set)."""

@@ -73,14 +73,19 @@ def _template_env() -> jinja2.Environment:
 # Characters a model label may not hold (perceptual.measure.ModelSpec refuses the same, so a survey's labels can always be a
 # measure report's): "/" and "\\" would split the model's folder, "|" a Markdown table row, "$" turns a figure label into TeX.
 LABEL_FORBIDDEN = ("/", "\\", "|", "$", "\n")
+LABEL_RULE = f"no {' '.join(repr(c) for c in LABEL_FORBIDDEN)} and no leading '.'"
+
+
+def is_plain_label(label) -> bool:
+    """Whether ``label`` can name a model: a non-empty string that keeps :data:`LABEL_RULE`."""
+    return isinstance(label, str) and bool(label) and not label.startswith(".") and not any(c in label for c in LABEL_FORBIDDEN)
 
 
 def check_model_label(label) -> str:
     """``label`` if it can name a model in the survey and in a measure report, else a ValueError that says why."""
-    if not isinstance(label, str) or not label or label.startswith(".") or any(c in label for c in LABEL_FORBIDDEN):
+    if not is_plain_label(label):
         raise ValueError(f"model label {label!r} must be a plain, non-empty string: it becomes a folder, a cell of the reports' tables "
-                         f"and a figure label, so no {' '.join(repr(c) for c in LABEL_FORBIDDEN)} and no leading '.' (quote numbers: "
-                         "labels=['0.5','1.0'])")
+                         f"and a figure label, so {LABEL_RULE} (quote numbers: labels=['0.5','1.0'])")
     return label
 
 

@@ -145,29 +145,26 @@ def compose(config_name: str, overrides: Sequence[str] = (), *, with_hydra: bool
         return hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=with_hydra)
 
 
-def flat_keys(node: Any, prefix: str = "") -> list[str]:
-    """Every leaf key of a nested config, dotted (``train.optimizer.lr``); lists are leaves."""
+def _flattened(node: Any, prefix: str, resolve: bool) -> dict[str, Any]:
     if isinstance(node, DictConfig):
-        node = OmegaConf.to_container(node, resolve=False)
+        node = OmegaConf.to_container(node, resolve=resolve)
     if isinstance(node, Mapping) and node:
-        keys: list[str] = []
+        flat: dict[str, Any] = {}
         for key, value in node.items():
-            keys += flat_keys(value, f"{prefix}{key}.")
-        return keys
-    return [prefix[:-1]] if prefix else []
+            flat.update(_flattened(value, f"{prefix}{key}.", resolve))
+        return flat
+    return {prefix[:-1]: node} if prefix else {}
+
+
+def flat_keys(node: Any, prefix: str = "") -> list[str]:
+    """Every leaf key of a nested config, dotted (``train.optimizer.lr``); lists are leaves; interpolations unresolved."""
+    return list(_flattened(node, prefix, resolve=False))
 
 
 def flat_items(node: Any, prefix: str = "") -> dict[str, Any]:
     """``{optimizer: {lr: 0.1}}`` -> ``{"optimizer.lr": 0.1}``: nested config values as the dotted overrides a recipe takes
     (configs write them nested so that each can be overridden from the command line); an empty dict is a value."""
-    if isinstance(node, DictConfig):
-        node = OmegaConf.to_container(node, resolve=True)
-    if isinstance(node, Mapping) and node:
-        flat: dict[str, Any] = {}
-        for key, value in node.items():
-            flat.update(flat_items(value, f"{prefix}{key}."))
-        return flat
-    return {prefix[:-1]: node} if prefix else {}
+    return _flattened(node, prefix, resolve=True)
 
 
 def _near(key: str, known: Iterable[str]) -> list[str]:

@@ -88,10 +88,10 @@ def train_overrides(variant: Variant, scale: DictConfig) -> dict:
     """The scale's schedule, then the recipe's own schedule at this scale, the scale's attack for an adversarial
     recipe, then the catalogue entry's overrides (which win); as dotted keys of ``conf/train/<recipe>.yaml``."""
     recipe_schedules = OmegaConf.to_container(scale.recipe_schedule, resolve=True)
-    overrides = flat_items(OmegaConf.to_container(scale.schedule, resolve=True))
+    overrides = flat_items(scale.schedule)
     overrides.update(flat_items(recipe_schedules.get(variant.recipe) or {}))
     if variant.adversarial:
-        overrides.update(flat_items(OmegaConf.to_container(scale.attack, resolve=True), "attack."))
+        overrides.update(flat_items(scale.attack, "attack."))
     overrides.update(flat_items(variant.overrides))
     return overrides
 
