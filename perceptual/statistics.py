@@ -49,6 +49,8 @@ def sign_flip_p_value(differences: Sequence[float] | np.ndarray, *, n_resamples:
     """Two-sided p-value of the mean of ``differences`` under random sign flips (exact, all 2^n flips, up to
     ``n_resamples``; seeded Monte Carlo above); 1.0 for fewer than two differences."""
     differences = np.asarray(differences, dtype=float)
+    if differences.ndim != 1:
+        raise ValueError(f"a sign-flip test takes one difference per unit (a 1-D sequence), got shape {differences.shape}")
     if not np.isfinite(differences).all():
         raise ValueError(f"a sign-flip test needs finite differences, got {differences.tolist()}")
     if len(differences) < 2 or not differences.any():

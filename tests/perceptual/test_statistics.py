@@ -94,3 +94,5 @@ def test_the_sign_flip_p_value_is_exact_on_small_samples():
     assert 0.0 < sign_flip_p_value(np.linspace(0.1, 1.0, 30), seed=1) < 0.001  # Monte Carlo above 2^13 flips
     with pytest.raises(ValueError, match="finite differences"):
         sign_flip_p_value([0.1, float("nan")])
+    with pytest.raises(ValueError, match="1-D sequence"):
+        sign_flip_p_value([[0.1, 0.2], [0.3, 0.4]])
