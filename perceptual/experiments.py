@@ -111,7 +111,7 @@ def comparison_pairs(variants: Sequence[Variant], comparisons: Sequence[Sequence
         return baseline_pairs(variants)
     trainings = list(dict.fromkeys(v.training for v in variants))
     for comparison in comparisons:
-        if isinstance(comparison, str) or len(comparison) != 2 or comparison[0] == comparison[1]:
+        if isinstance(comparison, str) or not isinstance(comparison, Sequence) or len(comparison) != 2 or comparison[0] == comparison[1]:
             raise ValueError(f"a comparison is [training, baseline training] of two different trainings, got {comparison!r}")
         unknown = [t for t in comparison if t not in trainings]
         if unknown:

@@ -53,7 +53,7 @@ def test_a_presets_comparisons_pair_trainings_within_each_architecture(tmp_path)
     assert comparison_pairs(variants, fig6) == [("cnn-standard_aug", "cnn-standard_noaug"), ("cnn-pgd_aug", "cnn-pgd_noaug"),
                                                 ("vgg-standard_aug", "vgg-standard_noaug")]
     assert comparison_pairs(variants, None) == baseline_pairs(variants)
-    for bad, message in ((["pgd_aug"], "two different trainings"), ([["pgd_aug", "pgd_aug"]], "two different trainings"),
+    for bad, message in ((["pgd_aug"], "two different trainings"), ([["pgd_aug", "pgd_aug"]], "two different trainings"), ([3], "two different trainings"),
                          ([["pgd_aug", "trades"]], r"names \['trades'\], not trainings")):
         with pytest.raises(ValueError, match=message):
             comparison_pairs(variants, bad)
