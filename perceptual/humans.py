@@ -159,7 +159,14 @@ class ProlificStatuses:
 def _submissions_from_file(path: Path, prolific: ProlificStatuses) -> list[dict]:
     """Raw submissions (dicts like the page's JSON download) from one file of any supported format; a Prolific export
     adds its statuses to ``prolific`` and holds no submission."""
-    text = path.read_text(encoding="utf-8-sig")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as error:  # typically a CSV re-saved by Excel in the system's code page
+        raise ValueError(f"{path} is not UTF-8 text ({error}): was it re-saved by a spreadsheet? Save it as 'CSV UTF-8', or use the "
+                         "page's original download") from error
+    if not text.strip():
+        raise ValueError(f"{path} is empty: was the download cut short? Download it again from the survey page, or move it out of "
+                         "the answers folder")
     if path.suffix.lower() == ".json":
         try:
             data = json.loads(text)
@@ -171,10 +178,13 @@ def _submissions_from_file(path: Path, prolific: ProlificStatuses) -> list[dict]
             kinds = sorted({type(item).__name__ for item in items if not isinstance(item, dict)})
             raise ValueError(f"{path} holds JSON that is not the survey page's download (an object, or a list of them; found {', '.join(kinds)}): "
                              "download it again from the survey page, or move it out of the answers folder")
-        return [{**item, "source": str(path)} for item in items]
+        return [_checked_shape({**item, "source": str(path)}) for item in items]
     if path.suffix.lower() != ".csv":
         raise ValueError(f"{path}: unsupported file type; give the page's .json or .csv downloads or an MTurk batch results .csv")
-    table = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
+    try:
+        table = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
+    except pd.errors.ParserError as error:
+        raise ValueError(f"{path} is not a readable CSV ({error}): download it again, or move it out of the answers folder") from error
     if "Answer.responses" in table.columns:  # MTurk batch results
         missing = {"WorkerId", "AssignmentId"} - set(table.columns)
         if missing:
@@ -185,8 +195,9 @@ def _submissions_from_file(path: Path, prolific: ProlificStatuses) -> list[dict]
         return []
     needed = {"package_fingerprint", "survey_id", "worker_id", "trial_id", "row", "choice"}
     if not needed <= set(table.columns):
-        raise ValueError(f"{path}: a page CSV needs columns {sorted(needed)}, found {list(table.columns)}; an MTurk file needs Answer.responses, "
-                         "a Prolific export Participant id and Status")
+        separator = " (the columns are separated by semicolons: save it with commas)" if any(";" in c for c in table.columns) else ""
+        raise ValueError(f"{path}: a page CSV needs columns {sorted(needed)}, found {list(table.columns)}{separator}; an MTurk file needs "
+                         "Answer.responses, a Prolific export Participant id and Status")
     for recorded_later in ("session_id", "started_at"):  # downloads of pages from before the page recorded them
         if recorded_later not in table.columns:
             table[recorded_later] = ""
@@ -209,7 +220,26 @@ def _mturk_submission(record: Mapping, path: Path) -> dict:
         return {**base, "invalid": f"Answer.responses is not the page's JSON ({error})"}
     if not isinstance(payload, dict):
         return {**base, "invalid": f"Answer.responses is JSON but not the page's object (a {type(payload).__name__})"}
-    return {**payload, **base}
+    return _checked_shape({**payload, **base})
+
+
+def _checked_shape(submission: dict) -> dict:
+    """``submission`` marked ``invalid`` (an exclusion with its reason, like an unreadable MTurk row) where it does not
+    have the page's shape: ids that are text, ``answers`` a list of objects. Hand-edited or foreign JSON otherwise fails
+    deep inside the import without naming its file."""
+    fixed, problems = dict(submission), []
+    for key in ("package_fingerprint", "survey_id", "worker_id", "session_id", "started_at"):
+        value = submission.get(key)
+        if value is not None and not isinstance(value, (str, int, float)):
+            fixed[key] = str(value)
+            problems.append(f"{key} is a {type(value).__name__}, not text")
+    answers = submission.get("answers")
+    if answers is not None and not (isinstance(answers, list) and all(isinstance(a, dict) for a in answers)):
+        fixed["answers"] = []
+        problems.append("answers is not a list of objects")
+    if problems and "invalid" not in submission:
+        fixed["invalid"] = f"{'; '.join(problems)} (not the page's download)"
+    return fixed
 
 
 def _number(value, minimum: float) -> float:

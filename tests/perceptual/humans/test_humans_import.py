@@ -513,3 +513,45 @@ def test_prolific_statuses_in_either_spelling_and_participants_without_answers(p
     assert set(responses.answers["worker_id"]) == {"P-ok"} and responses.prolific_without_answers == ["P-silent"]
     data = human_scores(package, responses, n_boot=50)
     assert data["prolific_without_answers"] == ["P-silent"] and "P-silent" in markdown_summary(data)
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("empty.csv", b"", r"empty\.csv is empty: was the download cut short"),
+    ("empty.json", b"  \n", r"empty\.json is empty"),
+    ("excel.csv", "package_fingerprint,survey_id,worker_id,trial_id,row,choice\nx,s,Jos\u00e9,t,0,left\n".encode("cp1252"),
+     r"excel\.csv is not UTF-8 text.*CSV UTF-8"),
+    ("semi.csv", b"package_fingerprint;survey_id;worker_id;trial_id;row;choice\nx;s;w;t;0;left\n", r"semi\.csv: .*separated by semicolons"),
+    ("ragged.csv", b'a,b\n1,"2\n', r"ragged\.csv is not a readable CSV"),
+])
+def test_an_unreadable_answer_file_is_named_with_what_to_do(package, tmp_path, name, content, message):
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(ValueError, match=message):
+        read_responses([tmp_path / name], package)
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"answers": "left,right"}, "answers is not a list of objects"),
+    ({"answers": [["t", 0, "left"]]}, "answers is not a list of objects"),
+    ({"answers": 3}, "answers is not a list of objects"),
+    ({"survey_id": ["2afc-000"]}, "survey_id is a list, not text"),
+    ({"worker_id": {"id": "w"}, "answers": 7}, "worker_id is a dict, not text; answers is not a list of objects"),
+])
+def test_a_download_of_another_shape_is_excluded_with_its_reason_and_the_rest_kept(package, tmp_path, change, reason):
+    sid = package.manifest["surveys"][0]["survey_id"]
+    good = _submission(package, sid, "W1", lambda u: u.answer)
+    (tmp_path / "good.json").write_text(json.dumps(good))
+    (tmp_path / "odd.json").write_text(json.dumps({**_submission(package, sid, "W2", lambda u: u.answer), **change}))
+    responses = read_responses([tmp_path / "good.json", tmp_path / "odd.json"], package)
+    assert set(responses.answers["worker_id"]) == {"W1"} and len(responses.answers) == len(good["answers"])
+    [(counted, _)] = responses.exclusion_counts().items()
+    assert counted == f"{reason} (not the page's download)"
+    assert {e["source"] for e in responses.excluded} == {str(tmp_path / "odd.json")}
+
+
+def test_an_mturk_row_of_another_shape_is_excluded_not_fatal(package, tmp_path):
+    sid = package.manifest["surveys"][0]["survey_id"]
+    good = _submission(package, sid, "W1", lambda u: u.answer)
+    _write_mturk(tmp_path / "batch.csv", [("Submitted", good), ("Submitted", {**good, "worker_id": "W2", "answers": {"t": "left"}})])
+    responses = read_responses([tmp_path / "batch.csv"], package)
+    assert set(responses.answers["worker_id"]) == {"W1"}
+    assert responses.exclusion_counts() == {"answers is not a list of objects (not the page's download)": 1}
