@@ -47,7 +47,7 @@ from training.io import atomic_directory
 from .distances import set_trials
 from .sets import StimulusSet, canonical_json, load_set
 from .sources import stream_seed
-from .trials import TASKS, balanced_sides, check_attention_rate
+from .trials import TASKS, attention_check_count, balanced_sides, check_attention_rate
 
 logger = logging.getLogger("stimuli")
 
@@ -168,7 +168,7 @@ def _controversial_records(label: str, stimulus_set: StimulusSet, seed: int, att
         by_direction = dict(zip(group["direction"], group["id"]))
         if {"AB", "BA"} <= set(by_direction):
             pairs.append((origin, by_direction["AB"], by_direction["BA"], False))
-    n_checks = int(round(attention_rate * len(pairs) / (1 - attention_rate)))
+    n_checks = attention_check_count(len(pairs), attention_rate)
     for i in rng.choice(len(pairs), size=n_checks, replace=n_checks > len(pairs)):
         origin, ab, ba, _ = pairs[i]
         pairs.append((origin, origin, ab if rng.random() < 0.5 else ba, True))  # the origin against one result
@@ -183,6 +183,26 @@ def _controversial_records(label: str, stimulus_set: StimulusSet, seed: int, att
                         "query": origin, "options": options,
                         "rows": [{"query": origin, "answer": "left" if left else "right", "seed_type": "origin" if check else "AB-vs-BA"}]})
     return records
+
+
+def _with_a_check_per_survey(records: list[dict], trials_per_survey: int, task: str) -> tuple[list[dict], int]:
+    """``records`` with enough attention checks for every survey to get one, and the number of surveys. With fewer checks
+    than surveys (a small ``attention_rate`` or ``trials_per_survey``) some surveys would have none, and a participant
+    who always presses one key could never be excluded there; checks are repeated (each survey is done by other people)
+    until there is one per survey, adding surveys only where the repeats do not fit into ``trials_per_survey``. Without
+    any check (``attention_rate`` 0, or a rate that rounds to no check on this few trials), or with one trial per survey,
+    nothing is added."""
+    checks = [r for r in records if r["attention_check"]]
+    n_surveys = max(1, math.ceil(len(records) / trials_per_survey))
+    if not checks or len(checks) >= n_surveys or trials_per_survey < 2:
+        return records, n_surveys
+    n_real = len(records) - len(checks)
+    while math.ceil((n_real + max(len(checks), n_surveys)) / trials_per_survey) > n_surveys:
+        n_surveys += 1
+    repeats = [dict(checks[i % len(checks)]) for i in range(max(0, n_surveys - len(checks)))]
+    if repeats:
+        logger.info("%s: %d attention checks for %d surveys: %d repeated so that every survey has one", task, len(checks), n_surveys, len(repeats))
+    return records + repeats, n_surveys
 
 
 def _deal(records: list[dict], n_surveys: int, rng: np.random.Generator) -> list[list[dict]]:
@@ -206,9 +226,10 @@ def _deal(records: list[dict], n_surveys: int, rng: np.random.Generator) -> list
     # would give hand k only the models at positions k, k + n_surveys, ...).
     for hand, piece in zip(hands, np.array_split(np.arange(len(real)), n_surveys)):
         hand.extend(real[i] for i in piece)
-    # Each check to the shortest hand: splitting checks on their own could put one trial too many in a hand.
+    # Each check to the shortest hand, of those the one with fewest checks: splitting checks on their own could put one
+    # trial too many in a hand, and a tie broken by position alone could give one hand two checks and another none.
     for check in interleaved(checks=True):
-        min(hands, key=len).append(check)
+        min(hands, key=lambda hand: (len(hand), sum(r["attention_check"] for r in hand))).append(check)
     return [[hand[i] for i in rng.permutation(len(hand))] for hand in hands]
 
 
@@ -290,7 +311,7 @@ def build_survey(
             records = [r for label, s in loaded.items() if s.kind == "inversion" for r in _trial_records(label, s, task, seed, attention_rate, distance)]
         if not records:
             raise ValueError(f"no set gives {task} trials: {task} needs {'a controversial' if task == 'controversial' else 'an inversion'} set")
-        n_surveys = max(1, math.ceil(len(records) / trials_per_survey))
+        records, n_surveys = _with_a_check_per_survey(records, trials_per_survey, task)
         for k, hand in enumerate(_deal(records, n_surveys, rng)):
             surveys.append({"survey_id": f"{task}-{k:03d}", "task": task, "trials": _balance_sides(hand, rng)})
 

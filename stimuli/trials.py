@@ -51,9 +51,11 @@ def check_attention_rate(rate: float) -> None:
         raise ValueError(f"attention_rate must be a fraction of the trials in [0, 1), got {rate!r}")
 
 
-def _n_checks(n_real: int, rate: float) -> int:
+def attention_check_count(n_real: int, rate: float) -> int:
+    """How many checks to add to ``n_real`` trials so that they are the fraction ``rate`` of all: at least one when
+    ``rate`` > 0 (a rate that rounds to none on a few trials would silently leave them without any)."""
     check_attention_rate(rate)
-    return int(round(rate * n_real / (1 - rate)))
+    return max(int(round(rate * n_real / (1 - rate))), int(rate > 0 and n_real > 0))
 
 
 def balanced_sides(n: int, rng: np.random.Generator) -> np.ndarray:
@@ -68,7 +70,7 @@ def two_afc_trials(manifest: pd.DataFrame, seed: int = 0, attention_rate: float 
     rng = np.random.default_rng(seed)
     results = _results(manifest)
     n_real = len(results)
-    n_checks = _n_checks(n_real, attention_rate)
+    n_checks = attention_check_count(n_real, attention_rate)
     queries = list(results["id"])
     targets, seeds, seed_types = list(results["target_id"]), list(results["seed_id"]), list(results["seed_type"])
     checks = rng.choice(n_real, size=n_checks, replace=n_checks > n_real)
@@ -155,7 +157,7 @@ def clustering_trials(
             others = [t for t in target_ids if t != anchor]
             a, b = rng.choice(len(others), size=2, replace=False)
             triplets.append((anchor, others[a], others[b]))
-    n_checks = _n_checks(len(triplets), attention_rate)
+    n_checks = attention_check_count(len(triplets), attention_rate)
     check_triplets = [triplets[i] for i in rng.choice(len(triplets), size=n_checks, replace=n_checks > len(triplets))]
 
     trials = [(t, False) for t in triplets] + [(t, True) for t in check_triplets]

@@ -71,6 +71,14 @@ def test_two_afc_attention_count_follows_the_documented_formula_when_not_divisib
     assert table["attention_check"].sum() == round(0.1 * 10 / 0.9) == 1
 
 
+@pytest.mark.parametrize("task", ["2afc", "clustering"])
+def test_a_rate_that_rounds_to_no_check_still_gives_one(task):
+    """0.05 of 10 trials rounds to no check: the trials went out without any, silently."""
+    table = make_trials(inversion_manifest(10, seed_types=("noise",)), task, seed=0, attention_rate=0.05)
+    assert table.drop_duplicates("trial")["attention_check"].sum() == 1
+    assert make_trials(inversion_manifest(10, seed_types=("noise",)), task, seed=0, attention_rate=0)["attention_check"].sum() == 0
+
+
 def test_two_afc_is_deterministic_in_the_seed():
     manifest = inversion_manifest(10)
     pd.testing.assert_frame_equal(two_afc_trials(manifest, seed=5, attention_rate=0.2), two_afc_trials(manifest, seed=5, attention_rate=0.2))

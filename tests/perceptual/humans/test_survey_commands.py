@@ -349,3 +349,37 @@ def test_each_survey_announces_its_own_share_of_a_full_surveys_minutes(package_d
         with pytest.raises(ValueError, match="minutes"):
             build_survey(dict(inversion_sets), tmp_path / "bad", minutes=bad)
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("per_survey, rate", [(9, 0.05), (5, 0.05), (2, 0.05), (7, 0.2)])
+def test_every_survey_gets_an_attention_check_when_checks_are_asked_for(inversion_sets, tmp_path, per_survey, rate):
+    """Fewer checks than surveys (or a rate that rounds to none on a few trials) left some surveys without any check,
+    where a participant pressing one key throughout could never be excluded."""
+    manifest = build_survey(inversion_sets, tmp_path / "p", tasks=("2afc", "clustering"), trials_per_survey=per_survey, attention_rate=rate)
+    assert all(s["n_attention_checks"] >= 1 for s in manifest["surveys"])
+    assert max(s["n_trials"] for s in manifest["surveys"]) <= per_survey
+    package = load_package(tmp_path / "p")
+    for task in ("2afc", "clustering"):  # every real trial is still asked, once
+        real = package.truth[(package.truth["task"] == task) & ~package.truth["attention_check"]]
+        alone = build_survey(inversion_sets, tmp_path / task, tasks=(task,), trials_per_survey=10_000, attention_rate=0)["trials"]
+        assert len(real) == sum(len(t["rows"]) for t in alone)
+
+
+def test_no_check_is_added_when_none_are_asked_for(inversion_sets, tmp_path):
+    manifest = build_survey(inversion_sets, tmp_path / "p", tasks=("2afc",), trials_per_survey=5, attention_rate=0)
+    assert all(s["n_attention_checks"] == 0 for s in manifest["surveys"])
+
+
+@pytest.mark.parametrize("real, checks, per_survey", [(25, 1, 9), (40, 2, 5), (30, 1, 2), (8, 3, 4)])
+def test_repeated_checks_fill_every_survey_within_its_size(real, checks, per_survey):
+    from stimuli.survey import _deal, _with_a_check_per_survey
+
+    records = [{"model": "ab"[i % 2], "attention_check": False, "n": i} for i in range(real)]
+    records += [{"model": "ab"[i % 2], "attention_check": True, "n": real + i} for i in range(checks)]
+    records, n_surveys = _with_a_check_per_survey(records, per_survey, "2afc")
+    hands = _deal(records, n_surveys, np.random.default_rng(0))
+    assert all(any(r["attention_check"] for r in hand) for hand in hands)
+    assert max(map(len, hands)) <= per_survey
+    assert sorted(r["n"] for hand in hands for r in hand if not r["attention_check"]) == list(range(real))
+    fewest = next(n for n in range(1, real + checks + 1) if real + max(checks, n) <= n * per_survey)  # no survey more than needed
+    assert n_surveys == fewest
