@@ -366,7 +366,10 @@ def _write_package(root: Path, loaded: Mapping[str, StimulusSet], surveys: list[
         pages.append((survey, page_trials))
 
     sets_info = {label: {"path": str(s.path), "fingerprint": s.fingerprint, "model": s.parameters.get("model")} for label, s in loaded.items()}
-    fingerprint = hashlib.sha256(canonical_json({"sets": sets_info, "trials": truth}).encode()).hexdigest()[:16]
+    # What the answers mean (each set's content and label, the trials), not where the sets lay: the same package rebuilt from
+    # another path, or on another machine, must accept the answers to the pages already out.
+    identity = {label: {k: v for k, v in info.items() if k != "path"} for label, info in sets_info.items()}
+    fingerprint = hashlib.sha256(canonical_json({"sets": identity, "trials": truth}).encode()).hexdigest()[:16]
     env = _template_env()
     template = env.get_template("survey.html.j2")
     script = (Path(__file__).parent / "templates" / "survey.js").read_text()

@@ -383,3 +383,14 @@ def test_repeated_checks_fill_every_survey_within_its_size(real, checks, per_sur
     assert sorted(r["n"] for hand in hands for r in hand if not r["attention_check"]) == list(range(real))
     fewest = next(n for n in range(1, real + checks + 1) if real + max(checks, n) <= n * per_survey)  # no survey more than needed
     assert n_surveys == fewest
+
+
+def test_the_package_fingerprint_does_not_depend_on_where_the_sets_lie(inversion_sets, tmp_path, monkeypatch):
+    """A rebuild naming the sets by another path (relative, another machine) refused every answer to the pages already out."""
+    absolute = build_survey({label: s.path for label, s in inversion_sets.items()}, tmp_path / "a", tasks=("2afc",))
+    monkeypatch.chdir(next(iter(inversion_sets.values())).path.parent)
+    relative = build_survey({label: s.path.name for label, s in inversion_sets.items()}, tmp_path / "b", tasks=("2afc",))
+    assert {s["path"] for s in relative["sets"].values()} != {s["path"] for s in absolute["sets"].values()}
+    assert relative["fingerprint"] == absolute["fingerprint"]
+    swapped = dict(zip(inversion_sets, reversed([s.path for s in inversion_sets.values()])))  # other labels, other meaning
+    assert build_survey(swapped, tmp_path / "c", tasks=("2afc",))["fingerprint"] != absolute["fingerprint"]
