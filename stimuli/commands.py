@@ -6,6 +6,7 @@ what the tests call; the ``*_main`` functions are the Hydra entry points that
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from pathlib import Path
@@ -121,15 +122,22 @@ def controversial_command(cfg: DictConfig) -> StimulusSet:
 def trials_file_name(cfg: DictConfig) -> str:
     """``<task>-seed<seed>.csv``, with every setting that changes the table and is not its default, so that tables
     made with other settings sit side by side: ``-attention0.1``, ``-n50``, and hard clustering's distance
-    (``-lpips_distance_matrix`` for ``module:function``, ``-human-similarity`` for ``human:similarity.csv``)."""
+    (``-perceptual.observers.lpips_distance_matrix`` for ``perceptual.observers:lpips_distance_matrix``: the whole import
+    path, as two modules may each have an ``lpips``; ``-human-similarity-<hash of its content>`` for
+    ``human:similarity.csv``, as two labs' matrices may share a file name)."""
     name = f"{cfg.task}-seed{cfg.seed}"
     if cfg.attention_rate:
         name += f"-attention{cfg.attention_rate:g}"
     if cfg.n_trials is not None:
         name += f"-n{cfg.n_trials}"
     if cfg.task == "clustering_hard" and cfg.distance != "pixel_l2":
-        scheme, _, rest = str(cfg.distance).rpartition(":")
-        label = f"human-{Path(rest).stem}" if scheme == "human" else rest
+        distance = str(cfg.distance)
+        if distance.startswith("human:"):
+            matrix = Path(distance[len("human:"):])
+            content = hashlib.sha256(matrix.read_bytes()).hexdigest()[:8] if matrix.is_file() else None
+            label = "-".join(["human", matrix.stem] + ([content] if content else []))
+        else:
+            label = distance.replace(":", ".")
         name += "-" + re.sub(r"[^A-Za-z0-9_.]+", "-", label).strip("-.")
     return f"{name}.csv"
 

@@ -87,11 +87,23 @@ def test_trials_tables_with_other_settings_do_not_overwrite_each_other(sharded_a
     }
     assert sorted(written) == sorted([
         "2afc-seed0.csv", "2afc-seed0-attention0.1.csv", "clustering-seed0-n2.csv", "clustering-seed0.csv",
-        "clustering_hard-seed0-pixel_l2_distances.csv", "clustering_hard-seed0.csv",
+        "clustering_hard-seed0-stimuli.distances.pixel_l2_distances.csv", "clustering_hard-seed0.csv",
     ])
     assert pd.read_csv(whole.path / "trials" / "clustering-seed0-n2.csv")["trial"].nunique() == 2
-    people = config("stimuli_trials", ["set=x", "task=clustering_hard", "distance=human:/data/sim ratings.csv"])
-    assert trials_file_name(people) == "clustering_hard-seed0-human-sim-ratings.csv"
+
+
+def test_trials_file_names_tell_apart_distances_that_share_a_file_or_function_name(tmp_path):
+    """Two labs' similarity.csv, or two modules' lpips, gave one file name: the second table replaced the first."""
+    names = {}
+    for lab, value in (("lab-a", "1.0,0.2\n0.2,1.0\n"), ("lab-b", "1.0,0.7\n0.7,1.0\n"), ("lab-c", "1.0,0.2\n0.2,1.0\n")):
+        (tmp_path / lab).mkdir()
+        (tmp_path / lab / "sim ratings.csv").write_text(value)
+        names[lab] = trials_file_name(config("stimuli_trials", ["set=x", "task=clustering_hard", f"distance=human:{tmp_path / lab / 'sim ratings.csv'}"]))
+    assert names["lab-a"].startswith("clustering_hard-seed0-human-sim-ratings-") and names["lab-a"].endswith(".csv")
+    assert names["lab-a"] != names["lab-b"] and names["lab-a"] == names["lab-c"]  # by content: the same matrix, the same table
+    functions = [trials_file_name(config("stimuli_trials", ["set=x", "task=clustering_hard", f"distance={module}:lpips"]))
+                 for module in ("mypkg.dist", "otherpkg.dist")]
+    assert functions == ["clustering_hard-seed0-mypkg.dist.lpips.csv", "clustering_hard-seed0-otherpkg.dist.lpips.csv"]
 
 
 def test_trials_command_refuses_n_trials_for_2afc(sharded_and_whole):
