@@ -120,6 +120,32 @@ def _match_momentum_layouts(optimizer: torch.optim.Optimizer) -> None:
                 optimizer.state[param]["momentum_buffer"] = torch.empty_like(param).copy_(buffer)
 
 
+def _start_late_momentum_buffers(optimizer: torch.optim.Optimizer) -> bool:
+    """Start the momentum buffer of a parameter that gets its first gradient after the others have theirs (a branch
+    switched on later, a head unfrozen later); return whether every parameter of a momentum group now has one.
+
+    SGD's default kernels start such a buffer at the parameter's (weight-decayed) gradient g'. The fused kernel treats a
+    step as the first only when no buffer exists at all and otherwise fails on the missing one, so the buffer is
+    started at d/m · g', which its update m · b + (1 - d) · g' turns into g' (zero for the usual dampening d = 0)."""
+    complete = True
+    for group in optimizer.param_groups:
+        momentum = group["momentum"]
+        if not momentum:
+            continue
+        missing = [p for p in group["params"] if p.grad is not None and "momentum_buffer" not in optimizer.state.get(p, {})]
+        started = len(missing) < sum(p.grad is not None for p in group["params"])  # some buffers exist: not the first step
+        for param in missing if started else ():
+            gradient = -param.grad if group["maximize"] else param.grad
+            if group["weight_decay"]:
+                gradient = gradient + group["weight_decay"] * param.detach()
+            buffer = torch.zeros_like(param)  # the parameter's layout, which the fused kernel walks (_match_momentum_layouts)
+            if group["dampening"]:
+                buffer.copy_(gradient).mul_(group["dampening"] / momentum)
+            optimizer.state[param]["momentum_buffer"] = buffer
+        complete = complete and started and all("momentum_buffer" in optimizer.state.get(p, {}) for p in group["params"])
+    return complete
+
+
 @contextlib.contextmanager
 def _device_learning_rate(optimizer: torch.optim.Optimizer, rates: list[Tensor]) -> Iterator[None]:
     """SGD stepping with its fused kernel and each group's ``lr`` read from ``rates`` (0-d device tensors); the groups
@@ -161,6 +187,7 @@ class TrainStep:
             _match_momentum_layouts(optimizer)  # the optimizer's state is final here (a resumed run has loaded it)
         self._calls = 0
         self._replay: Optional[Callable[[], None]] = None
+        self._buffers_complete = not sgd  # every momentum buffer started (see _start_late_momentum_buffers)
 
     @property
     def captured(self) -> bool:
@@ -178,6 +205,8 @@ class TrainStep:
             loss, stats = self.forward(inputs, labels)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if not self._buffers_complete:
+            self._buffers_complete = _start_late_momentum_buffers(self.optimizer)
         with _device_learning_rate(self.optimizer, self._rates) if self._rates else contextlib.nullcontext():
             self.optimizer.step()
         for key, value in (("loss", loss), *stats.items()):

@@ -194,6 +194,40 @@ def test_momentum_buffers_are_given_their_parameters_layout_before_the_fused_ker
     assert resumed.completed and all(torch.isfinite(p).all() for p in resumed.model.parameters())
 
 
+class _LateBranch(torch.nn.Module):
+    """A second head that joins the loss only from the second step on (a branch switched on later)."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second, self.use_second = torch.nn.Linear(6, 3), torch.nn.Linear(6, 3), False
+
+    def forward(self, inputs):
+        return self.first(inputs) + (self.second(inputs) if self.use_second else 0)
+
+
+@pytest.mark.parametrize("settings", [dict(momentum=0.9), dict(momentum=0.9, weight_decay=5e-4, nesterov=True),
+                                      dict(momentum=0.9, dampening=0.3, weight_decay=1e-3), dict(momentum=0.5, maximize=True, weight_decay=1e-3)])
+def test_a_parameter_whose_first_gradient_comes_late_steps_as_with_sgds_default_kernel(settings):
+    """The fused kernel failed on a missing momentum buffer once the others existed; SGD starts it at the gradient."""
+    torch.manual_seed(0)
+    inputs, labels = torch.randn(16, 6), torch.randint(0, 3, (16,))
+    models = [_LateBranch(), _LateBranch()]
+    models[1].load_state_dict(models[0].state_dict())
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1, **settings) for m in models]
+    second_before = models[0].second.weight.detach().clone()
+    fused = TrainStep(lambda x, y: (torch.nn.functional.cross_entropy(models[0](x), y), {}), optimizers[0], device=torch.device("cpu"), bf16=None)
+    for step in range(4):
+        for model in models:
+            model.use_second = step >= 2
+        fused(inputs, labels)
+        optimizers[1].zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(models[1](inputs), labels).backward()
+        optimizers[1].step()
+    assert not torch.equal(models[0].second.weight, second_before)  # the late branch did train
+    for ours, reference in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(ours, reference, rtol=0, atol=1e-6)
+
+
 def test_cuda_graph_settings_are_checked_and_what_blocks_capture_is_named(make_config, tmp_path, caplog):
     cpu = torch.device("cpu")
     with pytest.raises(ConfigError, match="false, true or auto"):
