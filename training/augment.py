@@ -32,10 +32,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from invert.validation import check_images
+
 
 def to_float(images: Tensor) -> Tensor:
-    """uint8 [0, 255] → float32 [0, 1] (float input is returned as float32)."""
-    return images.float().div_(255) if images.dtype == torch.uint8 else images.float()
+    """uint8 [0, 255] → float32 [0, 1]; float input is checked to be an image batch in [0, 1] (0-255 floats, a forgotten
+    ``/ 255``, would otherwise come out as 0-255 "images"; the range check is skipped inside ``hot_loop``) and returned as
+    float32."""
+    if images.dtype == torch.uint8:
+        return images.float().div_(255)
+    return check_images(images, "augmentation input").float()
 
 
 def random_crop_flip(images: Tensor, padding: int = 4, flip: bool = True) -> Tensor:
@@ -129,14 +135,16 @@ def random_resized_crop_flip(
     flip: bool = True,
 ) -> Tensor:
     """torchvision's ``RandomResizedCrop`` followed by ``RandomHorizontalFlip``, as one bilinear
-    ``grid_sample`` per batch: area fraction uniform in ``scale``, aspect ratio log-uniform in
-    ``ratio``, position uniform; a box larger than the image is clipped to it."""
-    n = x.shape[0]
+    ``grid_sample`` per batch: area fraction uniform in ``scale``, aspect ratio (width / height in
+    pixels, as torchvision) log-uniform in ``ratio``, position uniform; a box larger than the image is
+    clipped to it."""
+    n, _, h, w = x.shape
     area = _uniform(n, scale[0], scale[1], x)
     log_ratio = _uniform(n, math.log(ratio[0]), math.log(ratio[1]), x)
     aspect = log_ratio.exp()
-    width = (area * aspect).sqrt().clamp(max=1.0)  # fractions of the image side
-    height = (area / aspect).sqrt().clamp(max=1.0)
+    # Fractions of the image's width and height: a box of area a·H·W and pixel aspect r is sqrt(a·H·W·r) pixels wide.
+    width = (area * aspect * (h / w)).sqrt().clamp(max=1.0)
+    height = (area * (w / h) / aspect).sqrt().clamp(max=1.0)
     left = torch.rand(n, device=x.device, dtype=x.dtype) * (1 - width)
     top = torch.rand(n, device=x.device, dtype=x.dtype) * (1 - height)
     sign = torch.ones(n, device=x.device, dtype=x.dtype)
@@ -198,8 +206,14 @@ class SimCLRAugment:
         grayscale_p: float = 0.2,
         flip: bool = True,
     ):
+        if isinstance(scale, (str, bytes)) or not hasattr(scale, "__len__") or len(scale) != 2:
+            raise ValueError(f"crop scale must be two numbers [low, high] (the crop's area fraction), got {scale!r}")
         if not 0 < scale[0] <= scale[1] <= 1:
             raise ValueError(f"crop scale must satisfy 0 < low <= high <= 1, got {tuple(scale)}")
+        if not strength >= 0:  # NaN too
+            raise ValueError(f"colour-jitter strength must be >= 0 (0 = off), got {strength}")
+        if int(size) < 1:
+            raise ValueError(f"crop size must be a positive number of pixels, got {size}")
         for name, p in (("jitter_p", jitter_p), ("grayscale_p", grayscale_p)):
             if not 0 <= p <= 1:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {p}")

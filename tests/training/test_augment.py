@@ -59,6 +59,25 @@ def test_full_resized_crop_without_flip_is_the_identity():
     assert torch.allclose(out, x, atol=1e-6)
 
 
+@pytest.mark.parametrize("height, width, aspect", [(32, 64, 1.0), (64, 32, 1.0), (32, 64, 0.75), (48, 48, 4 / 3)])
+def test_a_resized_crop_has_the_pixel_aspect_and_area_it_drew_on_non_square_images(height, width, aspect):
+    """The aspect ratio is drawn in pixels, as torchvision's: a square crop of a 32 x 64 image is square, not 2:1."""
+    ys, xs = torch.meshgrid((torch.arange(height) + 0.5) / height, (torch.arange(width) + 0.5) / width, indexing="ij")
+    coordinates = torch.stack([xs, ys, torch.zeros_like(xs)])[None].expand(8, 3, height, width)  # each pixel holds where it is
+    out = random_resized_crop_flip(coordinates, 16, scale=(0.25, 0.25), ratio=(aspect, aspect), flip=False)
+    # A linear ramp sampled bilinearly inside the image: 16 samples span 15/16 of the box.
+    box_width = (out[:, 0].amax(dim=(1, 2)) - out[:, 0].amin(dim=(1, 2))) * width * 16 / 15
+    box_height = (out[:, 1].amax(dim=(1, 2)) - out[:, 1].amin(dim=(1, 2))) * height * 16 / 15
+    torch.testing.assert_close(box_width / box_height, torch.full((8,), aspect), rtol=1e-4, atol=0)
+    torch.testing.assert_close(box_width * box_height, torch.full((8,), 0.25 * height * width), rtol=1e-4, atol=0)
+
+
+def test_float_input_outside_the_unit_range_is_refused():
+    with pytest.raises(ValueError, match=r"augmentation input.*\[0, 1\]"):
+        SupervisedAugment()(torch.rand(2, 3, 8, 8) * 255)  # a forgotten / 255
+    assert SupervisedAugment()(torch.rand(2, 3, 8, 8)).max() <= 1
+
+
 def test_simclr_views_differ_and_stay_in_range(uint8_batch):
     augment = SimCLRAugment(32)
     v1, v2 = augment(uint8_batch), augment(uint8_batch)
@@ -72,6 +91,11 @@ def test_simclr_views_differ_and_stay_in_range(uint8_batch):
         (lambda: SupervisedAugment(color_jitter=-0.1), "non-negative"),
         (lambda: SimCLRAugment(32, scale=(0.5, 0.2)), "crop scale"),
         (lambda: SimCLRAugment(32, jitter_p=1.5), "probability"),
+        (lambda: SimCLRAugment(32, jitter_p=float("nan")), "probability"),
+        (lambda: SimCLRAugment(32, scale=0.5), r"two numbers \[low, high\]"),
+        (lambda: SimCLRAugment(32, strength=-0.5), "strength must be >= 0"),
+        (lambda: SimCLRAugment(32, strength=float("nan")), "strength must be >= 0"),
+        (lambda: SimCLRAugment(0), "positive number of pixels"),
     ],
 )
 def test_bad_augmentation_settings_are_refused(make, message):

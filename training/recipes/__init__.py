@@ -105,7 +105,7 @@ def _simclr_kwargs(cfg, train_data: ImageSet) -> dict[str, Any]:
     s = cfg.get("simclr") or {}
     augment = SimCLRAugment(
         size=train_data.image_size,
-        scale=tuple(s.get("crop_scale", (0.08, 1.0))),
+        scale=s.get("crop_scale", (0.08, 1.0)),
         strength=float(s.get("strength", 0.5)),
         jitter_p=float(s.get("jitter_p", 0.8)),
         grayscale_p=float(s.get("grayscale_p", 0.2)),
