@@ -62,8 +62,9 @@ def system_label(subject: str, is_human: bool) -> str:
 def labelled_trials(humans: pd.DataFrame, models: pd.DataFrame) -> pd.DataFrame:
     """Human and model trial tables as one, with subjects renamed by :func:`system_label`.
 
-    Errors, before any work: a model named like a human subject, model trials in an experiment the humans did not
-    do, or model trials that share no source image with the humans in some (experiment, condition) cell.
+    Errors, before any work: a model named like a human subject, a model deciding one image twice (two models under
+    one name), model trials in an experiment the humans did not do, or model trials that share no source image with
+    the humans in some (experiment, condition) cell.
     """
     clash = sorted(set(models["subject"]) & set(humans["subject"]))
     if clash:
@@ -71,6 +72,12 @@ def labelled_trials(humans: pd.DataFrame, models: pd.DataFrame) -> pd.DataFrame:
     missing = sorted(set(models["dataset"]) - set(humans["dataset"]))
     if missing:
         raise ValueError(f"model decisions for experiment(s) {missing} that have no human trials; drop them or add those human trials")
+    repeated = models[models.duplicated(["dataset", "condition", "subject", "image_id"], keep=False)]
+    if len(repeated):
+        first = repeated.iloc[0]
+        raise ValueError(f"model {first['subject']!r} decided image {first['image_id']!r} of {first['dataset']}/{first['condition']} more than "
+                         f"once ({len(repeated)} such decisions): are two models labelled alike (give each a label), or one model_trials "
+                         "file given twice?")
     human_images = humans.groupby(["dataset", "condition"])["image_id"].agg(set).to_dict()
     unmatched = []
     for (dataset, condition, subject), cell in models.groupby(["dataset", "condition", "subject"]):

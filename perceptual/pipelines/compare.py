@@ -420,6 +420,7 @@ def run_with_humans(container: Mapping) -> dict:
     started = time.perf_counter()
     metric_cfg = {"cles_variant": "paper", "on_undefined": "nan", **dict(container.get("metrics") or {})}
     specs = [ModelSpec.parse(m) for m in container.get("models") or []]
+    ModelSpec.check_unique(specs)  # checkpoints are all model.safetensors: unlabelled, two would classify into one subject
     with_panel = bool(container.get("humans_with_panel", False))
     if specs and not container.get("humans_images") and not with_panel:
         raise ValueError("models= are given but neither humans_images=PATH (to classify the benchmark's images) nor humans_with_panel=true "

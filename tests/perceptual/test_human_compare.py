@@ -112,6 +112,19 @@ def test_model_decisions_must_meet_the_human_images(tmp_path):
         labelled_trials(humans, humans[humans["subject"] == "subject-01"])
     with pytest.raises(ValueError, match="model_trials=.*humans_images="):
         human_model_decisions(humans)
+    model = humans[humans["subject"] == "subject-01"].assign(subject="model")
+    with pytest.raises(ValueError, match=r"model 'model' decided image .* more than once.*labelled alike"):  # two models, one name
+        labelled_trials(humans, pd.concat([model, model]))
+
+
+def test_models_sharing_a_label_are_refused_before_any_image_is_classified(tmp_path):
+    """Unlabelled checkpoints are all model.safetensors: two became one subject and failed later in a broadcast."""
+    root = human_folder(tmp_path / "raw")
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="model labels must be unique"):
+        compare_run(_config([f"humans={root}", f"humans_images={tmp_path}", f"out={out}",
+                             "models=[{name:resnet18,checkpoint:a/model.safetensors},{name:resnet18,checkpoint:b/model.safetensors}]"]))
+    assert not out.exists()
 
 
 def test_compare_command_with_humans(tmp_path, capsys):
