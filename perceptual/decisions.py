@@ -167,6 +167,21 @@ class SimulatedSubject:
         return stable_key(self.observer, self.seed)
 
 
+def check_decision_rule(*, seeds: Sequence[int], per_class: int, k: int, lapse: float, noise: float) -> None:
+    """Refuse a decision rule that cannot run, before any distance is computed: distinct int ``seeds``, ``per_class`` and
+    ``k`` whole numbers >= 1, ``lapse`` a probability, ``noise`` finite and >= 0 (NaN fails every comparison, so each
+    check is written to fail on it). ``k`` against the exemplars a subject draws needs the data: :class:`ObserverDecisions`."""
+    if not seeds or len(set(seeds)) != len(seeds) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise ValueError(f"seeds must be a non-empty list of distinct ints, got {list(seeds)}")
+    for name, value in (("per_class", per_class), ("k", k)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    if not 0 <= lapse <= 1:
+        raise ValueError(f"lapse is a probability in [0, 1], got {lapse}")
+    if not (noise >= 0 and math.isfinite(noise)):
+        raise ValueError(f"noise must be finite and >= 0 (standard deviations of the standardised distances), got {noise}")
+
+
 class ObserverDecisions:
     """A panel of simulated subjects (observer networks × seeds) that classify images by k-NN over exemplars.
 
@@ -186,8 +201,7 @@ class ObserverDecisions:
                  seeds: Sequence[int] = (0, 1, 2), per_class: int = 10, k: int = 5, lapse: float = 0.05, noise: float = 0.25):
         self.observers = Panel(list(observers)).observers  # a panel checks: at least one, unique names
         seeds = [int(s) for s in seeds]
-        if not seeds or len(set(seeds)) != len(seeds):
-            raise ValueError(f"seeds must be a non-empty list of distinct ints, got {seeds}")
+        check_decision_rule(seeds=seeds, per_class=per_class, k=k, lapse=lapse, noise=noise)
         self.classes = list(classes)
         self.exemplar_labels = torch.as_tensor(exemplar_labels, dtype=torch.long).cpu()
         if exemplar_images.ndim != 4 or len(exemplar_images) != len(self.exemplar_labels):
@@ -202,8 +216,6 @@ class ObserverDecisions:
         if not isinstance(k, int) or not 1 <= k <= per_class * len(present):
             raise ValueError(f"k must be an int in [1, per_class × classes present in the exemplar split = {per_class} × {len(present)}], "
                              f"got {k!r}")
-        if not 0 <= lapse <= 1 or noise < 0:
-            raise ValueError(f"lapse must be in [0, 1] and noise >= 0, got lapse={lapse}, noise={noise}")
         self.k, self.lapse, self.noise, self.per_class = k, float(lapse), float(noise), per_class
         self.subjects = [
             SimulatedSubject(subject_name(o.name, s), o.name, s, draw_exemplars(self.exemplar_labels, per_class, stable_key("exemplars", o.name, s)))

@@ -85,13 +85,14 @@ from training.sweeps import job_path
 
 from ..cache import cache_key, cached_json, cached_tensors, module_identity
 from ..compare_report import _fmt, heatmap, plain, unknown_metrics, write_outputs
-from ..decisions import ObserverDecisions, model_trials, observer_slug, stable_key
+from ..decisions import ObserverDecisions, check_decision_rule, model_trials, observer_slug, stable_key
 from ..error_alignment import error_alignment, write_error_alignment
 from ..human_compare import compare_on_trials, labelled_trials
 from ..human_compare import summary_markdown as human_summary_markdown
 from ..human_trials import classify_image_folder, read_trials, write_trials
 from ..measure import ModelSpec, make_panel
 from ..metrics import mvh_exclusions
+from ..observers import observer_names
 from ..pair_metrics import PAIR_METRIC_REGISTRY, Responses, metric_correlations, nanmean_matrices, pairwise_matrices, rankings
 from ..scores import SCORE_FUNCTIONS, DeepEnsemble, ModelOutputs, make_score, model_outputs
 
@@ -147,8 +148,25 @@ class ComparePipeline:
             if self.metric_cfg[key] not in choices:
                 raise ValueError(f"metrics.{key} must be one of {choices}, got {self.metric_cfg[key]!r}")
         self._check_unknown_config()
+        self._check_panel_config(observers)
         self.progress = bool(progress)
         self.config = dict(config or {})
+
+    def _check_panel_config(self, observers: Any) -> None:
+        """Refuse unknown observer names and a decision rule that cannot run before any work (with ``humans_with_panel``,
+        before the human report is written); ``k`` against the exemplars drawn waits for the data's classes."""
+        if observers not in ("auto", None):
+            names = [observers] if isinstance(observers, str) else list(observers)
+            unknown = [n for n in names if n not in observer_names()]
+            if unknown or not names or len(set(names)) != len(names):
+                raise ValueError(f"observers must be auto or distinct names from {observer_names()}, got {names}")
+        d = self.decision_cfg
+        try:
+            rule = {"seeds": [int(x) for x in d["seeds"]], "per_class": int(d["exemplars_per_class"]), "k": int(d["k"]),
+                    "lapse": float(d["lapse"]), "noise": float(d["noise"])}
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"decisions: seeds are ints, exemplars_per_class and k whole numbers, lapse and noise numbers ({err})") from None
+        check_decision_rule(**rule)
 
     def _check_unknown_config(self) -> None:
         """Refuse bad score names, score parameters and OOD sets before any work is done."""
@@ -168,6 +186,7 @@ class ComparePipeline:
             make_score(name, **dict(params.get(name) or {}))
         if not cfg["ood"]:
             raise ValueError("unknown.ood is empty: name at least one OOD set (noise:gaussian, noise:uniform or a condition)")
+        canonical: dict[str, str] = {}  # the condition's own name -> as given: uniform_noise=0.90 is uniform_noise=0.9
         for name in cfg["ood"]:
             if name not in NOISE_SETS:
                 try:
@@ -176,6 +195,13 @@ class ComparePipeline:
                     raise ValueError(f"unknown OOD set {name!r}: use {list(NOISE_SETS)} or a condition 'generator=value' ({err})") from None
                 if len(found) != 1:  # a generator name is its whole grid
                     raise ValueError(f"OOD set {name!r} names {len(found)} conditions: give one, e.g. {found[-1].name!r}")
+                name, given = found[0].name, name
+            else:
+                given = name
+            if name in canonical:  # the unified AURC would pool its images twice
+                raise ValueError(f"unknown.ood names {name!r} twice ({canonical[name]!r} and {given!r}): list each OOD set once")
+            canonical[name] = given
+        cfg["ood"] = list(canonical)
 
     # -------------------------------------------------------------------------------- inputs
 

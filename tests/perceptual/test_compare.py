@@ -227,9 +227,22 @@ def test_bad_compare_configs_are_refused_before_any_work(tmp_path):
     for n_fit in ("0", "-5"):  # 0 meant all training images; -5 failed after every condition had run
         with pytest.raises(ValueError, match=f"unknown.n_fit must be a positive number of training images \\(or null for all\\), got {n_fit}"):
             run(compose_with(model, f"unknown.n_fit={n_fit}"))
+    for ood in ("['uniform_noise=0.9','uniform_noise=0.90']", "[noise:uniform,noise:uniform]"):  # the unified AURC pooled its images twice
+        with pytest.raises(ValueError, match="unknown.ood names '.*' twice"):
+            run(compose_with(model, f"unknown.ood={ood}"))
+    # Refused in __init__: with humans_with_panel the human report was written first, a plain run loaded every model first.
+    for override, message in (("observers=[pixel-l1]", r"observers must be auto or distinct names from \[.*\], got \['pixel-l1'\]"),
+                              ("observers=[ssim,ssim]", "observers must be auto or distinct names"),
+                              ("decisions.noise=nan", "noise must be finite and >= 0"), ("decisions.lapse=1.5", "lapse is a probability"),
+                              ("decisions.k=0", "k must be a whole number >= 1"), ("decisions.seeds=[1,1]", "seeds must be a non-empty list of distinct")):
+        with pytest.raises(ValueError, match=message):
+            run(compose_with(model, override))
     for group, typo in (("decisions", "lapse_rate"), ("metrics", "cles_varient"), ("unknown", "nfit")):  # Hydra refuses these; Python kept them
         with pytest.raises(ValueError, match=f"unknown {group} key\\(s\\) \\['{typo}'\\]: valid keys are"):
             ComparePipeline([ModelSpec("small_cnn", label="m")], {"name": "digits", "root": None}, tmp_path, conditions=["colour"], **{group: {typo: 1}})
+    spelled = ComparePipeline([ModelSpec("small_cnn", label="m")], {"name": "digits", "root": None}, tmp_path, conditions=["colour"],
+                              unknown={"ood": ["uniform_noise=0.90", "noise:gaussian"]})
+    assert spelled.unknown_cfg["ood"] == ["uniform_noise=0.9", "noise:gaussian"]  # reported under the condition's own name
     assert not (tmp_path / "conditions").exists()
 
 

@@ -117,6 +117,11 @@ def test_panel_checks_k_against_the_classes_present_in_the_exemplar_split():
     assert len(table) == 8
     with pytest.raises(ValueError, match=r"exemplar_labels must be class indices in \[0, 2\)"):
         ObserverDecisions(observers, images, labels, ["a", "b"], per_class=2, k=1)
+    for noise in (math.nan, math.inf, -0.1):  # NaN passed `noise < 0` and failed only after the distances
+        with pytest.raises(ValueError, match="noise must be finite and >= 0"):
+            ObserverDecisions(observers, images, labels, ["a", "b", "c"], per_class=2, k=1, noise=noise)
+    with pytest.raises(ValueError, match="lapse is a probability"):
+        ObserverDecisions(observers, images, labels, ["a", "b", "c"], per_class=2, k=1, lapse=math.nan)
 
 
 def test_trial_tables_of_models_and_subjects_feed_the_metric_suite():
