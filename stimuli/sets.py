@@ -316,6 +316,8 @@ def write_set(
     """
     path = Path(path)
     check_images(images, "stimulus-set images")
+    if images.shape[1] not in (1, 3):  # refused by png_bytes too, but only after an existing set's manifest is gone
+        raise ValueError(f"stimulus-set images need 1 or 3 channels (PNGs hold grey or RGB), got {images.shape[1]}")
     images = images.detach().to("cpu", torch.float32).contiguous()
     _check_manifest(manifest, images.shape[0])
     n = images.shape[0]
@@ -327,6 +329,7 @@ def write_set(
     rows = manifest_rows(manifest)
     path.mkdir(parents=True, exist_ok=True)
     (path / MANIFEST).unlink(missing_ok=True)  # the directory is not a set while it is rewritten
+    (path / PREVIEW).unlink(missing_ok=True)  # a figure of the old images must not stay beside the new set
 
     image_dir = path / IMAGES_DIR
     image_dir.mkdir(exist_ok=True)

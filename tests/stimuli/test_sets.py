@@ -180,6 +180,21 @@ def test_write_set_refuses_bad_input(tmp_path):
     assert not (tmp_path / "x" / MANIFEST).exists()
 
 
+def test_images_a_png_cannot_hold_are_refused_before_an_existing_set_is_touched(written):
+    path, images, manifest, _ = written
+    with pytest.raises(ValueError, match="1 or 3 channels"):
+        write_set(path, torch.cat([images, images[:, :1]], dim=1), manifest, kind="inversion")  # RGBA
+    assert len(load_set(path)) == len(images)  # the manifest was deleted first: the old set no longer loaded
+
+
+def test_rewriting_a_set_without_a_preview_drops_the_old_one(written):
+    path, images, manifest, curve = written
+    write_set(path, images, manifest, kind="inversion", preview=True)
+    assert (path / "preview.png").is_file()
+    write_set(path, 1 - images, manifest, kind="inversion", preview=False)
+    assert not (path / "preview.png").exists()  # it showed the previous images
+
+
 def test_rewriting_a_set_drops_pngs_of_removed_images(written):
     path, images, manifest, curve = written
     write_set(path, images[:3], manifest.iloc[:3].reset_index(drop=True), kind="inversion", preview=False)
