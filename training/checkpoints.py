@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -107,9 +108,20 @@ def _torch_load(path: Path, trust_pickle: bool) -> Any:
                 f"trust_pickle=True (command line: model.trust_pickle=true, or --trust-pickle for training.convert), "
                 f"then convert it once to safetensors with `python -m training.convert`. Details: {_first_line(err)}"
             ) from err
+        _refuse_plain_pickle(path, err)
         raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt?): {_first_line(err)}") from err
     except Exception as err:  # noqa: BLE001 - a corrupt archive or pickle raises almost any type (IndexError, KeyError, ...)
+        _refuse_plain_pickle(path, err)
         raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt?): {type(err).__name__}: {_first_line(err)}") from err
+
+
+def _refuse_plain_pickle(path: Path, err: BaseException) -> None:
+    """torch.load calls a ``pickle.dump`` file corrupt ("invalid magic number"); say what it is instead."""
+    with open(path, "rb") as file:
+        pickled = file.read(1) == b"\x80"  # pickle's PROTO opcode, protocol 2 and later
+    if pickled and "magic number" in str(err).lower():
+        raise CheckpointError(f"{path} looks like a plain pickle.dump file, not torch.save's format: where you trust it, load it with "
+                              "pickle and save its state dict with torch.save or as safetensors") from err
 
 
 def _first_line(err: BaseException) -> str:
@@ -131,6 +143,8 @@ def _extract_state_dict(raw: Any, path: Path) -> Mapping[str, torch.Tensor]:
             return inner
     if raw and all(isinstance(v, torch.Tensor) for v in raw.values()):
         return raw
+    if raw and all(isinstance(v, (torch.Tensor, np.ndarray)) for v in raw.values()):  # a trusted pickle of numpy weights
+        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in raw.items()}
     raise CheckpointError(
         f"{path}: no state dict found (looked for a tensor dict, or one under 'model', 'state_dict', "
         f"'model_state_dict', 'net'); top-level keys are {sorted(map(str, raw))[:10]}"
@@ -238,6 +252,11 @@ def load_into(model: nn.Module, checkpoint: str | Path, trust_pickle: bool = Fal
             f"{checkpoint} does not fit {arch} with {getattr(model, 'num_classes', '?')} classes: {'; '.join(parts)}"
             + (hint or ". Is it a checkpoint of another architecture or data set?")
         )
+    halves = [k for k in ("normalize.mean", "normalize.std") if k in state]
+    if len(halves) == 1 and any(k.startswith("normalize.") for k in own):
+        other = ({"normalize.mean", "normalize.std"} - set(halves)).pop()
+        raise CheckpointError(f"{checkpoint} holds {halves[0]} but not {other}: half an input normalisation would mix the file's and the "
+                              f"data set's; add {other} to the file, or drop {halves[0]} to use the data set's statistics")
     model.load_state_dict(state, strict=False)
     if any(k.startswith("normalize.") for k in own):  # did the file say how its inputs were normalised?
         model.normalization_from_checkpoint = "normalize.mean" in state and "normalize.std" in state

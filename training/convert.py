@@ -19,6 +19,8 @@ from .models import build_model
 
 def convert(src: str | Path, dst: str | Path, arch: str, dataset: str, trust_pickle: bool = False, **build_kwargs) -> Path:
     """Read ``src`` in any supported format, check it fits ``arch`` on ``dataset``, write safetensors to ``dst``."""
+    if Path(dst).is_dir():
+        raise ValueError(f"{dst} is a folder: give the file to write, e.g. {Path(dst) / (Path(src).stem + '.safetensors')}")
     model = build_model(arch, dataset, checkpoint=str(src), trust_pickle=trust_pickle, **build_kwargs)
     return save_checkpoint(model, dst, {"converted_from": str(src), **{f"kwarg.{k}": str(v) for k, v in model.arch_kwargs.items()}})
 

@@ -5,6 +5,8 @@ All losses are computed in float32 whatever the autocast dtype of the logits.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -83,8 +85,10 @@ def nt_xent(z1: Tensor, z2: Tensor, temperature: float = 0.5) -> Tensor:
     """
     if z1.shape != z2.shape or z1.ndim != 2:
         raise ValueError(f"nt_xent needs two (N, D) projections of the same shape, got {tuple(z1.shape)} and {tuple(z2.shape)}")
-    if temperature <= 0:
-        raise ValueError(f"temperature must be positive, got {temperature}")
+    if not (temperature > 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be a positive finite number, got {temperature}")
+    if z1.shape[0] < 2:
+        raise ValueError("nt_xent needs at least 2 images: with one, there are no negatives and the loss is 0")
     z = F.normalize(torch.cat([z1, z2]).float(), dim=1)
     n = z1.shape[0]
     similarity = (z @ z.T) / temperature

@@ -315,6 +315,8 @@ def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> Tr
     epochs, batch_size = int(tcfg.epochs), int(tcfg.batch_size)
     if epochs < 1 or batch_size < 1:
         raise ConfigError(f"train.epochs and train.batch_size must be positive, got {epochs} and {batch_size}")
+    if batch_size < 2 and "simclr" in str(_get(tcfg, "name", "")):
+        raise ConfigError("train.batch_size=1 gives SimCLR no negatives (the loss is 0, nothing is learnt): use at least 2")
     bf16 = _resolve_precision(_get(tcfg, "precision", "auto"), device)
     channels_last = _resolve_flag(_get(tcfg, "channels_last", "auto"), "train.channels_last")
     graph_setting = check_graph_setting(_get(tcfg, "cuda_graph", False))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import pickle
 import sys
 
 import pytest
@@ -91,6 +92,33 @@ def test_converter_round_trips_to_safetensors(tmp_path):
     a = build_model("resnet18", "cifar10", checkpoint=str(src))
     b = build_model("resnet18", "cifar10", checkpoint=str(dst))
     torch.testing.assert_close(a(x), b(x), atol=0, rtol=0)
+
+
+def test_converter_arguments_are_checked_and_answered_in_one_line(tmp_path):
+    src = save_checkpoint(build_model("small_cnn", "digits", width=8), tmp_path / "src.safetensors")
+    base = [str(src), str(tmp_path / "out.safetensors"), "--arch", "small_cnn", "--dataset", "digits", "--kwarg", "width=8"]
+    for extra, message in ((["--num-classes", "0"], "num_classes must be a whole number >= 1, got 0"),  # 0 meant "the data set's"
+                           (["--num-classes", "-3"], "num_classes must be a whole number >= 1, got -3"),
+                           (["--kwarg", "nosuch=1"], r"small_cnn does not take \['nosuch', 'width'\].*its arguments are \['width'\]")):
+        with pytest.raises(SystemExit, match=f"^error: {message}"):
+            convert_main(base + extra)
+    with pytest.raises(SystemExit, match=r"^error: .* is a folder: give the file to write"):
+        convert_main([str(src), str(tmp_path)] + base[2:])
+    assert not (tmp_path / "out.safetensors").exists()
+
+
+def test_half_a_normalisation_and_numpy_or_plain_pickle_files(tmp_path):
+    model = build_model("small_cnn", "digits", width=8)
+    weights = {"net." + k: v for k, v in model.net.state_dict().items()}
+    torch.save({**weights, "normalize.mean": torch.full((1, 3, 1, 1), 0.5)}, tmp_path / "half.pt")
+    with pytest.raises(CheckpointError, match="holds normalize.mean but not normalize.std"):  # it ran with the file's mean, the data set's std
+        build_model("small_cnn", "digits", width=8, checkpoint=str(tmp_path / "half.pt"))
+    torch.save({k: v.numpy() for k, v in weights.items()}, tmp_path / "numpy.pt")
+    loaded = build_model("small_cnn", "digits", width=8, checkpoint=str(tmp_path / "numpy.pt"), trust_pickle=True)
+    assert torch.equal(loaded.net.features[0].weight, model.net.features[0].weight)
+    (tmp_path / "plain.pt").write_bytes(pickle.dumps(dict(model.net.state_dict()), protocol=4))
+    with pytest.raises(CheckpointError, match="looks like a plain pickle.dump file"):
+        build_model("small_cnn", "digits", width=8, checkpoint=str(tmp_path / "plain.pt"), trust_pickle=True)
 
 
 def test_the_converter_takes_architecture_arguments_and_answers_in_one_line(tmp_path, capsys):

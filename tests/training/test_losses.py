@@ -106,5 +106,8 @@ def test_nt_xent_is_lower_for_matching_views_and_accuracy_sees_it():
 def test_nt_xent_rejects_bad_input():
     with pytest.raises(ValueError, match="same shape"):
         nt_xent(torch.zeros(4, 8), torch.zeros(3, 8))
-    with pytest.raises(ValueError, match="temperature"):
-        nt_xent(torch.ones(2, 3), torch.ones(2, 3), temperature=0.0)
+    for temperature in (0.0, math.nan, math.inf):  # NaN gave a NaN loss, inf a constant one (nothing learnt)
+        with pytest.raises(ValueError, match="temperature must be a positive finite number"):
+            nt_xent(torch.ones(2, 3), torch.ones(2, 3), temperature=temperature)
+    with pytest.raises(ValueError, match="at least 2 images"):  # no negatives: the loss is 0
+        nt_xent(torch.ones(1, 3), torch.ones(1, 3))

@@ -22,6 +22,17 @@ def test_encoder_feeds_the_classifier_head(arch):
         assert torch.allclose(head(encoder(x)), model(x), atol=1e-5)
 
 
+@pytest.mark.parametrize("override, message", [("train.simclr.temperature=nan", "temperature must be a positive finite number"),
+                                               ("train.simclr.temperature=inf", "temperature must be a positive finite number"),
+                                               ("train.simclr.projection_dim=0", "projection_dim must be a whole number >= 1"),
+                                               ("train.simclr.strength=-0.5", "strength must be >= 0"),
+                                               ("train.simclr.crop_scale=0.2", r"two numbers \[low, high\]")])
+def test_simclr_settings_that_learn_nothing_are_refused(override, message):
+    data = load_dataset("digits", "train").subset(torch.arange(4))
+    with pytest.raises(ValueError, match=message):
+        build_recipe(compose_train("train=simclr", override).train, build_model("small_cnn", "digits", width=4), data)
+
+
 def test_simclr_step_trains_the_shared_encoder_and_projector_but_not_the_head():
     torch.manual_seed(0)
     data = load_dataset("digits", "train").subset(torch.arange(16))

@@ -97,6 +97,7 @@ def test_an_existing_run_is_not_overwritten_and_a_changed_config_is_not_resumed(
         (["train.eval.final_subset=0.5"], ConfigError, r"train.eval.final_subset must be a whole number >= 0 test images \(0 = none, null = all\)"),
         (["train.eval.subset=-5"], ConfigError, "train.eval.subset must be a whole number >= 0"),
         (["train=simclr", "train.probe.lr=0"], ValueError, r"linear probe needs .*lr > 0.*got 100, 0.0, 256.*\(train.probe\)"),
+        (["train=adv_simclr", "train.batch_size=1"], ConfigError, "gives SimCLR no negatives"),  # the loss is 0: nothing learnt
     ],
 )
 def test_bad_settings_fail_before_training_with_clear_messages(make_config, overrides, error, message, tmp_path):

@@ -139,9 +139,11 @@ def build_model(
         )
     default_mean, default_std = DATASET_STATS.get(dataset, (mean, std))
     mean, std = mean or default_mean, std or default_std
-    num_classes = num_classes or NUM_CLASSES.get(dataset)
+    num_classes = NUM_CLASSES.get(dataset) if num_classes is None else num_classes  # 0 is not "the data set's"
     if num_classes is None:
         raise ValueError(f"num_classes is required for data set {dataset!r}")
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+        raise ValueError(f"num_classes must be a whole number >= 1, got {num_classes!r}")
 
     if dataset in IMAGENET_LIKE:
         net = build_torchvision(name, num_classes, pretrained=pretrained, download=download, **arch_kwargs)
@@ -155,6 +157,11 @@ def build_model(
         if pretrained:
             raise ValueError(f"no pretrained weights for CIFAR-size {name}: pass checkpoint=PATH instead")
         spec = CIFAR_ARCHITECTURES[name]
+        try:
+            inspect.signature(spec.builder).bind(num_classes=num_classes, **arch_kwargs)
+        except TypeError as err:  # a misspelt argument: name what the architecture takes
+            taken = [p for p in inspect.signature(spec.builder).parameters if p != "num_classes"]
+            raise ValueError(f"{name} does not take {sorted(arch_kwargs)} ({err}): its arguments are {taken}") from None
         net = spec.builder(num_classes=num_classes, **arch_kwargs)
         penultimate, fake_relu = spec.penultimate, spec.fake_relu
 

@@ -23,6 +23,7 @@ fitting and the standardisation folded into the layer's weights afterwards.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -84,8 +85,10 @@ class SimCLRRecipe(Recipe):
     def __init__(self, model: Classifier, augment: SimCLRAugment, *, temperature: float = 0.5, projection_dim: int = 128,
                  threat: ThreatModel | None = None, attack_bn: str = "train", probe: dict | None = None):
         super().__init__(model, augment=augment)
-        if temperature <= 0:
-            raise ValueError(f"temperature must be positive, got {temperature}")
+        if not (temperature > 0 and math.isfinite(temperature)):  # NaN gives a NaN loss, inf a constant one: nothing is learnt
+            raise ValueError(f"temperature must be a positive finite number, got {temperature}")
+        if isinstance(projection_dim, bool) or not isinstance(projection_dim, int) or projection_dim < 1:
+            raise ValueError(f"projection_dim must be a whole number >= 1, got {projection_dim!r}")
         if threat is not None and threat.norm != "l2" and threat.eps > 0.5:
             raise ValueError(f"adversarial SimCLR with Linf eps {threat.eps} would destroy the views; use eps in [0, 1] units (8/255)")
         self.encoder = encoder_of(model)
