@@ -99,7 +99,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--skip", nargs="*", default=[], choices=list(RUNS))
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/inversion_<device>.json)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for name in ("items", "steps", "batch", "repeats", "patience"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if set(RUNS) <= set(args.skip):
+        parser.error(f"--skip leaves no run to time: skip at most {len(RUNS) - 1} of {list(RUNS)}")
+    return args
 
 
 # --------------------------------------------------------------------------- setup
@@ -109,6 +115,8 @@ def load_targets(args, device) -> tuple[torch.Tensor, str]:
     size = IMAGE_SIZE[args.dataset]
     if args.dataset == "cifar10" and (args.data_root / "cifar-10-batches-py").is_dir():
         data = load_dataset("cifar10", "test", root=args.data_root)
+        if args.items > len(data.images):
+            raise SystemExit(f"--items {args.items} is more than the {len(data.images)} test images under {args.data_root}")
         index = torch.randperm(len(data.images), generator=torch.Generator().manual_seed(args.seed))[: args.items]
         return (data.images[index].float() / 255).to(device), f"CIFAR-10 test images ({args.data_root.name})"
     print(f"no cifar-10-batches-py/ under {args.data_root}: inverting uniform random images (pass --data-root for CIFAR-10)")

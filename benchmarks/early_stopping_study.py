@@ -59,7 +59,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default benchmarks/results/early_stopping_<device>.json)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.items < 1 or args.steps < 1 or min(args.patience) < 1:
+        parser.error(f"--items, --steps and every --patience must be at least 1, got {args.items}, {args.steps} and {args.patience}")
+    return args
 
 
 def stopping_steps(curve: np.ndarray, patience: int, rtol: float, rule: str = "sliding") -> np.ndarray:

@@ -169,3 +169,15 @@ def test_the_deterministic_cost_benchmark_refuses_a_machine_without_cuda(tmp_pat
     done = subprocess.run([sys.executable, str(BENCHMARKS / "gpu_deterministic_cost.py"), "--out", str(tmp_path / "r.json")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "needs a CUDA device" in done.stderr and not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("script, args, message", [
+    ("bench_inversion.py", ["--repeats", "0"], "--repeats must be at least 1, got 0"),  # KeyError: 'results' at the end
+    ("bench_inversion.py", ["--items", "0"], "--items must be at least 1"),
+    ("bench_inversion.py", ["--skip", "engine-best", "engine-best-stop", "engine", "anchor"], "--skip leaves no run to time"),
+    ("early_stopping_study.py", ["--patience", "50", "0"], "every --patience must be at least 1"),  # ZeroDivisionError
+])
+def test_bad_benchmark_arguments_are_refused_before_any_work(tmp_path, script, args, message):
+    done = subprocess.run([sys.executable, str(BENCHMARKS / script), "--out", str(tmp_path / "r.json"), *args],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and message in done.stderr and not (tmp_path / "r.json").exists(), done.stderr[-1500:]
