@@ -6,7 +6,6 @@ what the tests call; the ``*_main`` functions are the Hydra entry points that
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 from pathlib import Path
@@ -23,7 +22,7 @@ from training.sweeps import job_path
 
 from .distances import set_trials
 from .generate import ModelRef, make_controversial_set, make_inversion_set
-from .sets import TRIALS_DIR, StimulusSet, find_shards, load_set, merge_sets, shard_path
+from .sets import TRIALS_DIR, StimulusSet, find_shards, load_set, merge_sets, sha256_file, shard_path
 from .sources import Targets, gaussian_targets, select_targets, stream_seed
 from .survey import build_survey
 
@@ -134,7 +133,7 @@ def trials_file_name(cfg: DictConfig) -> str:
         distance = str(cfg.distance)
         if distance.startswith("human:"):
             matrix = Path(distance[len("human:"):])
-            content = hashlib.sha256(matrix.read_bytes()).hexdigest()[:8] if matrix.is_file() else None
+            content = sha256_file(matrix)[:8] if matrix.is_file() else None
             label = "-".join(["human", matrix.stem] + ([content] if content else []))
         else:
             label = distance.replace(":", ".")

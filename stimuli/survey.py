@@ -197,11 +197,10 @@ def _with_a_check_per_survey(records: list[dict], trials_per_survey: int, task: 
     if not checks or len(checks) >= n_surveys or trials_per_survey < 2:
         return records, n_surveys
     n_real = len(records) - len(checks)
-    while math.ceil((n_real + max(len(checks), n_surveys)) / trials_per_survey) > n_surveys:
+    while math.ceil((n_real + n_surveys) / trials_per_survey) > n_surveys:  # one check per survey, and room for it
         n_surveys += 1
-    repeats = [dict(checks[i % len(checks)]) for i in range(max(0, n_surveys - len(checks)))]
-    if repeats:
-        logger.info("%s: %d attention checks for %d surveys: %d repeated so that every survey has one", task, len(checks), n_surveys, len(repeats))
+    repeats = [dict(checks[i % len(checks)]) for i in range(n_surveys - len(checks))]
+    logger.info("%s: %d attention checks for %d surveys: %d repeated so that every survey has one", task, len(checks), n_surveys, len(repeats))
     return records + repeats, n_surveys
 
 

@@ -135,12 +135,10 @@ def _start_late_momentum_buffers(optimizer: torch.optim.Optimizer) -> bool:
         missing = [p for p in group["params"] if p.grad is not None and "momentum_buffer" not in optimizer.state.get(p, {})]
         started = len(missing) < sum(p.grad is not None for p in group["params"])  # some buffers exist: not the first step
         for param in missing if started else ():
-            gradient = -param.grad if group["maximize"] else param.grad
-            if group["weight_decay"]:
-                gradient = gradient + group["weight_decay"] * param.detach()
             buffer = torch.zeros_like(param)  # the parameter's layout, which the fused kernel walks (_match_momentum_layouts)
             if group["dampening"]:
-                buffer.copy_(gradient).mul_(group["dampening"] / momentum)
+                gradient = -param.grad if group["maximize"] else param.grad
+                buffer.copy_(gradient).add_(param.detach(), alpha=group["weight_decay"]).mul_(group["dampening"] / momentum)
             optimizer.state[param]["momentum_buffer"] = buffer
         complete = complete and started and all("momentum_buffer" in optimizer.state.get(p, {}) for p in group["params"])
     return complete

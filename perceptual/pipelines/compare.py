@@ -167,6 +167,7 @@ class ComparePipeline:
         except (TypeError, ValueError) as err:
             raise ValueError(f"decisions: seeds are ints, exemplars_per_class and k whole numbers, lapse and noise numbers ({err})") from None
         check_decision_rule(**rule)
+        self.decision_rule = rule  # ObserverDecisions' keywords, as read from decisions
 
     def _check_unknown_config(self) -> None:
         """Refuse bad score names, score parameters and OOD sets before any work is done."""
@@ -255,9 +256,7 @@ class ComparePipeline:
     def _observe(self) -> tuple[pd.DataFrame, dict[str, dict[str, Responses]]]:
         panel = make_panel(self.observer_spec[0] if isinstance(self.observer_spec[0], str) else list(self.observer_spec[0]),
                            self.observer_spec[1], self.observer_spec[2], self.device)
-        d = self.decision_cfg
-        self.decider = ObserverDecisions(panel, self.train.images, self.train.labels, self.train.classes, seeds=list(d["seeds"]),
-                                         per_class=int(d["exemplars_per_class"]), k=int(d["k"]), lapse=float(d["lapse"]), noise=float(d["noise"]))
+        self.decider = ObserverDecisions(panel, self.train.images, self.train.labels, self.train.classes, **self.decision_rule)
         self.panel = panel
         # An observer's distances are keyed by its fingerprint and its exemplars' pixels (not their indices: another
         # copy of a data set under the same name is other data), once per run.

@@ -157,10 +157,11 @@ def build_model(
         if pretrained:
             raise ValueError(f"no pretrained weights for CIFAR-size {name}: pass checkpoint=PATH instead")
         spec = CIFAR_ARCHITECTURES[name]
+        signature = inspect.signature(spec.builder)
         try:
-            inspect.signature(spec.builder).bind(num_classes=num_classes, **arch_kwargs)
+            signature.bind(num_classes=num_classes, **arch_kwargs)
         except TypeError as err:  # a misspelt argument: name what the architecture takes
-            taken = [p for p in inspect.signature(spec.builder).parameters if p != "num_classes"]
+            taken = [p for p in signature.parameters if p != "num_classes"]
             raise ValueError(f"{name} does not take {sorted(arch_kwargs)} ({err}): its arguments are {taken}") from None
         net = spec.builder(num_classes=num_classes, **arch_kwargs)
         penultimate, fake_relu = spec.penultimate, spec.fake_relu
