@@ -91,8 +91,8 @@ def knn_decide(distances: Tensor, exemplar_labels: Tensor, num_classes: int, *, 
         raise ValueError(f"k must be an int in [1, number of exemplars = {e}], got {k!r}")
     if not 0 <= lapse <= 1:
         raise ValueError(f"lapse is a probability in [0, 1], got {lapse}")
-    if not noise >= 0:
-        raise ValueError(f"noise must be >= 0 (standard deviations of the standardised distances), got {noise}")
+    if not (noise >= 0 and math.isfinite(noise)):  # infinite noise turns every distance into ±inf: a coin, not a subject
+        raise ValueError(f"noise must be finite and >= 0 (standard deviations of the standardised distances), got {noise}")
     if len(exemplar_labels) and (int(exemplar_labels.min()) < 0 or int(exemplar_labels.max()) >= num_classes):
         raise ValueError(f"exemplar labels must lie in [0, {num_classes})")
     if not torch.isfinite(distances).all():

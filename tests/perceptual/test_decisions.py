@@ -99,6 +99,9 @@ def test_bad_decision_inputs_are_refused():
         knn_decide(d, labels, 2, lapse=1.5, image_ids=torch.arange(4))
     with pytest.raises(ValueError, match="image_ids are needed"):
         knn_decide(d, labels, 2, noise=0.5)
+    for noise in (math.inf, math.nan, -0.1):  # the panel's rule, so a direct call cannot turn subjects into coins
+        with pytest.raises(ValueError, match="noise must be finite and >= 0"):
+            knn_decide(d, labels, 2, noise=noise, image_ids=torch.arange(4))
     with pytest.raises(ValueError, match="one label per exemplar"):
         knn_decide(d, labels[:5], 2)
     with pytest.raises(ValueError, match="NaN"):
