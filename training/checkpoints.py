@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import pickle
+import pickletools
 import re
 from pathlib import Path
 from typing import Any, Mapping
@@ -97,6 +98,7 @@ _UNSAFE_MARKER = "unsupported global"
 
 
 def _torch_load(path: Path, trust_pickle: bool) -> Any:
+    _refuse_plain_pickle(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=not trust_pickle)
     except pickle.UnpicklingError as err:
@@ -108,20 +110,40 @@ def _torch_load(path: Path, trust_pickle: bool) -> Any:
                 f"trust_pickle=True (command line: model.trust_pickle=true, or --trust-pickle for training.convert), "
                 f"then convert it once to safetensors with `python -m training.convert`. Details: {_first_line(err)}"
             ) from err
-        _refuse_plain_pickle(path, err)
         raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt?): {_first_line(err)}") from err
     except Exception as err:  # noqa: BLE001 - a corrupt archive or pickle raises almost any type (IndexError, KeyError, ...)
-        _refuse_plain_pickle(path, err)
         raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt?): {type(err).__name__}: {_first_line(err)}") from err
 
 
-def _refuse_plain_pickle(path: Path, err: BaseException) -> None:
-    """torch.load calls a ``pickle.dump`` file corrupt ("invalid magic number"); say what it is instead."""
+# torch.save's legacy (non-zip) format starts with a pickle of this magic number; its zip format starts "PK".
+_LEGACY_TORCH_MAGIC = 0x1950A86A20F9469CFC6C
+
+
+def _refuse_plain_pickle(path: Path) -> None:
+    """torch.load calls a ``pickle.dump`` file corrupt ("invalid magic number"), or, loading safely, talks about
+    ``weights_only``; say what it is instead, from its first opcodes, before any unpickling."""
     with open(path, "rb") as file:
-        pickled = file.read(1) == b"\x80"  # pickle's PROTO opcode, protocol 2 and later
-    if pickled and "magic number" in str(err).lower():
+        plain = file.read(1) == b"\x80"  # pickle's PROTO opcode: protocol 2 and later
+        if plain:
+            file.seek(0)
+            plain = _is_plain_pickle(file)
+    if plain:
         raise CheckpointError(f"{path} looks like a plain pickle.dump file, not torch.save's format: where you trust it, load it with "
-                              "pickle and save its state dict with torch.save or as safetensors") from err
+                              "pickle and save its state dict with torch.save or as safetensors")
+
+
+def _is_plain_pickle(file, opcodes: int = 64) -> bool:
+    """Whether the first ``opcodes`` opcodes (or all, up to STOP) parse and are not torch's magic number: pickletools
+    reads them without running any; random bytes after a PROTO byte fail to parse (a corrupt file, not a pickle)."""
+    try:
+        for count, (opcode, argument, _) in enumerate(pickletools.genops(file)):
+            if argument == _LEGACY_TORCH_MAGIC:
+                return False
+            if opcode.name == "STOP" or count + 1 >= opcodes:
+                return True
+    except Exception:  # noqa: BLE001 - an unknown opcode or a truncated argument
+        return False
+    return False
 
 
 def _first_line(err: BaseException) -> str:

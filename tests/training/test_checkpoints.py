@@ -116,9 +116,15 @@ def test_half_a_normalisation_and_numpy_or_plain_pickle_files(tmp_path):
     torch.save({k: v.numpy() for k, v in weights.items()}, tmp_path / "numpy.pt")
     loaded = build_model("small_cnn", "digits", width=8, checkpoint=str(tmp_path / "numpy.pt"), trust_pickle=True)
     assert torch.equal(loaded.net.features[0].weight, model.net.features[0].weight)
-    (tmp_path / "plain.pt").write_bytes(pickle.dumps(dict(model.net.state_dict()), protocol=4))
-    with pytest.raises(CheckpointError, match="looks like a plain pickle.dump file"):
-        build_model("small_cnn", "digits", width=8, checkpoint=str(tmp_path / "plain.pt"), trust_pickle=True)
+    for protocol in (2, 4):  # safely loaded, torch talked about weights_only ("Unsupported operand 149") or trusting globals
+        (tmp_path / "plain.pt").write_bytes(pickle.dumps(dict(model.net.state_dict()), protocol=protocol))
+        for trust in (True, False):
+            with pytest.raises(CheckpointError, match="looks like a plain pickle.dump file"):
+                build_model("small_cnn", "digits", width=8, checkpoint=str(tmp_path / "plain.pt"), trust_pickle=trust)
+    for protocol in (2, 4):  # torch's legacy format starts with a pickle too, and loads (torch's safe load: protocol 2 only)
+        torch.save(weights, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False, pickle_protocol=protocol)
+        legacy = build_model("small_cnn", "digits", width=8, checkpoint=str(tmp_path / "legacy.pt"), trust_pickle=protocol > 2)
+        assert torch.equal(legacy.net.features[0].weight, model.net.features[0].weight)
 
 
 def test_the_converter_takes_architecture_arguments_and_answers_in_one_line(tmp_path, capsys):
