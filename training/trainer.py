@@ -472,10 +472,30 @@ def _finished_run(run: RunDirectory, recipe: Recipe, progress: _Progress, epochs
     return TrainResult(recipe.model, summary, run.path, completed=True)
 
 
+def _completed_without_checkpoints(run: RunDirectory, cfg: DictConfig, summary: Mapping[str, Any]) -> _Progress:
+    """A completed run whose ``checkpoints/`` were removed (to free disk) still holds its model and summary: it is
+    reused under ``resume=true``, as with its checkpoints, and otherwise refused; it is never trained over from scratch."""
+    if not bool(_get(cfg, "resume", False)):
+        raise RunDirectoryError(
+            f"{run.path} already holds a completed run (model.safetensors and summary.json; its checkpoints/ were removed). "
+            f"Pass resume=true to reuse it, or choose another run_dir=..."
+        )
+    check_same_run(run.read_config_text(), cfg, run.path)
+    done = int(summary.get("epochs_completed", 0))
+    if done < int(cfg.train.epochs) and not summary.get("stopped"):  # without optimizer state it cannot go on
+        raise RunDirectoryError(f"{run.path} completed {done} epochs and its checkpoints/ were removed, so it cannot be "
+                                f"continued to train.epochs={cfg.train.epochs}: start a new run with another run_dir=...")
+    return _Progress(epoch=done, train_seconds=float(summary.get("train_seconds") or 0.0),
+                     stopped=summary.get("stopped"), history=list(summary.get("history") or []))
+
+
 def _resume_or_start(run: RunDirectory, cfg: DictConfig, recipe: Recipe, optimizer, scheduler, device, dist: Distributed,
                      layout: Mapping[str, int]) -> _Progress:
     ref = run.latest()
     if ref is None:
+        summary = run.read_summary() if run.model_path.is_file() else None
+        if summary and summary.get("status") == "completed":
+            return _completed_without_checkpoints(run, cfg, summary)
         if dist.is_main:
             run.write_config(OmegaConf.to_yaml(cfg, resolve=True))
             if run.metrics_path.exists():  # a run that died before its first checkpoint

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -78,6 +79,24 @@ def test_an_existing_run_is_not_overwritten_and_a_changed_config_is_not_resumed(
     # evaluation settings may change between calls
     done = train(make_config("train=pgd", *QUICK, "train.eval.subset=16", "resume=true"))
     assert done.summary["epochs_completed"] == 2
+
+
+def test_a_completed_run_without_its_checkpoints_is_reused_not_trained_over(make_config):
+    """Removing checkpoints/ to free disk made the next identical command train from scratch and replace the model."""
+    first = train(make_config("train=pgd", *QUICK))
+    run = RunDirectory(first.run_dir)
+    shutil.rmtree(run.checkpoint_dir)
+    model_bytes, summary_text = run.model_path.read_bytes(), run.summary_path.read_text()
+    with pytest.raises(RunDirectoryError, match=r"already holds a completed run .*checkpoints/ were removed.*resume=true to reuse it"):
+        train(make_config("train=pgd", *QUICK))
+    reused = train(make_config("train=pgd", *QUICK, "resume=true"))
+    assert reused.completed and weights_equal(reused.model, first.model)
+    assert run.model_path.read_bytes() == model_bytes and run.summary_path.read_text() == summary_text
+    with pytest.raises(RunDirectoryError, match=r"train.epochs: 2 -> 3"):  # no optimizer state to go on from
+        train(make_config("train=pgd", *QUICK, "train.epochs=3", "resume=true"))
+    run.config_path.unlink()  # nothing to compare the config with: still no training on from fresh weights
+    with pytest.raises(RunDirectoryError, match=r"completed 2 epochs .*cannot be continued to train.epochs=3"):
+        train(make_config("train=pgd", *QUICK, "train.epochs=3", "resume=true"))
 
 
 @pytest.mark.parametrize(
