@@ -288,6 +288,8 @@ def read_trials(paths: Path | str | Iterable[Path | str], *, experiments: Sequen
     Returns the table with :data:`~perceptual.decisions.TRIAL_TABLE_COLUMNS` + ``session, trial, rt, imagename``.
     """
     files = _csv_files(paths)
+    if isinstance(experiments, str):  # one name, not its characters
+        experiments = [experiments]
     if experiments is not None:
         available = sorted({d for _, d in files})
         unknown = sorted(set(experiments) - set(available))

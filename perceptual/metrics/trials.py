@@ -228,8 +228,9 @@ def aggregate_trials(trials: Any, metric: Any = "error_consistency", humans: Any
     Means skip NaN, as pandas' groupby mean in the toolbox does: with ``on_undefined="nan"`` (default) a
     condition where error consistency is undefined (both all right or both all wrong) drops out of the mean;
     ``on_undefined="one"`` counts it as 1.0; with ``exclude=MVH_EXCLUDED_CONDITIONS`` that reproduces model-vs-human's
-    benchmark numbers. Every subject of a data set must have trials in every condition of that data set, and each
-    data set needs at least one human.
+    benchmark numbers. Every subject of a data set must have trials in every condition of that data set (with
+    ``images="shared"``, a condition a subject lacks is one where it shares no image: NaN, skipped), and each data set
+    needs at least one human.
 
     ``images``: ``"same"`` (default, as the benchmark, whose observers all see the same images of a condition): two
     observers who saw different images in a condition are an error. ``"shared"``: the consistency metrics compare the
@@ -252,7 +253,7 @@ def aggregate_trials(trials: Any, metric: Any = "error_consistency", humans: Any
         subjects = layout[dataset]
         conditions = _sorted(set().union(*subjects.values()))
         for subject, seen in subjects.items():
-            if len(seen) != len(conditions):
+            if len(seen) != len(conditions) and images == "same":
                 lacking = _sorted(set(conditions) - seen)
                 raise ValueError(f"subject {subject!r} has no trials in dataset {dataset!r}, condition(s) {lacking}")
         human_ids = _sorted(s for s in subjects if is_human(s))
@@ -266,6 +267,7 @@ def aggregate_trials(trials: Any, metric: Any = "error_consistency", humans: Any
             return nanmean(
                 _pair_value(metric_name, cells[(dataset, c, a)], cells[(dataset, c, b)], on_undefined,
                             f"dataset {dataset!r}, condition {c!r}, subjects {a!r} and {b!r}", images)
+                if (dataset, c, a) in cells and (dataset, c, b) in cells else float("nan")  # "shared": no image in common
                 for c in conditions
             )
 

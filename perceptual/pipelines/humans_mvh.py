@@ -73,12 +73,13 @@ def _model_benchmark(trials: pd.DataFrame, models: Sequence[str], on_undefined: 
     model has decisions for; a model's other experiments are named in ``left_out``. Consistency is over the images both
     observers saw (a human row left out under ``strict=false`` does not stop the run). A model with an undefined value
     (NaN: no trials left after the exclusions) is not ranked; the others are ranked among themselves, as pandas' ``rank``
-    leaves NaN unranked in the reference."""
+    leaves NaN unranked in the reference. A model without decisions in some of the kept conditions averages over the ones
+    it has; they are named in ``missing_conditions``."""
     covered = {m: set(trials.loc[trials["subject"] == m, "dataset"]) for m in models}
     common = sorted(set.intersection(*covered.values()))
     left_out = {m: sorted(covered[m] - set(common)) for m in models if covered[m] - set(common)}
     if not common:
-        return {"experiments": [], "left_out": left_out, "values": {}, "humans": {}, "mean_rank": {}, "excluded_conditions": {},
+        return {"experiments": [], "left_out": left_out, "missing_conditions": {}, "values": {}, "humans": {}, "mean_rank": {}, "excluded_conditions": {},
                 "note": "the models share no experiment: run them separately to rank them"}
     trials = trials[trials["dataset"].isin(common)]
     excluded = mvh_exclusions(zip(trials["dataset"], trials["condition"])) if exclusions else {}
@@ -88,8 +89,20 @@ def _model_benchmark(trials: pd.DataFrame, models: Sequence[str], on_undefined: 
     ranked = [m for m in models if all(np.isfinite(v) for v in values[m].values())]
     ranks = mean_rank(np.array([[values[m][n] for n in metrics] for m in ranked]), [False, True, True]) if len(ranked) > 1 else [1.0] * len(ranked)
     rank_of = dict(zip(ranked, ranks))
-    return {"experiments": common, "left_out": left_out, "values": values, "humans": {name: result.humans for name, result in metrics.items()},
+    return {"experiments": common, "left_out": left_out, "missing_conditions": _missing_conditions(trials, models, excluded),
+            "values": values, "humans": {name: result.humans for name, result in metrics.items()},
             "mean_rank": {m: float(rank_of.get(m, float("nan"))) for m in models}, "excluded_conditions": excluded}
+
+
+def _missing_conditions(trials: pd.DataFrame, models: Sequence[str], excluded: Mapping[str, Sequence[str]]) -> dict:
+    """{model: {experiment: [conditions]}}: the kept conditions the humans have and a model has no decisions in."""
+    dropped = {(d, condition_key(c)) for d, conditions in excluded.items() for c in conditions}
+    kept = trials[[(d, condition_key(c)) not in dropped for d, c in zip(trials["dataset"], trials["condition"])]]
+    conditions = {d: set(g["condition"]) for d, g in kept[~kept["subject"].isin(models)].groupby("dataset")}
+    has = {(m, d): set(g["condition"]) for (m, d), g in kept[kept["subject"].isin(models)].groupby(["subject", "dataset"])}
+    missing = {m: {d: condition_order(c - has.get((m, d), set())) for d, c in conditions.items() if c - has.get((m, d), set())}
+               for m in models}
+    return {m: per for m, per in missing.items() if per}
 
 
 def _conditions_as_humans_spell_them(models: pd.DataFrame, humans: pd.DataFrame) -> pd.DataFrame:
@@ -104,6 +117,31 @@ def _conditions_as_humans_spell_them(models: pd.DataFrame, humans: pd.DataFrame)
         theirs = {d: condition_order(humans.loc[humans["dataset"] == d, "condition"].unique()) for d in datasets}
         raise ValueError(f"model decisions in conditions the humans do not have ({named}); the humans' conditions are {theirs}")
     return models.assign(condition=[spelling[k] for k in keys])
+
+
+def _as_list(value, name: str) -> list | None:
+    """``experiments=colour`` or ``models=PATH`` typed without brackets is one item, not a string of characters."""
+    if value is None or isinstance(value, (str, Path)):
+        return None if value is None else [value]
+    if not isinstance(value, Sequence):
+        raise ValueError(f"{name} must be a list, e.g. {name}=[...], got {value!r}")
+    return list(value)
+
+
+def _human_consistency(pairs: pd.DataFrame) -> pd.DataFrame:
+    """:func:`consistency_summary` over the human-human pairs; none (every experiment has one subject): no rows."""
+    if (pairs["kind"] == "human-human").any():
+        return consistency_summary(pairs)
+    return pd.DataFrame(columns=["dataset", "condition", "n_pairs", "n_defined", "mean", "std", "min", "max", "observed_mean"])
+
+
+def _human_rows(data: Mapping) -> list[tuple[dict, dict]]:
+    """(accuracy, error consistency) per experiment and condition, in the accuracy table's order: an experiment with one
+    human subject keeps its accuracy row, with no pair (0 pairs, "–")."""
+    consistency = {(r["dataset"], r["condition"]): r for r in data["human_error_consistency"]}
+    none = {"n_pairs": 0, "mean": None, "std": None, "min": None, "max": None, "observed_mean": None}
+    return [(a, consistency.get((a["dataset"], a["condition"]), {**none, "dataset": a["dataset"], "condition": a["condition"]}))
+            for a in data["human_accuracy"]]
 
 
 OUTPUT_TABLES = ("accuracy", "accuracy_humans", "pairs", "error_consistency_humans", "shape_bias", "shape_bias_per_category")
@@ -126,6 +164,7 @@ def analyse(root: str | Path, out: str | Path, *, experiments: Sequence[str] | N
         raise ValueError("root is not set: pass root=PATH, the benchmark's raw-data folder (<root>/<experiment>/*.csv)")
     if on_undefined not in ("nan", "one"):
         raise ValueError(f"on_undefined must be nan or one, got {on_undefined!r}")
+    experiments, models = _as_list(experiments, "experiments"), _as_list(models, "models") or []
     humans, report = read_trials(expand_path(root), experiments=experiments, strict=strict)
     not_human = sorted(s for s in humans["subject"].unique() if not str(s).startswith("subject-"))
     if not_human:
@@ -147,15 +186,17 @@ def analyse(root: str | Path, out: str | Path, *, experiments: Sequence[str] | N
             raise ValueError(f"model decisions for experiment(s) {unknown} that have no human trials under {root}")
         model_trials = _conditions_as_humans_spell_them(model_trials, humans)
         trials = pd.concat([humans, model_trials], ignore_index=True)
-    out = Path(out)
-    _clear_previous_outputs(out)
+    # every number first, then the files: a failure leaves the previous run's report as it was
     per_subject = accuracy_per_subject(trials)
     human_accuracy = _in_condition_order(accuracy_summary(per_subject))
     pairs = pairwise_consistency(trials, on_undefined=on_undefined)
-    human_consistency = _in_condition_order(consistency_summary(pairs))
+    human_consistency = _in_condition_order(_human_consistency(pairs))
     has_cue = CUE_CONFLICT in set(trials["dataset"])
     shape = shape_bias_table(trials) if has_cue else None
     shape_categories = shape_bias_per_category(trials) if has_cue else None
+    benchmark = _model_benchmark(trials, model_names, on_undefined, benchmark_exclusions) if model_names else None
+    out = Path(out)
+    _clear_previous_outputs(out)
     tables = {"accuracy": per_subject, "accuracy_humans": human_accuracy, "pairs": pairs, "error_consistency_humans": human_consistency}
     if has_cue:
         tables.update({"shape_bias": shape, "shape_bias_per_category": shape_categories})
@@ -165,7 +206,7 @@ def analyse(root: str | Path, out: str | Path, *, experiments: Sequence[str] | N
     if figures:
         figure_paths.append(accuracy_figure(per_subject, out / "figures" / "accuracy.png"))
         figure_paths.append(error_consistency_figure(pairs, out / "figures" / "error_consistency.png"))
-        for dataset in sorted(trials["dataset"].unique()):
+        for dataset in sorted(set(pairs["dataset"])):  # an experiment with one observer has no pair to draw
             matrix = consistency_matrix(pairs, dataset)
             figure_paths.append(consistency_matrix_figure(matrix, out / "figures" / f"matrix_{dataset}.png",
                                                           f"{dataset}: error consistency between observers (mean over conditions)"))
@@ -185,7 +226,7 @@ def analyse(root: str | Path, out: str | Path, *, experiments: Sequence[str] | N
         "model_error_consistency": (model_pairs.groupby(["subject_a", "dataset", "condition"])["error_consistency"].mean()
                                     .rename("mean_over_humans").reset_index().rename(columns={"subject_a": "model"})
                                     .to_dict(orient="records")),
-        "benchmark": _model_benchmark(trials, model_names, on_undefined, benchmark_exclusions) if model_names else None,
+        "benchmark": benchmark,
         "figures": [str(p.relative_to(out)) for p in figure_paths],
     }
     data["seconds"] = round(time.perf_counter() - started, 1)
@@ -201,9 +242,7 @@ def summary_markdown(data: Mapping) -> str:
              "## Human-human error consistency per condition (the ceiling for models)", "",
              "| experiment | condition | pairs | error consistency mean ± std [min, max] | observed consistency | human accuracy mean ± std [min, max] |",
              "|---|---|---|---|---|---|"]
-    accuracy = {(r["dataset"], r["condition"]): r for r in data["human_accuracy"]}
-    for r in data["human_error_consistency"]:
-        a = accuracy[(r["dataset"], r["condition"])]
+    for a, r in _human_rows(data):
         lines.append(f"| {r['dataset']} | {r['condition']} | {r['n_pairs']} | {_fmt(r['mean'])} ± {_fmt(r['std'])} [{_fmt(r['min'])}, "
                      f"{_fmt(r['max'])}] | {_fmt(r['observed_mean'])} | {_fmt(a['mean'])} ± {_fmt(a['std'])} [{_fmt(a['min'])}, {_fmt(a['max'])}] |")
     if data["shape_bias"]:
@@ -219,6 +258,9 @@ def summary_markdown(data: Mapping) -> str:
         coverage = f" in experiments {', '.join(data['benchmark']['experiments'])} (those every model has)"
         left = "; ".join(f"{m}: {', '.join(d)}" for m, d in data["benchmark"].get("left_out", {}).items())
         coverage += f"; left out of this table: {left}" if left else ""
+        lacking = "; ".join(f"{m}: " + ", ".join(f"{d} {' '.join(c)}" for d, c in per.items())
+                            for m, per in data["benchmark"].get("missing_conditions", {}).items())
+        coverage += f". Conditions a model has no decisions in (its values average over the others): {lacking}" if lacking else ""
         lines += ["", "## Models against the humans (the benchmark's aggregate: conditions, then humans, then experiments)", "",
                   f"Over {scope}{coverage}." + (f" {data['benchmark']['note']}." if data["benchmark"].get("note") else ""), "",
                   "| model | accuracy difference | observed consistency | error consistency | mean rank |", "|---|---|---|---|---|"]
@@ -233,7 +275,7 @@ def summary_markdown(data: Mapping) -> str:
 
 def run(cfg: DictConfig | Mapping) -> dict:
     container = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
-    return analyse(container["root"], container["out"], experiments=container.get("experiments"), models=list(container.get("models") or []),
+    return analyse(container["root"], container["out"], experiments=container.get("experiments"), models=container.get("models") or [],
                    strict=bool(container["strict"]), on_undefined=str(container["on_undefined"]), figures=bool(container["figures"]),
                    benchmark_exclusions=bool(container.get("benchmark_exclusions", True)))
 
@@ -245,9 +287,7 @@ def main(cfg: DictConfig) -> None:
     print(f"read {data['reader']['rows']} trials from {data['reader']['files']} files ({data['reader']['unanswered']} unanswered, "
           f"problems: {data['reader']['problem_counts'] or 'none'})")
     print("human-human error consistency (mean ± std over subject pairs) and human accuracy, per experiment and condition:")
-    accuracy = {(r["dataset"], r["condition"]): r for r in data["human_accuracy"]}
-    for r in data["human_error_consistency"]:
-        a = accuracy[(r["dataset"], r["condition"])]
+    for a, r in _human_rows(data):
         print(f"  {r['dataset']:>18} {r['condition']:>10}: kappa {_fmt(r['mean'])} ± {_fmt(r['std'])} ({r['n_pairs']} pairs), "
               f"accuracy {_fmt(a['mean'])} ± {_fmt(a['std'])}")
     if data["shape_bias"]:

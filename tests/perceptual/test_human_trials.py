@@ -74,6 +74,9 @@ def test_reads_trials_into_the_trial_table(tmp_path):
     assert only["subject"].tolist() == ["subject-02"] and only["dataset"].tolist() == ["colour"]
     with pytest.raises(ValueError, match=r"no trials for experiment\(s\) \['edge'\]"):
         read_trials(tmp_path, experiments=["edge"])
+    with pytest.raises(ValueError, match=r"no trials for experiment\(s\) \['edge'\]"):  # one name: ['d', 'e', 'g'] before
+        read_trials(tmp_path, experiments="edge")
+    assert len(read_trials(tmp_path, experiments="colour")[0]) == 4
 
 
 def test_a_csv_saved_with_a_byte_order_mark_reads_alike(tmp_path):

@@ -127,6 +127,44 @@ def test_a_human_row_left_out_under_strict_false_does_not_stop_the_models_benchm
     assert data["benchmark"]["experiments"] == ["colour", "cue-conflict"] and (tmp_path / "out" / "report.json").is_file()
 
 
+def test_a_human_who_lost_a_whole_condition_under_strict_false_does_not_stop_the_models_benchmark(tmp_path):
+    """subject-01's two cr answers are unreadable: the models' benchmark failed at the end, after the old report was
+    deleted; the condition now counts as one where the two share no image (skipped in the means)."""
+    root, models, out = raw_folder(tmp_path / "raw"), model_folder(tmp_path / "models"), tmp_path / "out"
+    path = root / "colour" / "colour_subject-01_session_1.csv"
+    path.write_text(path.read_text().replace(",oven,oven,cr,", ",ovn,oven,cr,").replace(",cat,bear,cr,", ",cta,bear,cr,"))
+    data = analyse(root, out, models=[models], strict=False, figures=False, benchmark_exclusions=False)
+    assert data["reader"]["problem_counts"] == {"unknown response": 2}
+    # colour: toynet (cr: 1/2, bw: 1/2) against subject-01 in bw alone (1), subject-02 in both (1, 1/2)
+    expected_colour = (0.25 + (0.25 + 0.0) / 2) / 2
+    expected_cue = ((1 / 3 - 1) ** 2 + (1 / 3 - 2 / 3) ** 2) / 2  # toynet 1/3 right, the humans 1 and 2/3
+    assert data["benchmark"]["values"]["toynet"]["accuracy_difference"] == pytest.approx((expected_colour + expected_cue) / 2)
+
+
+def test_an_experiment_with_one_human_keeps_its_accuracy_and_draws_no_matrix(tmp_path):
+    """A pilot with one subject: the run failed (one experiment: "no human-human pairs"; with others: in the matrix
+    figure, after the old report was deleted), or, without figures, dropped the experiment from summary.md."""
+    root, out = raw_folder(tmp_path / "raw"), tmp_path / "out"
+    (root / "colour" / "colour_subject-02_session_1.csv").unlink()
+    data = analyse(root, out)
+    assert {r["dataset"] for r in data["human_error_consistency"]} == {"cue-conflict"}
+    assert "| colour | cr | 0 | – ± – [–, –] | – | 0.500 ± – [0.500, 0.500] |" in (out / "summary.md").read_text()
+    assert not (out / "figures" / "matrix_colour.png").exists() and (out / "figures" / "matrix_cue-conflict.png").is_file()
+    alone = analyse(root, tmp_path / "alone", experiments="colour", figures=False)  # one value, not a list of characters
+    assert alone["experiments"] == ["colour"] and alone["human_error_consistency"] == []
+
+
+def test_a_model_without_every_condition_is_named_and_averaged_over_those_it_has(tmp_path):
+    """halfnet decided colour's bw images alone: the models' benchmark failed at the end, after the old report was deleted."""
+    root, models, out = raw_folder(tmp_path / "raw"), model_folder(tmp_path / "models"), tmp_path / "out"
+    _model_decisions(models, "halfnet", "colour", "cr", [("oven_1.png", "oven", "oven"), ("bear_2.png", "bear", "bear")])
+    bench = analyse(root, out, models=str(models), experiments=["colour"], figures=False, benchmark_exclusions=False)["benchmark"]
+    assert bench["missing_conditions"] == {"halfnet": {"colour": ["bw"]}}
+    # halfnet's cr accuracy 1 against the humans' 1/2 and 1: ((1 - .5)² + 0) / 2
+    assert bench["values"]["halfnet"]["accuracy_difference"] == pytest.approx(0.125)
+    assert "Conditions a model has no decisions in (its values average over the others): halfnet: colour bw" in (out / "summary.md").read_text()
+
+
 def test_model_conditions_are_matched_in_the_humans_spelling_and_unknown_ones_refused(tmp_path):
     root = raw_folder(tmp_path / "raw")
     images = [("cat_00_cat1-dog2.png", "cat", "dog"), ("cat_00_cat2-clock1.png", "cat", "cat"), ("dog_00_dog1-dog3.png", "dog", "dog")]

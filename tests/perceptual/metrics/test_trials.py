@@ -182,6 +182,21 @@ def test_shared_images_compare_only_what_both_saw():
         aggregate_trials(trials, images="some")
 
 
+def test_shared_images_skip_a_condition_a_subject_lacks():
+    """images="shared": subject-02 lost condition c2 (rows left out under strict=false); it shares no image with the model
+    there, so that condition is NaN and skipped, as a pair with no common image is; "same" still refuses it."""
+    rows = [{"subject": s, "dataset": "d", "condition": c, "image_id": i, "correct": k}
+            for s, c, i, k in [("subject-01", "c1", "a", 1), ("subject-01", "c1", "b", 0), ("subject-01", "c2", "c", 1), ("subject-01", "c2", "d", 1),
+                               ("model", "c1", "a", 1), ("model", "c1", "b", 1), ("model", "c2", "c", 0), ("model", "c2", "d", 1),
+                               ("subject-02", "c1", "a", 0), ("subject-02", "c1", "b", 0)]]
+    with pytest.raises(ValueError, match=r"subject 'subject-02' has no trials in dataset 'd', condition\(s\) \['c2'\]"):
+        aggregate_trials(rows, "accuracy_difference")
+    result = aggregate_trials(rows, "accuracy_difference", images="shared")
+    # model vs subject-01: (1 - .5)² in c1, (.5 - 1)² in c2; vs subject-02: (1 - 0)² in c1 alone
+    assert result.models["model"] == pytest.approx((0.25 + 1.0) / 2)
+    assert result.humans == pytest.approx(0.25)  # the humans share c1 only: (.5 - 0)²
+
+
 def test_excluded_conditions_leave_the_nesting_first():
     """exclude={d1: [C2]} equals the table without d1's c2 (names case-insensitive); a misspelt condition is named."""
     without = {key: value for key, value in SPEC.items() if key[:2] != ("d1", "c2")}
