@@ -95,17 +95,20 @@ def read_far_unknown(folder: str | Path, size: int = 32, limit: int | None = Non
 
 
 def evaluate_scores(model, known: ImageSet, unknown_sets: Mapping[str, torch.Tensor], score_names: Sequence[str], *, fit: ImageSet | None = None,
-                    score_params: Mapping[str, Mapping] | None = None, batch_size: int = 256) -> dict[str, dict]:
+                    score_params: Mapping[str, Mapping] | None = None, batch_size: int = 256, required: Sequence[str] = ()) -> dict[str, dict]:
     """Score name → :func:`perceptual.compare_report.unknown_metrics` (AURC, E-AURC, AUROC and FPR@95 per unknown set,
     ECE/NLL/Brier) of ``model`` on the known test images against each unknown set (uint8 or [0, 1] images).
     ``fit``: known training images for the scores that need them (Mahalanobis, k-NN, ReAct). A score that does not
-    apply to the model is reported as ``{"error": reason}``."""
+    apply to the model is reported as ``{"error": reason}``, except the ``required`` ones (the baseline of the
+    improvement ratios): one of those that does not apply, or no score at all, is an error, before any image is scored
+    where the model's layers tell."""
     from .compare_report import unknown_metrics
     from .scores import feature_representation, make_score, model_outputs
 
     scores = {name: make_score(name, **dict((score_params or {}).get(name) or {})) for name in score_names}
     representation, inapplicable = feature_representation(model, scores)  # a penultimate layer only where a score uses it
     results: dict[str, dict] = {name: {"error": reason} for name, reason in inapplicable.items()}
+    _check_applicable(results, score_names, required)
     scores = {name: score for name, score in scores.items() if name not in inapplicable}
     options = dict(batch_size=batch_size, features=representation is not None, representation=representation)
     as_float = lambda x: x.float() / 255 if x.dtype == torch.uint8 else x  # noqa: E731
@@ -123,7 +126,20 @@ def evaluate_scores(model, known: ImageSet, unknown_sets: Mapping[str, torch.Ten
             results[name] = {"error": str(err)}
             continue
         results[name] = unknown_metrics(id_scores, id_outputs.logits, ood, labels)
+    _check_applicable(results, score_names, required)
     return {name: results[name] for name in score_names}  # in the order asked
+
+
+def _check_applicable(results: Mapping[str, Mapping], score_names: Sequence[str], required: Sequence[str]) -> None:
+    failed = {name: result["error"] for name, result in results.items() if "error" in result}
+    reasons = "; ".join(f"{name}: {reason}" for name, reason in failed.items())
+    if score_names and set(failed) >= set(score_names):
+        raise ValueError(f"none of the scores {list(score_names)} applies to this model ({reasons}): add max_softmax, energy or another "
+                         "logit score to scores=[...]")
+    for name in required:
+        if name in failed:
+            raise ValueError(f"{name}, the baseline of the improvement ratios, does not apply to this model ({failed[name]}): choose "
+                             "a baseline that does, e.g. baseline=max_softmax")
 
 
 def unknown_table(results: Mapping[str, Mapping], baseline: str = "max_softmax") -> pd.DataFrame:

@@ -136,7 +136,8 @@ def run(cfg: DictConfig | Mapping) -> dict:
         raise ValueError(f"the model has {n_out} outputs but there are {len(known_names)} known classes: it must be trained on the known classes only")
     unknown_sets = {NEAR: near.images, **far_images}
     results = evaluate_scores(model, known, unknown_sets, list(cfg.scores), fit=fit,
-                              score_params=OmegaConf.to_container(cfg.score_params, resolve=True), batch_size=int(cfg.batch_size))
+                              score_params=OmegaConf.to_container(cfg.score_params, resolve=True), batch_size=int(cfg.batch_size),
+                              required=[str(cfg.baseline)])
     table = unknown_table(results, baseline=str(cfg.baseline))
     data = {
         "known_classes": known_names, "n_known_classes": len(known_names), "n_known": len(known),
@@ -145,9 +146,9 @@ def run(cfg: DictConfig | Mapping) -> dict:
         "results": results, "table": table.replace({np.nan: None}).to_dict(orient="records"),
     }
     out = Path(cfg.out)
-    figure(table, list(unknown_sets), data["baseline"], out / "unknown.png")
-    atomic_write_json(out / "unknown.json", plain(data))
+    atomic_write_json(out / "unknown.json", plain(data))  # the numbers first: a figure that fails to draw loses none
     atomic_write_text(out / "unknown.md", markdown(data))
+    figure(table, list(unknown_sets), data["baseline"], out / "unknown.png")
     return data
 
 

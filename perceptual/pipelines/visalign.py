@@ -135,9 +135,9 @@ def run(cfg: DictConfig | Mapping) -> dict:
         "gamma": float(cfg.gamma), "lam": float(cfg.lam), "costs": costs, "n_fit": 0 if fit_images is None else len(fit_images),
         "table": table.to_dict(orient="records"), "left_out": sorted(set(cfg.scores) - set(table["score"])),
     }
-    figure(table, costs, out / "visalign.png")
-    atomic_write_json(out / "visalign.json", plain(data))
+    atomic_write_json(out / "visalign.json", plain(data))  # the numbers first: a figure that fails to draw loses none
     atomic_write_text(out / "visalign.md", markdown(data))
+    figure(table, costs, out / "visalign.png")
     return data
 
 

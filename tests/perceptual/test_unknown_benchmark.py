@@ -97,3 +97,22 @@ def test_scores_of_a_model_on_known_and_unknown_images(tmp_path):
     assert results["max_softmax"]["accuracy"] == pytest.approx(float((id_logits.argmax(1) == known.labels).double().mean()))
     table = unknown_table(results)
     assert list(table["score"]) == ["max_softmax", "energy"] and "auroc_near_improvement" in table.columns
+
+
+def test_scores_that_do_not_apply_are_refused_before_any_image_is_scored(tmp_path, monkeypatch):
+    """Feature scores on a model without a penultimate layer: every row an error gave a bare KeyError in the figure, after
+    every image was scored; a baseline that does not apply left every improvement ratio NaN."""
+    import perceptual.scores
+
+    root = write_cifar100(tmp_path)
+    known, near = cifar_benchmark(root, ["apple", "bear"])
+    fit, _ = cifar_benchmark(root, ["apple", "bear"], split="train")
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 2)).eval()
+    scored = []
+    monkeypatch.setattr(perceptual.scores, "model_outputs", lambda *a, **k: scored.append(1))
+    with pytest.raises(ValueError, match=r"none of the scores \['mahalanobis', 'knn'\] applies to this model \(mahalanobis: needs the "
+                                         r"penultimate layer's features.*add max_softmax"):
+        evaluate_scores(model, known, {"near": near.images}, ["mahalanobis", "knn"], fit=fit)
+    with pytest.raises(ValueError, match=r"mahalanobis, the baseline of the improvement ratios, does not apply .*baseline=max_softmax"):
+        evaluate_scores(model, known, {"near": near.images}, ["max_softmax", "mahalanobis"], fit=fit, required=["mahalanobis"])
+    assert scored == []
