@@ -463,8 +463,8 @@ def masking_checks(accuracy: dict[str, float], report_checks: dict[str, bool], u
 
 def alignment_position(defence: dict[str, float], standard: dict[str, float], robust: dict[str, float]) -> Optional[float]:
     """Where the defence's alignment lies on the line from the standard (0) to the robust (1) reference: the least-squares
-    projection over the measures all three share, sum (d - s)(r - s) / sum (r - s)^2; None where the references do not
-    differ on any of them.
+    projection over the measures all three share with a finite value, sum (d - s)(r - s) / sum (r - s)^2; None where
+    the references do not differ on any of them (a NaN measure, e.g. a task without trials, is left out, not spread).
 
     With one measure this is (d - s) / (r - s). It is not the mean of the per-measure ratios: a measure on which the
     references barely differ makes its ratio huge and would decide the mean alone (in the README's digits audit the
@@ -473,7 +473,7 @@ def alignment_position(defence: dict[str, float], standard: dict[str, float], ro
     weighs each measure by its reference gap, so such a measure counts for little, and a measure on which the robust
     reference is the less aligned one still counts with the right sign.
     """
-    shared = [k for k in defence if k in standard and k in robust]
+    shared = [k for k in defence if k in standard and k in robust and all(math.isfinite(m[k]) for m in (defence, standard, robust))]
     gaps = {k: robust[k] - standard[k] for k in shared}
     scale = sum(gap * gap for gap in gaps.values())
     if scale < 1e-12:

@@ -55,6 +55,7 @@ from ..audit import (
 )
 from ..audit_report import accuracy_bars_figure, accuracy_vs_eps_figure, alignment_figures, audit_html, audit_markdown, masking_checks_figure
 from ..cache import cache_key, module_identity
+from ..compare_report import plain
 from ..measure import ModelSpec, make_panel, measure_models, validate_inputs
 from ._references import pair_configs, pair_key, train_pair
 
@@ -173,6 +174,7 @@ def run(cfg: DictConfig) -> dict:
     if alignment_on:
         placeholder = [ModelSpec(name="small_cnn", label=label) for label in ("standard", "robust")]
         controversial = _check_alignment_inputs(cfg, [defence_spec, *(references.values() if references else placeholder)], defence)
+        panel = make_panel(cfg.alignment.observers, cfg.alignment.observer_net, device=device)  # a misspelt observer is named now
 
     # 2. Reference models (trained here and cached when not given).
     if references is None:
@@ -213,7 +215,7 @@ def run(cfg: DictConfig) -> dict:
         report_dir = alignment_dir / f"{defence_spec.label}-{defence_identity[:10]}"
         data = measure_models(specs, OmegaConf.to_container(cfg.data, resolve=True), report_dir, engine=engine,
                               n_targets=int(cfg.alignment.n_targets), seed_types=list(cfg.alignment.seed_types), seed=int(cfg.seed),
-                              panel=make_panel(cfg.alignment.observers, cfg.alignment.observer_net, device=device), threat=None, accuracy_limit=n,
+                              panel=panel, threat=None, accuracy_limit=n,
                               controversial=controversial, device=device, config={"alignment": OmegaConf.to_container(cfg.alignment, resolve=True)},
                               model_dirs={label: alignment_dir / "models" / label for label in ("standard", "robust")})
         robust_of = {defence_spec.label: audit.accuracy["worst_case"], **{label: r["worst_case"] for label, r in reference_robust.items()}}
@@ -249,7 +251,7 @@ def run(cfg: DictConfig) -> dict:
         "figures": [f.name for f in figures],
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
-    atomic_write_json(out / "audit.json", report)
+    atomic_write_json(out / "audit.json", plain(report))  # NaN (one observer's std) as null: strict JSON readers refuse NaN
     atomic_write_text(out / "audit.md", audit_markdown(report))
     atomic_write_text(out / "audit.html", audit_html(report))
     return {"verdict": text, "flagged": report["flagged"], "out": str(out)}

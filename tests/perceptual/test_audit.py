@@ -3,6 +3,7 @@ PGD-trained model are not flagged, the standard model behind input quantisation 
 a PGD-trained k-WTA CNN is; the per-attack cache; the report's layout."""
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -61,6 +62,9 @@ def test_checks_and_verdict_on_constructed_numbers():
     assert masking_checks(honest, {}, 0.0, True, 4)[-1].status == "pass"
     assert alignment_position({"2afc": 0.6}, {"2afc": 0.5}, {"2afc": 0.9}) == pytest.approx(0.25)
     assert alignment_position({"2afc": 0.6}, {"2afc": 0.5}, {"2afc": 0.5}) is None
+    # a NaN measure (a task without trials) made the position NaN, which the verdict read as "near the robust model's level"
+    assert alignment_position({"2afc": 0.5, "clustering": math.nan}, {"2afc": 0.5, "clustering": 0.3}, {"2afc": 0.9, "clustering": 0.5}) == 0.0
+    assert alignment_position({"2afc": math.nan}, {"2afc": 0.5}, {"2afc": 0.9}) is None
     assert "0.5" in DECISION_RULE and "5%" in DECISION_RULE
 
 

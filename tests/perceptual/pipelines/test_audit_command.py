@@ -38,10 +38,11 @@ def test_audit_command_end_to_end_and_a_rerun_recomputes_nothing(tmp_path, monke
     controversial stimuli; the bootstrap statistics of the measure report are skipped (measure's, tested there, slow)."""
     monkeypatch.setattr(measure_module, "measurement_statistics", lambda *args, **kwargs: {})
     overrides = ["defence.factory=training.models.defences:input_quantised", "+defence.kwargs={name: small_cnn, dataset: digits, width: 4}",
-                 "alignment.n_targets=3", "alignment.observers=[pixel-l2,ssim]", "alignment.controversial.n_origins=2", "alignment.controversial.steps=5",
+                 "alignment.n_targets=3", "alignment.observers=[pixel-l2]", "alignment.controversial.n_origins=2", "alignment.controversial.steps=5",
                  "invert.steps=10", *RANDOM_REFERENCES]
     result = run(_cfg(tmp_path, *overrides))
-    report = json.loads((tmp_path / "audit.json").read_text())
+    # strict JSON: one observer has no spread, which was written as the bare token NaN that JSON.parse and jq refuse
+    report = json.loads((tmp_path / "audit.json").read_text(), parse_constant=lambda token: pytest.fail(f"audit.json holds {token}"))
     assert report["verdict"] == result["verdict"] and report["flagged"] == audit_module.is_flagged(report["verdict"])
     accuracy = report["robustness"]["accuracy"]
     assert set(accuracy) >= {"clean", "fgsm", "pgd", "apgd-ce", "apgd-t", "apgd-smooth", "square", "transfer", "worst_case"}
@@ -170,6 +171,16 @@ def test_a_defence_that_does_not_classify_is_refused_before_any_work(tmp_path, m
     assert "no verdict: the defence does not classify" in result["verdict"] and result["flagged"] and report["flagged"]
     assert "does not classify these images" in report["warnings"][0] and not report["robustness"]["above_chance"]
     assert report["robustness"]["chance_agreement"] == pytest.approx(report["robustness"]["accuracy"]["clean"], abs=0.05)
+
+
+@pytest.mark.parametrize("setting,match", [("alignment.observers=[lpips-alexx]", "unknown observer 'lpips-alexx'"),
+                                           ("alignment.observer_net=alexnet", "unknown LPIPS network 'alexnet'")])
+def test_the_observer_panel_is_checked_before_references_train(tmp_path, monkeypatch, setting, match):
+    """A misspelt observer failed at stage 4, after the references trained and every attack ran."""
+    monkeypatch.setattr(references_module, "train", _refuse)
+    monkeypatch.setattr(audit_module, "worst_case", _refuse)
+    with pytest.raises(ValueError, match=match):
+        run(_cfg(tmp_path, "defence.name=small_cnn", "+defence.kwargs.width=4", setting))
 
 
 def test_randomised_defence_without_eot_is_warned_in_the_report(user_models, capsys, caplog):
