@@ -41,7 +41,7 @@ def read_human_labels(path: str | Path, classes: Sequence[str]) -> pd.DataFrame:
     must-abstain image without a class), the class and ``abstain`` columns as probabilities (rows normalised) and,
     where the file has one, ``category`` as text (the reference's ``category1`` ... ``category8``, or any names).
     """
-    classes = list(classes)
+    classes = [str(c) for c in classes]  # the CSV's column names are text: class 0 is column "0"
     table = pd.read_csv(path, dtype={"image_id": str, "group": str, "label": str, "category": str}, keep_default_na=False)
     needed = ["image_id", "group", "label", *classes, ABSTAIN]
     missing = [c for c in needed if c not in table.columns]

@@ -108,10 +108,14 @@ def run(cfg: DictConfig | Mapping) -> dict:
     if not (cfg.model.get("name") or cfg.model.get("factory")):
         raise ValueError("no model: pass model.name=<zoo name> (+ model.checkpoint=...) or model.factory=module:function")
     check_reliability_settings(cfg.gamma, cfg.lam, cfg.costs)  # before any image is read or model run
-    classes = list(cfg.classes) if cfg.get("classes") else None
+    classes = [str(c) for c in cfg.classes] if cfg.get("classes") else None  # classes=[0,1] reaches here as ints; the CSV's columns are text
     train = None
     if classes is None or int(cfg.n_fit or 0) > 0:
         train = dataset_from_config(OmegaConf.to_container(cfg.data, resolve=True), "train")
+        if classes is not None and classes != [str(c) for c in train.classes]:
+            raise ValueError(f"classes={classes} are not the classes of data={cfg.data.name} ({list(train.classes)}), whose training images "
+                             f"the feature scores would be fit on (n_fit={cfg.n_fit}): set n_fit=0 (the scores that need fitting are then "
+                             "left out), or data= the model's data set")
         classes = classes or list(train.classes)
     human = read_human_labels(expand_path(cfg.labels), classes)
     paths = image_paths(expand_path(cfg.images), human["image_id"].tolist())

@@ -147,6 +147,17 @@ def test_settings_and_the_models_classes_are_checked_before_the_whole_set_runs(v
     assert calls == [1]  # one image, not the set
 
 
+def test_given_classes_are_text_and_are_not_fit_on_another_data_set(visalign_set):
+    """classes=[a,b] with the default n_fit fit Mahalanobis and k-NN on digits' images and 10 labels, silently; classes=[0,1]
+    (Hydra's ints) were refused as missing columns "0" and "1"."""
+    with pytest.raises(ValueError, match=r"classes=\['a', 'b'\] are not the classes of data=digits .*set n_fit=0"):
+        run(_compose(visalign_set, "n_fit=2000"))
+    labels = visalign_set / "labels.csv"
+    labels.write_text(labels.read_text().replace("label,a,b,", "label,0,1,").replace(",a,", ",0,").replace(",b,", ",1,"))
+    data = run(_compose(visalign_set, "classes=[0,1]"))
+    assert data["classes"] == ["0", "1"] and data["table"][0]["hellinger_all"] == pytest.approx(C_DISTANCE / 3)
+
+
 def test_infinite_human_counts_are_named_with_their_line(visalign_set):
     (visalign_set / "labels.csv").write_text("image_id,group,label,a,b,abstain\nA,Must-Act,a,inf,1,0\nB,Must-Abstain,,0,0,4\nC,Uncertain,b,1,1,2\n")
     with pytest.raises(ValueError, match=r"non-numeric, infinite or negative human answer × 1 \(lines \[2\]"):
