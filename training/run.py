@@ -170,11 +170,15 @@ class RunDirectory:
 
     def earlier_checkpoint(self, ref: CheckpointRef) -> CheckpointRef | None:
         """The newest kept checkpoint before ``ref`` with both of its files: the way back when ``ref``'s are damaged."""
-        for folder in sorted(self.checkpoint_dir.glob("epoch_*"), reverse=True):
-            epoch = folder.name.removeprefix("epoch_")
-            if epoch.isdigit() and int(epoch) < ref.epoch and (folder / "model.safetensors").is_file() and (folder / "state.pt").is_file():
-                return CheckpointRef(int(epoch), folder / "model.safetensors", folder / "state.pt")
+        for epoch, folder in reversed(self._checkpoint_folders()):
+            if epoch < ref.epoch and (folder / "model.safetensors").is_file() and (folder / "state.pt").is_file():
+                return CheckpointRef(epoch, folder / "model.safetensors", folder / "state.pt")
         return None
+
+    def _checkpoint_folders(self) -> list[tuple[int, Path]]:
+        """(epoch, folder) of every ``epoch_<n>`` folder, oldest first: by number, as epoch_10000 sorts before epoch_9999 by name."""
+        found = [(folder.name.removeprefix("epoch_"), folder) for folder in self.checkpoint_dir.glob("epoch_*") if folder.is_dir()]
+        return sorted((int(epoch), folder) for epoch, folder in found if epoch.isdigit())
 
     def resume_hint(self, ref: CheckpointRef) -> str:
         """What to do when the checkpoint ``ref`` cannot be read: go back to an earlier one, or start afresh."""
@@ -193,8 +197,7 @@ class RunDirectory:
         atomic_save(folder / "state.pt", lambda tmp: torch.save({"format": STATE_FORMAT, **state}, tmp))
         atomic_write_json(self.latest_path, {"epoch": epoch, "path": name})
         if keep > 0:
-            folders = sorted(p for p in self.checkpoint_dir.glob("epoch_*") if p.is_dir())
-            for old in folders[:-keep]:
+            for _, old in self._checkpoint_folders()[:-keep]:
                 if old.name != name:
                     shutil.rmtree(old, ignore_errors=True)
         return CheckpointRef(epoch, folder / "model.safetensors", folder / "state.pt")

@@ -1,4 +1,4 @@
-"""Atomic writes: published files follow the umask, whatever the writer does with its temporary file."""
+"""Atomic writes: published files follow the umask, whatever the writer does with its temporary file; checkpoint folders."""
 from __future__ import annotations
 
 import os
@@ -10,6 +10,7 @@ import torch
 from training.checkpoints import save_checkpoint
 from training.io import atomic_directory, atomic_save, atomic_write_json
 from training.models import build_model
+from training.run import RunDirectory
 
 
 @pytest.fixture
@@ -50,3 +51,13 @@ def test_a_directory_is_published_whole_with_the_umask_or_not_at_all(tmp_path, u
         (staging / "new.html").write_text("two")
     assert sorted(p.name for p in target.iterdir()) == ["new.html"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["package"]  # no staging or old copy left
+
+
+def test_checkpoints_are_kept_and_found_by_epoch_number_past_9999(tmp_path):
+    """Folders are epoch_%04d: by name epoch_10000 sorts before epoch_9999, so pruning deleted each new checkpoint and kept
+    9998 and 9999 for ever, and the way back from a damaged checkpoint pointed at 9999."""
+    run, model = RunDirectory(tmp_path / "run"), build_model("small_cnn", "digits", width=4)
+    for epoch in (9998, 9999, 10000, 10001, 10002):
+        latest = run.save_checkpoint(epoch, model, {"epoch": epoch}, keep=2)
+    assert sorted(p.name for p in run.checkpoint_dir.glob("epoch_*")) == ["epoch_10001", "epoch_10002"]
+    assert run.latest() == latest and run.earlier_checkpoint(latest).epoch == 10001
