@@ -487,6 +487,8 @@ def parse_conditions(spec: Any, reference_size: int = REFERENCE_SIZE) -> list[Di
             generator, params = entry["generator"], entry.get("params")
         else:
             raise TypeError(f"a condition is a generator name, 'generator=value' or a mapping, got {entry!r}")
+        if params is not None and (isinstance(params, (str, bytes)) or not isinstance(params, Sequence)):
+            raise ValueError(f"params of {generator!r} must be a list, e.g. params: [{params}], got {params!r}")
         values = _spec(generator).grid if params is None else list(params)
         out.extend(Distortion(generator, v, reference_size) for v in values)
     names = [d.name for d in out]

@@ -190,6 +190,9 @@ def test_parse_conditions_grids_names_and_errors():
         parse_conditions(["blur"])
     with pytest.raises(ValueError, match="listed twice"):
         parse_conditions(["contrast=0.5", {"generator": "contrast", "params": [0.5]}])
+    for params in (0.5, "0.5"):  # YAML without brackets: "'float' object is not iterable", or the characters of "0.5"
+        with pytest.raises(ValueError, match=r"params of 'contrast' must be a list, e.g. params: \[0.5\]"):
+            parse_conditions([{"generator": "contrast", "params": params}])
     with pytest.raises(ValueError, match=r"contrast must lie in \[0, 1\]"):
         Distortion("contrast", 1.5)
     with pytest.raises(ValueError, match="0, 90, 180 or 270"):
