@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -68,14 +69,16 @@ def _band(ax, x, low, mean, high, label):
     ax.plot(x, mean, "o-", color=HUMAN_COLOUR, markersize=4, label=f"{label} (mean)")
 
 
-def accuracy_figure(per_subject: pd.DataFrame, path: str | Path, title: str = "Accuracy against condition") -> Path:
+def accuracy_figure(per_subject: pd.DataFrame, path: str | Path, title: str = "Accuracy against condition",
+                    models: Sequence[str] | None = None) -> Path:
     """One panel per experiment: human accuracy band (min–max over subjects) and mean; models as lines.
 
-    ``per_subject``: :func:`perceptual.mvh_analysis.accuracy_per_subject`.
+    ``per_subject``: :func:`perceptual.mvh_analysis.accuracy_per_subject`. ``models``: every model of the report, so
+    that each keeps one colour across its figures (default: those in this table).
     """
     datasets = sorted(per_subject["dataset"].unique())
     fig, axes = _grid(len(datasets))
-    colours = _model_colours(per_subject.loc[~per_subject["is_human"], "subject"].unique())
+    colours = _model_colours(models if models is not None else per_subject.loc[~per_subject["is_human"], "subject"].unique())
     for ax, dataset in zip(axes, datasets):
         rows = per_subject[per_subject["dataset"] == dataset]
         order = condition_order(rows["condition"].unique())
@@ -97,12 +100,14 @@ def accuracy_figure(per_subject: pd.DataFrame, path: str | Path, title: str = "A
     return save_figure(fig, Path(path))
 
 
-def error_consistency_figure(pairs: pd.DataFrame, path: str | Path, title: str = "Error consistency against condition") -> Path:
+def error_consistency_figure(pairs: pd.DataFrame, path: str | Path, title: str = "Error consistency against condition",
+                             models: Sequence[str] | None = None) -> Path:
     """One panel per experiment: human-human error consistency band (min–max over pairs) and mean; for each model its
-    mean error consistency with the humans. ``pairs``: :func:`perceptual.mvh_analysis.pairwise_consistency`."""
+    mean error consistency with the humans. ``pairs``: :func:`perceptual.mvh_analysis.pairwise_consistency`;
+    ``models`` as in :func:`accuracy_figure`."""
     datasets = sorted(pairs["dataset"].unique())
     fig, axes = _grid(len(datasets))
-    colours = _model_colours(pairs.loc[pairs["kind"] == "model-human", "subject_a"].unique())
+    colours = _model_colours(models if models is not None else pairs.loc[pairs["kind"] == "model-human", "subject_a"].unique())
     for ax, dataset in zip(axes, datasets):
         rows = pairs[pairs["dataset"] == dataset]
         order = condition_order(rows["condition"].unique())
@@ -148,10 +153,11 @@ def consistency_matrix_figure(matrix: pd.DataFrame, path: str | Path, title: str
 
 
 def shape_bias_figure(per_category: pd.DataFrame, overall: pd.DataFrame, path: str | Path,
-                      title: str = "Shape bias on cue-conflict images") -> Path:
+                      title: str = "Shape bias on cue-conflict images", models: Sequence[str] | None = None) -> Path:
     """Shape bias per shape category (rows) for every subject (grey dots), the humans pooled (red diamonds) and each
-    model (squares); the overall values in the legend. ``per_category``: :func:`perceptual.mvh_analysis.shape_bias_per_category`,
-    ``overall``: :func:`perceptual.mvh_analysis.shape_bias_table`."""
+    model (squares, in its colour of the other figures); the overall values in the legend. ``per_category``:
+    :func:`perceptual.mvh_analysis.shape_bias_per_category`, ``overall``: :func:`perceptual.mvh_analysis.shape_bias_table`,
+    ``models`` as in :func:`accuracy_figure`."""
     plt = _pyplot()
     categories = sorted(per_category["category"].unique())
     y = np.arange(len(categories))
@@ -159,6 +165,7 @@ def shape_bias_figure(per_category: pd.DataFrame, overall: pd.DataFrame, path: s
     totals = overall.set_index("subject")["shape_bias"]
     subjects = [s for s in per_category["subject"].unique() if s != "all humans"]
     human_subjects = set(overall.loc[(overall["scope"] == "subject") & overall["is_human"], "subject"])
+    colours = _model_colours(models if models is not None else overall.loc[(overall["scope"] == "subject") & ~overall["is_human"], "subject"])
     shown_subject_label = False
     for subject in subjects:
         values = per_category[per_category["subject"] == subject].set_index("category")["shape_bias"].reindex(categories)
@@ -166,7 +173,7 @@ def shape_bias_figure(per_category: pd.DataFrame, overall: pd.DataFrame, path: s
             ax.plot(values, y, "o", color="grey", alpha=0.35, markersize=3, label=None if shown_subject_label else "human subjects")
             shown_subject_label = True
         else:
-            ax.plot(values, y, "s", markersize=5, label=f"{subject} ({totals.get(subject, np.nan):.2f})")
+            ax.plot(values, y, "s", markersize=5, color=colours[subject], label=f"{subject} ({totals.get(subject, np.nan):.2f})")
     if "all humans" in set(per_category["subject"]):
         pooled = per_category[per_category["subject"] == "all humans"].set_index("category")["shape_bias"].reindex(categories)
         ax.plot(pooled, y, "D", color=HUMAN_COLOUR, markersize=6, label=f"humans pooled ({totals.get('all humans', np.nan):.2f})")

@@ -204,14 +204,14 @@ def analyse(root: str | Path, out: str | Path, *, experiments: Sequence[str] | N
         atomic_write_text(out / "tables" / f"{name}.csv", frame.to_csv(index=False))
     figure_paths = []
     if figures:
-        figure_paths.append(accuracy_figure(per_subject, out / "figures" / "accuracy.png"))
-        figure_paths.append(error_consistency_figure(pairs, out / "figures" / "error_consistency.png"))
+        figure_paths.append(accuracy_figure(per_subject, out / "figures" / "accuracy.png", models=model_names))
+        figure_paths.append(error_consistency_figure(pairs, out / "figures" / "error_consistency.png", models=model_names))
         for dataset in sorted(set(pairs["dataset"])):  # an experiment with one observer has no pair to draw
             matrix = consistency_matrix(pairs, dataset)
             figure_paths.append(consistency_matrix_figure(matrix, out / "figures" / f"matrix_{dataset}.png",
                                                           f"{dataset}: error consistency between observers (mean over conditions)"))
         if has_cue:
-            figure_paths.append(shape_bias_figure(shape_categories, shape, out / "figures" / "shape_bias.png"))
+            figure_paths.append(shape_bias_figure(shape_categories, shape, out / "figures" / "shape_bias.png", models=model_names))
     model_pairs = pairs[pairs["kind"] == "model-human"]
     data = {
         "root": str(root), "experiments": sorted(trials["dataset"].unique()), "on_undefined": on_undefined,

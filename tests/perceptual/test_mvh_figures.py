@@ -107,3 +107,12 @@ def test_shape_bias_figure(captured, tmp_path):
     np.testing.assert_allclose(lines["humans pooled (0.75)"], [1.0, 0.5])  # cat: 2 of 2 by shape; dog: 1 of 2
     np.testing.assert_allclose(lines["net (0.00)"], [0.0, 0.0])
     assert ax.get_xlabel().startswith("fraction of shape decisions")
+    # each model in its colour of the other figures: matplotlib's cycle gave the 4th model the humans' red, and others shifted
+    nets = [f"net{i}" for i in range(5)]
+    many = pd.concat([table[table["subject"] != "net"]] + [table[table["subject"] == "net"].assign(subject=n) for n in nets])
+    figures.shape_bias_figure(shape_bias_per_category(many), shape_bias_table(many), tmp_path / "s.png", models=["a-net", *nets])
+    drawn = {line.get_label().split(" ")[0]: line.get_color() for line in captured[-1].axes[0].get_lines()}
+    assert {n: drawn[n] for n in nets} == {n: c for n, c in figures._model_colours(["a-net", *nets]).items() if n in nets}
+    figures.accuracy_figure(accuracy_per_subject(many), tmp_path / "a.png", models=["a-net", *nets])
+    in_accuracy = {line.get_label(): line.get_color() for ax in captured[-1].axes for line in ax.get_lines() if "net" in line.get_label()}
+    assert in_accuracy == {n: drawn[n] for n in nets}
