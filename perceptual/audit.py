@@ -420,7 +420,9 @@ def _sweep_detail(name: str, masking: Optional[Mapping]) -> str:
         return f"PGD loss {masking['clean_loss']:.3f} (clean) -> " + " -> ".join(f"{v:.3f}" for v in masking["loss"]) + f" at eps {eps}"
     if name == "accuracy_falls_with_eps":
         return f"PGD accuracy {masking['clean_accuracy']:.0%} (clean) -> " + " -> ".join(f"{v:.0%}" for v in masking["accuracy"]) + f" at eps {eps}"
-    return f"clean {masking['clean_accuracy']:.1%}, highest PGD accuracy {max(masking['accuracy']):.1%} (at eps {eps})"
+    highest = max(range(len(masking["accuracy"])), key=lambda i: masking["accuracy"][i])  # the first eps where it peaks
+    return (f"clean {masking['clean_accuracy']:.1%}, highest PGD accuracy {masking['accuracy'][highest]:.1%} at eps "
+            f"{masking['eps'][highest]:.3g} (swept: {eps})")
 
 
 def masking_checks(accuracy: dict[str, float], report_checks: dict[str, bool], unbounded_accuracy: float, randomised: bool,

@@ -60,6 +60,10 @@ def test_checks_and_verdict_on_constructed_numbers():
     assert {c.name: c.status for c in masking_checks(honest, {}, 0.0, False, 1)}["black_box_not_stronger"] == "pass"
     assert masking_checks(honest, {}, 0.0, True, 1)[-1].status == "fail"
     assert masking_checks(honest, {}, 0.0, True, 4)[-1].status == "pass"
+    # the eps where robust accuracy peaks above clean, not the whole ladder after "at"
+    sweep = {"eps": [1 / 255, 2 / 255, 4 / 255, 8 / 255], "accuracy": [0.5, 0.55, 0.6, 0.4], "loss": [0.1] * 4, "clean_accuracy": 0.5, "clean_loss": 0.1}
+    below = {c.name: c for c in masking_checks(honest, {"robust_below_clean": False}, 0.0, False, 1, masking=sweep)}["robust_below_clean"]
+    assert below.status == "fail" and below.detail == "clean 50.0%, highest PGD accuracy 60.0% at eps 0.0157 (swept: 0.00392, 0.00784, 0.0157, 0.0314)"
     assert alignment_position({"2afc": 0.6}, {"2afc": 0.5}, {"2afc": 0.9}) == pytest.approx(0.25)
     assert alignment_position({"2afc": 0.6}, {"2afc": 0.5}, {"2afc": 0.5}) is None
     # a NaN measure (a task without trials) made the position NaN, which the verdict read as "near the robust model's level"
