@@ -175,8 +175,27 @@ def is_above_chance(predictions: Tensor, y: Tensor, alpha: float = CHANCE_ALPHA)
     return bool(binomtest(correct, len(y), chance, alternative="greater").pvalue < alpha)
 
 
+def _undecidable(y: Tensor, alpha: float = CHANCE_ALPHA) -> Optional[str]:
+    """Why rule 0 cannot pass on labels ``y`` whatever the answers (None where a perfect classifier would pass): every
+    label is one class, or too few images for the test even with every answer right."""
+    from scipy.stats import binomtest
+
+    labels = y.long().cpu()
+    if torch.unique(labels).numel() < 2:
+        return (f"the {len(labels)} audited images all have one label, so answering it always agrees with them by chance: "
+                "audit images of several classes (a larger n_images)")
+    perfect_chance = float(((torch.bincount(labels).double() / len(labels)) ** 2).sum())  # chance agreement of right answers
+    if binomtest(len(labels), len(labels), perfect_chance, alternative="greater").pvalue >= alpha:
+        return (f"{len(labels)} images are too few for the test: even all of them right would not be above chance at p < {alpha}; "
+                "raise n_images (16 or more)")
+    return None
+
+
 def chance_message(predictions: Tensor, y: Tensor) -> str:
     """Why a defence that fails rule 0 cannot be audited, and what to check."""
+    undecidable = _undecidable(y)
+    if undecidable is not None:
+        return f"rule 0 (is the defence a classifier?) cannot be decided: {undecidable}"
     accuracy = float((predictions.cpu() == y.cpu()).float().mean())
     answered = torch.unique(predictions).numel()
     return (f"the defence's clean accuracy ({accuracy:.1%} of {len(y)} images) is not above the chance agreement of its answers with the "

@@ -15,6 +15,7 @@ from perceptual.audit import (
     alignment_position,
     audit_robustness,
     chance_agreement,
+    chance_message,
     check_classifier,
     clean_predictions,
     controversial_summary,
@@ -170,6 +171,12 @@ def test_rule_0_a_classifier_must_beat_the_chance_agreement_of_its_answers():
     three_right = torch.where(torch.arange(20) < 3, y, (y + 1) % 10)
     assert not is_above_chance(three_right, y)  # 3 of 20 against 10 %: p = 0.32
     assert not is_above_chance(torch.ones(8, dtype=torch.long), torch.ones(8, dtype=torch.long))  # one class only: nothing to beat
+    # a perfect defence on too few images, or on one class, was told to check its weights, input range and class order
+    assert "all have one label" in chance_message(torch.ones(8, dtype=torch.long), torch.ones(8, dtype=torch.long))
+    three = torch.tensor([0, 1, 2])
+    assert not is_above_chance(three, three) and "3 images are too few for the test" in chance_message(three, three)
+    assert is_above_chance(torch.arange(4), torch.arange(4))  # 4 of 4 against 1/4: p = 0.004
+    assert "Check the weights" in chance_message(torch.full((20,), 3), y)
     with pytest.raises(ValueError, match="one answer per label"):
         chance_agreement(torch.zeros(3, dtype=torch.long), torch.zeros(4, dtype=torch.long))
     with pytest.raises(ValueError, match="class indices >= 0"):
