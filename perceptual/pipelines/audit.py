@@ -131,13 +131,25 @@ def _check_alignment_inputs(cfg: DictConfig, specs: list[ModelSpec], defence: to
     return controversial
 
 
+# eps_sweep=null: these multiples of threat.eps, for any norm (8/255 gives the 2/255, 4/255, 16/255 of Nanda et al.'s figure)
+SWEEP_FACTORS = (0.25, 0.5, 2.0)
+
+
+def sweep_eps(given, eps: float) -> list[float]:
+    """The extra eps every attack also runs at: ``given`` (``[]``: none), or :data:`SWEEP_FACTORS` times ``eps`` where it
+    is null, so that an L2 audit does not run three suites at Linf-sized radii far below its eps."""
+    if given is None:
+        return [factor * eps for factor in SWEEP_FACTORS]
+    return [config_number(e, "eps_sweep") for e in given]
+
+
 def run(cfg: DictConfig) -> dict:
     out = Path(cfg.out)
     device = resolve_device(cfg.device)
     dataset = cfg.data.name
     norm, eps = cfg.threat.norm, config_number(cfg.threat.eps, "threat.eps")
     ThreatModel(norm, eps, steps=int(cfg.threat.steps))  # a bad norm or eps is named now
-    sweep = [config_number(e, "eps_sweep") for e in (cfg.eps_sweep or [])]
+    sweep = sweep_eps(cfg.get("eps_sweep"), eps)
     masking_eps = [config_number(e, "masking_eps") for e in cfg.masking_eps] if cfg.get("masking_eps") else None
     for key, values in (("eps_sweep", sweep), ("masking_eps", masking_eps or [])):
         for value in values:  # they run after every attack at threat.eps: a bad one is named now too

@@ -15,7 +15,8 @@ import perceptual.measure as measure_module
 import perceptual.pipelines.training_runs as references_module
 from invert import Engine
 from perceptual.pipelines import COMMANDS
-from perceptual.pipelines.audit import load_factory, run
+from perceptual.pipelines.audit import load_factory, run, sweep_eps
+from training.attacks import config_number
 
 # The untrained CNNs these tests audit do not classify: rule 0 would stop them (tested on its own below).
 QUICK = ["n_images=8", "threat.steps=2", "square_queries=5", "n_targets=1", "unbounded_steps=2", "eps_sweep=[4/255]", "masking_eps=[8/255]",
@@ -215,6 +216,16 @@ def test_bad_configs_are_explained(tmp_path):
             run(_cfg(tmp_path, "defence.name=small_cnn", setting, *RANDOM_REFERENCES))
         assert not (tmp_path / "cache").exists()
     assert not (tmp_path / "audit.json").exists()
+
+
+def test_the_default_eps_sweep_follows_the_threat(tmp_path):
+    """An L2 audit at eps 0.5 ran every attack three more times at the Linf default's 2/255, 4/255 and 16/255."""
+    with initialize_config_module(config_module="conf", version_base=None):
+        default = compose(config_name="audit")
+        l2 = compose(config_name="audit", overrides=["threat.norm=l2", "threat.eps=0.5"])
+    assert sweep_eps(default.eps_sweep, config_number(default.threat.eps, "eps")) == [2 / 255, 4 / 255, 16 / 255]  # bit for bit: cache keys hold
+    assert sweep_eps(l2.eps_sweep, 0.5) == [0.125, 0.25, 1.0]
+    assert sweep_eps([], 0.5) == [] and sweep_eps(["4/255"], 0.5) == [4 / 255]
 
 
 def test_bpda_option_reaches_the_attacks(tmp_path):
