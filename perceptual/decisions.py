@@ -89,10 +89,7 @@ def knn_decide(distances: Tensor, exemplar_labels: Tensor, num_classes: int, *, 
         raise ValueError(f"one label per exemplar: {tuple(exemplar_labels.shape)} labels for {e} exemplars")
     if not isinstance(k, int) or not 1 <= k <= e:
         raise ValueError(f"k must be an int in [1, number of exemplars = {e}], got {k!r}")
-    if not 0 <= lapse <= 1:
-        raise ValueError(f"lapse is a probability in [0, 1], got {lapse}")
-    if not (noise >= 0 and math.isfinite(noise)):  # infinite noise turns every distance into ±inf: a coin, not a subject
-        raise ValueError(f"noise must be finite and >= 0 (standard deviations of the standardised distances), got {noise}")
+    _check_lapse_and_noise(lapse, noise)
     if len(exemplar_labels) and (int(exemplar_labels.min()) < 0 or int(exemplar_labels.max()) >= num_classes):
         raise ValueError(f"exemplar labels must lie in [0, {num_classes})")
     if not torch.isfinite(distances).all():
@@ -176,6 +173,12 @@ def check_decision_rule(*, seeds: Sequence[int], per_class: int, k: int, lapse: 
     for name, value in (("per_class", per_class), ("k", k)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    _check_lapse_and_noise(lapse, noise)
+
+
+def _check_lapse_and_noise(lapse: float, noise: float) -> None:
+    """``lapse`` a probability, ``noise`` finite and >= 0 (infinite noise turns every distance into ±inf: a coin, not a
+    subject; NaN fails every comparison, so each check is written to fail on it)."""
     if not 0 <= lapse <= 1:
         raise ValueError(f"lapse is a probability in [0, 1], got {lapse}")
     if not (noise >= 0 and math.isfinite(noise)):

@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from training.config import dataset_from_config, model_from_config, representation_from_config, resolve_device
+from training.config import as_list, dataset_from_config, model_from_config, representation_from_config, resolve_device
 from training.io import atomic_write_text
 from training.sweeps import job_path
 
@@ -162,21 +162,17 @@ def merge_command(cfg: DictConfig) -> StimulusSet:
     return result
 
 
-def _as_list(value) -> list:
-    """A list option given as one bare value on the command line (``sets=PATH``) as a list of it, not of its characters."""
-    return [value] if isinstance(value, (str, int, float)) else list(value)
-
-
 def survey_command(cfg: DictConfig) -> dict:
-    sets = [str(s) for s in _as_list(cfg.sets)]
+    sets = [str(s) for s in as_list(cfg.sets, "sets")]
     # labels=[0.5,1.0] reads as numbers: as text they match the measure report's labels
-    labels = ([str(label) for label in _as_list(cfg.labels)] if cfg.labels
+    labels = ([str(label) for label in as_list(cfg.labels, "labels")] if cfg.labels
               else [load_set(s).parameters.get("model", {}).get("name") or Path(s).name for s in sets])
     if len(labels) != len(sets) or len(set(labels)) != len(labels):
         raise ValueError(f"labels {labels} must name each of the {len(sets)} sets once: pass labels=[...] with distinct names")
     out = job_path(cfg.out)  # in a multirun, a package per job
     manifest = build_survey(
-        dict(zip(labels, sets)), out, tasks=[str(t) for t in _as_list(cfg.tasks)], trials_per_survey=cfg.trials_per_survey, attention_rate=cfg.attention_rate,
+        dict(zip(labels, sets)), out, tasks=[str(t) for t in as_list(cfg.tasks, "tasks")], trials_per_survey=cfg.trials_per_survey,
+        attention_rate=cfg.attention_rate,
         seed=cfg.seed, distance=cfg.distance, title=cfg.title, base_url=cfg.base_url, minutes=cfg.minutes,
         trial_order=cfg.trial_order, overwrite=cfg.overwrite,
     )

@@ -74,6 +74,18 @@ def get(cfg: Mapping[str, Any] | Any, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
+def as_list(value: Any, name: str) -> list | None:
+    """A list option given as one bare value on the command line (``sets=PATH``, ``experiments=colour``) as a list of it,
+    not of its characters; None stays None; anything else that is not a list is refused, naming ``name``."""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes, int, float, os.PathLike)):
+        return [value]
+    if not isinstance(value, Sequence):
+        raise ValueError(f"{name} must be a list, e.g. {name}=[...], got {value!r}")
+    return list(value)
+
+
 def expand_path(value: str | os.PathLike | None) -> Path | None:
     """A path option with ``~`` and ``$VARIABLES`` expanded (None stays None). Hydra's parser takes
     ``data.root=$HOME/data`` (the shell expands it) but not an unquoted ``~``; in YAML and quoted values
@@ -489,7 +501,7 @@ def run_checked(config_name: str, arguments: Sequence[str]) -> None:
 
 
 __all__ = [
-    "ConfigError", "check_known_keys", "check_overrides", "check_train_config", "check_whole_number", "compose", "dataset_from_config", "expand_path",
-    "flat_items", "flat_keys", "get", "model_from_config", "representation_from_config", "resolve_device", "run_checked",
+    "ConfigError", "as_list", "check_known_keys", "check_overrides", "check_train_config", "check_whole_number", "compose", "dataset_from_config",
+    "expand_path", "flat_items", "flat_keys", "get", "model_from_config", "representation_from_config", "resolve_device", "run_checked",
     "unknown_key_message",
 ]

@@ -76,6 +76,12 @@ def mart_loss(
     return bce + beta * weighted_kl, {"bce": bce.detach(), "kl": weighted_kl.detach()}
 
 
+def check_temperature(temperature: float) -> None:
+    """NT-Xent's temperature must be positive and finite: NaN gives a NaN loss, inf a constant one; nothing is learnt."""
+    if not (temperature > 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be a positive finite number, got {temperature}")
+
+
 def nt_xent(z1: Tensor, z2: Tensor, temperature: float = 0.5) -> Tensor:
     """SimCLR's NT-Xent (Chen et al., ICML 2020, eq. 1), averaged over all 2N anchors.
 
@@ -85,8 +91,7 @@ def nt_xent(z1: Tensor, z2: Tensor, temperature: float = 0.5) -> Tensor:
     """
     if z1.shape != z2.shape or z1.ndim != 2:
         raise ValueError(f"nt_xent needs two (N, D) projections of the same shape, got {tuple(z1.shape)} and {tuple(z2.shape)}")
-    if not (temperature > 0 and math.isfinite(temperature)):
-        raise ValueError(f"temperature must be a positive finite number, got {temperature}")
+    check_temperature(temperature)
     if z1.shape[0] < 2:
         raise ValueError("nt_xent needs at least 2 images: with one, there are no negatives and the loss is 0")
     z = F.normalize(torch.cat([z1, z2]).float(), dim=1)
@@ -114,6 +119,7 @@ def contrastive_accuracy(z1: Tensor, z2: Tensor) -> Tensor:
 
 __all__ = [
     "boosted_cross_entropy",
+    "check_temperature",
     "contrastive_accuracy",
     "kl_divergence",
     "mart_loss",

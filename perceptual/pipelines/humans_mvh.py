@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from training.config import expand_path
+from training.config import as_list, expand_path
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 
@@ -119,15 +119,6 @@ def _conditions_as_humans_spell_them(models: pd.DataFrame, humans: pd.DataFrame)
     return models.assign(condition=[spelling[k] for k in keys])
 
 
-def _as_list(value, name: str) -> list | None:
-    """``experiments=colour`` or ``models=PATH`` typed without brackets is one item, not a string of characters."""
-    if value is None or isinstance(value, (str, Path)):
-        return None if value is None else [value]
-    if not isinstance(value, Sequence):
-        raise ValueError(f"{name} must be a list, e.g. {name}=[...], got {value!r}")
-    return list(value)
-
-
 def _human_consistency(pairs: pd.DataFrame) -> pd.DataFrame:
     """:func:`consistency_summary` over the human-human pairs; none (every experiment has one subject): no rows."""
     if (pairs["kind"] == "human-human").any():
@@ -164,7 +155,7 @@ def analyse(root: str | Path, out: str | Path, *, experiments: Sequence[str] | N
         raise ValueError("root is not set: pass root=PATH, the benchmark's raw-data folder (<root>/<experiment>/*.csv)")
     if on_undefined not in ("nan", "one"):
         raise ValueError(f"on_undefined must be nan or one, got {on_undefined!r}")
-    experiments, models = _as_list(experiments, "experiments"), _as_list(models, "models") or []
+    experiments, models = as_list(experiments, "experiments"), as_list(models, "models") or []
     humans, report = read_trials(expand_path(root), experiments=experiments, strict=strict)
     not_human = sorted(s for s in humans["subject"].unique() if not str(s).startswith("subject-"))
     if not_human:

@@ -23,7 +23,6 @@ fitting and the standardisation folded into the layer's weights afterwards.
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -36,7 +35,7 @@ from invert.validation import hot_loop
 from ..attacks import ThreatModel, bn_mode, check_bn_mode, maximize
 from ..augment import SimCLRAugment
 from ..data import IMAGE_SIZE, ImageSet
-from ..losses import contrastive_accuracy, nt_xent
+from ..losses import check_temperature, contrastive_accuracy, nt_xent
 from ..models import Classifier
 from ..optim import lr_factor
 from ..representation import Representation
@@ -85,8 +84,7 @@ class SimCLRRecipe(Recipe):
     def __init__(self, model: Classifier, augment: SimCLRAugment, *, temperature: float = 0.5, projection_dim: int = 128,
                  threat: ThreatModel | None = None, attack_bn: str = "train", probe: dict | None = None):
         super().__init__(model, augment=augment)
-        if not (temperature > 0 and math.isfinite(temperature)):  # NaN gives a NaN loss, inf a constant one: nothing is learnt
-            raise ValueError(f"temperature must be a positive finite number, got {temperature}")
+        check_temperature(temperature)  # before training, not at the first loss
         if isinstance(projection_dim, bool) or not isinstance(projection_dim, int) or projection_dim < 1:
             raise ValueError(f"projection_dim must be a whole number >= 1, got {projection_dim!r}")
         if threat is not None and threat.norm != "l2" and threat.eps > 0.5:
