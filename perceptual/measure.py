@@ -48,7 +48,7 @@ from invert import NOISE_KINDS, Engine, check_push_weight, resolve_engine
 from stimuli.survey import LABEL_RULE, is_plain_label
 from training import build_model
 from training.attacks import ThreatModel
-from training.config import check_whole_number, dataset_from_config, resolve_device, resolved_path_text
+from training.config import as_list, check_whole_number, dataset_from_config, resolve_device, resolved_path_text
 from training.data import ImageSet, folder_to_imageset
 from training.evaluate import clean_accuracy, robust_accuracy
 from training.io import atomic_write_json, atomic_write_text
@@ -141,7 +141,7 @@ def make_panel(observers: str | Sequence[str], net: str = "alex", weights_path: 
     variants, plus SSIM, MS-SSIM and pixel L2); or a list of observer names."""
     if observers in ("auto", None):
         return default_panel(net, weights_path, device=device)
-    return Panel([make_observer(name, net, weights_path, device=device) for name in observers])
+    return Panel([make_observer(name, net, weights_path, device=device) for name in as_list(observers, "observers")])
 
 
 def model_accuracy(model, test, threat: ThreatModel | None, out: Path, key: str, limit: int | None, restarts: int = 1) -> dict:

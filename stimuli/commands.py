@@ -85,7 +85,7 @@ def invert_command(cfg: DictConfig) -> StimulusSet:
     device = resolve_device(cfg.device)
     test = dataset_from_config(cfg.data, "test")
     targets = _targets(cfg, cfg.targets, cfg.n_targets, test)
-    seeds = list(cfg.seeds)
+    seeds = as_list(cfg.seeds, "seeds")  # seeds=noise is one seed type
     train = dataset_from_config(cfg.data, "train") if "train" in seeds else None
     model = _model(cfg.model, cfg.data.name, device, cfg.seed, "model")
     suffix = "-ood" if cfg.targets == "gaussian" else ""
@@ -110,7 +110,7 @@ def controversial_command(cfg: DictConfig) -> StimulusSet:
     out = _out(cfg, f"{cfg.objective}-{cfg.model_a.name}-{cfg.model_b.name}-{cfg.data.name}{suffix}")
     result = make_controversial_set(
         out, model_a, model_b, origins, objective=cfg.objective, lam=cfg.lambda_, alpha=cfg.alpha,
-        restarts=cfg.restarts, directions=list(cfg.directions), start=cfg.start, start_sigma=cfg.start_sigma, seed=cfg.seed, engine=cfg.invert,
+        restarts=cfg.restarts, directions=as_list(cfg.directions, "directions"), start=cfg.start, start_sigma=cfg.start_sigma, seed=cfg.seed, engine=cfg.invert,
         chunk_size=cfg.chunk_size, shard=cfg.shard, n_shards=cfg.n_shards, device=device, config=recorded_config(cfg),
         overwrite=cfg.overwrite, keep_parts=cfg.keep_parts, preview=cfg.preview,
     )
@@ -154,7 +154,7 @@ def trials_command(cfg: DictConfig) -> tuple[Path, pd.DataFrame]:
 
 
 def merge_command(cfg: DictConfig) -> StimulusSet:
-    inputs = [Path(p) for p in cfg.inputs] if cfg.inputs else find_shards(cfg.out)
+    inputs = [Path(p) for p in as_list(cfg.inputs, "inputs")] if cfg.inputs else find_shards(cfg.out)
     if not inputs:
         raise FileNotFoundError(f"no shards found under {Path(cfg.out) / 'shards'}: run the sharded commands first, or pass inputs=[...]")
     result = merge_sets(inputs, cfg.out, overwrite=cfg.overwrite, preview=cfg.preview)

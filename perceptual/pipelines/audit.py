@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from training import Representation
 from training.attacks import ThreatModel, config_number
-from training.config import dataset_from_config, resolve_device
+from training.config import as_list, dataset_from_config, resolve_device
 from training.data import NUM_CLASSES
 from training.io import atomic_write_json, atomic_write_text
 from training.models.defences import load_factory  # noqa: F401  (re-exported: the factory loader the audit documents)
@@ -121,7 +121,7 @@ def train_references(cfg: DictConfig) -> dict[str, ModelSpec]:
 
 def _check_alignment_inputs(cfg: DictConfig, specs: list[ModelSpec], defence: torch.nn.Module) -> dict:
     controversial = {"model_a": specs[0].label, "model_b": "robust", **OmegaConf.to_container(cfg.alignment.controversial, resolve=True)}
-    validate_inputs(specs, n_targets=int(cfg.alignment.n_targets), seed_types=list(cfg.alignment.seed_types), tasks=ALIGNMENT_TASKS,
+    validate_inputs(specs, n_targets=int(cfg.alignment.n_targets), seed_types=as_list(cfg.alignment.seed_types, "alignment.seed_types"), tasks=ALIGNMENT_TASKS,
                     engine=OmegaConf.to_container(cfg.invert, resolve=True), controversial=controversial)
     try:
         Representation(defence, layer=specs[0].layer)
@@ -226,7 +226,7 @@ def run(cfg: DictConfig) -> dict:
         alignment_dir = out / "alignment" / cache_key(OmegaConf.to_container(cfg.alignment, resolve=True), engine, int(cfg.seed))[:10]
         report_dir = alignment_dir / f"{defence_spec.label}-{defence_identity[:10]}"
         data = measure_models(specs, OmegaConf.to_container(cfg.data, resolve=True), report_dir, engine=engine,
-                              n_targets=int(cfg.alignment.n_targets), seed_types=list(cfg.alignment.seed_types), seed=int(cfg.seed),
+                              n_targets=int(cfg.alignment.n_targets), seed_types=as_list(cfg.alignment.seed_types, "alignment.seed_types"), seed=int(cfg.seed),
                               panel=panel, threat=None, accuracy_limit=n,
                               controversial=controversial, device=device, config={"alignment": OmegaConf.to_container(cfg.alignment, resolve=True)},
                               model_dirs={label: alignment_dir / "models" / label for label in ("standard", "robust")})

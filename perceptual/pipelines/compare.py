@@ -79,7 +79,7 @@ from stimuli.distortions import Distortion, make_condition_set, parse_conditions
 from stimuli.sets import tensor_sha256
 from training import build_model
 from training.checkpoints import weights_hash
-from training.config import dataset_from_config, expand_path, resolve_device
+from training.config import as_list, dataset_from_config, expand_path, resolve_device
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 
@@ -156,7 +156,7 @@ class ComparePipeline:
         """Refuse unknown observer names and a decision rule that cannot run before any work (with ``humans_with_panel``,
         before the human report is written); ``k`` against the exemplars drawn waits for the data's classes."""
         if observers not in ("auto", None):
-            names = [observers] if isinstance(observers, str) else list(observers)
+            names = as_list(observers, "observers")
             unknown = [n for n in names if n not in observer_names()]
             if unknown or not names or len(set(names)) != len(names):
                 raise ValueError(f"observers must be auto or distinct names from {observer_names()}, got {names}")
@@ -177,6 +177,7 @@ class ComparePipeline:
         n_fit = cfg["n_fit"]
         if n_fit is not None and (isinstance(n_fit, bool) or not isinstance(n_fit, int) or n_fit < 1):
             raise ValueError(f"unknown.n_fit must be a positive number of training images (or null for all), got {n_fit!r}")
+        cfg["scores"], cfg["ood"] = as_list(cfg["scores"], "unknown.scores") or [], as_list(cfg["ood"], "unknown.ood") or []
         params = dict(cfg.get("score_params") or {})
         unused = set(params) - set(cfg["scores"])
         if unused - set(SCORE_FUNCTIONS):
@@ -254,8 +255,7 @@ class ComparePipeline:
     # -------------------------------------------------------------------------------- behaviour
 
     def _observe(self) -> tuple[pd.DataFrame, dict[str, dict[str, Responses]]]:
-        panel = make_panel(self.observer_spec[0] if isinstance(self.observer_spec[0], str) else list(self.observer_spec[0]),
-                           self.observer_spec[1], self.observer_spec[2], self.device)
+        panel = make_panel(self.observer_spec[0], self.observer_spec[1], self.observer_spec[2], self.device)
         self.decider = ObserverDecisions(panel, self.train.images, self.train.labels, self.train.classes, **self.decision_rule)
         self.panel = panel
         # An observer's distances are keyed by its fingerprint and its exemplars' pixels (not their indices: another

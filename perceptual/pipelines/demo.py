@@ -19,6 +19,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from training.config import as_list
 from training.sweeps import job_path
 
 from ..convergence import convergence_sentence
@@ -35,7 +36,7 @@ def run(cfg: DictConfig) -> dict:
     # Everything is checked before the first model trains: a misspelt key costs seconds, not minutes.
     controversial = {"model_a": "standard", "model_b": "robust", **container["controversial"]}
     validate_inputs([ModelSpec(cfg.model, None, label) for label in ("standard", "robust")], n_targets=cfg.n_targets,
-                    seed_types=list(cfg.seed_types), tasks=TASKS, engine=container["invert"], controversial=controversial,
+                    seed_types=as_list(cfg.seed_types, "seed_types"), tasks=TASKS, engine=container["invert"], controversial=controversial,
                     noise_kind=cfg.noise_kind)
     threat = threat_from_config(container["threat"])
     configs = pair_configs(cfg, out / "runs")
@@ -53,7 +54,7 @@ def run(cfg: DictConfig) -> dict:
         out / "report",
         engine=container["invert"],
         n_targets=cfg.n_targets,
-        seed_types=list(cfg.seed_types),
+        seed_types=as_list(cfg.seed_types, "seed_types"),
         noise_kind=cfg.noise_kind,
         seed=cfg.seed,
         panel=panel,

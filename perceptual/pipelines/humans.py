@@ -43,7 +43,7 @@ def run(cfg: DictConfig) -> dict:
     measure = load_report(cfg.measure_report) if cfg.measure_report else None
     if measure is not None:  # before any answer is read or judged
         humans.check_report_matches(measure, humans.survey_model_labels(package), humans.package_set_fingerprints(package))
-    observers = list(make_panel(list(cfg.observers), cfg.observer_net, cfg.lpips_weights, resolve_device(cfg.device))) if cfg.observers else []
+    observers = list(make_panel(cfg.observers, cfg.observer_net, cfg.lpips_weights, resolve_device(cfg.device))) if cfg.observers else []
     responses = humans.read_responses(files, package)
     data = humans.analyse(package, responses, observers, measure, cfg.max_attention_failures, cfg.n_boot, cfg.seed, cfg.min_median_rt_ms)
     out = Path(cfg.out) if cfg.out else package.path / "results"

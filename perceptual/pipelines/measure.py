@@ -9,7 +9,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from training.config import resolve_device
+from training.config import as_list, resolve_device
 from training.sweeps import job_path
 
 from ..convergence import convergence_sentence
@@ -18,17 +18,17 @@ from ..measure import ModelSpec, headline, make_panel, measure_models, threat_fr
 
 def run(cfg: DictConfig) -> dict:
     specs = [ModelSpec.parse(m) for m in cfg.models]
+    seed_types, tasks = as_list(cfg.seed_types, "seed_types"), as_list(cfg.tasks, "tasks")  # seed_types=noise is one
     container = OmegaConf.to_container(cfg, resolve=True)
-    validate_inputs(specs, n_targets=cfg.n_targets, seed_types=list(cfg.seed_types), tasks=list(cfg.tasks), engine=container["invert"],
+    validate_inputs(specs, n_targets=cfg.n_targets, seed_types=seed_types, tasks=tasks, engine=container["invert"],
                     controversial=container.get("controversial"), noise_kind=cfg.noise_kind, chunk_size=cfg.chunk_size,
                     accuracy_limit=cfg.accuracy_limit, convergence_threshold=cfg.convergence_threshold, attention_rate=cfg.attention_rate,
                     gaussian_targets=container.get("gaussian_targets"))
     threat_from_config(container.get("threat"))
-    observers = cfg.observers if isinstance(cfg.observers, str) else list(cfg.observers)
-    panel = make_panel(observers, cfg.observer_net, cfg.lpips_weights, resolve_device(cfg.device))
+    panel = make_panel(cfg.observers, cfg.observer_net, cfg.lpips_weights, resolve_device(cfg.device))
     return measure_models(
-        specs, container["data"], cfg.out, engine=container["invert"], n_targets=cfg.n_targets, seed_types=list(cfg.seed_types),
-        noise_kind=cfg.noise_kind, seed=cfg.seed, panel=panel, tasks=list(cfg.tasks), attention_rate=cfg.attention_rate, judge_8bit=cfg.judge_8bit,
+        specs, container["data"], cfg.out, engine=container["invert"], n_targets=cfg.n_targets, seed_types=seed_types,
+        noise_kind=cfg.noise_kind, seed=cfg.seed, panel=panel, tasks=tasks, attention_rate=cfg.attention_rate, judge_8bit=cfg.judge_8bit,
         threat=threat_from_config(container.get("threat")), accuracy_limit=cfg.accuracy_limit,
         controversial=container.get("controversial"), device=cfg.device, config=container,
         convergence_threshold=float(cfg.convergence_threshold), converged_only=bool(cfg.converged_only),

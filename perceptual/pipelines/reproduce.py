@@ -188,7 +188,7 @@ def run(cfg: DictConfig) -> dict:
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
     configs = training_configs(cfg, variants)  # every config checked before the first model trains
     model_dirs = {label: measurement_dir(cfg, Path(config.run_dir), measure_cfg, label) for label, config in configs.items()}
-    panel = make_panel(cfg.observers if isinstance(cfg.observers, str) else list(cfg.observers), cfg.observer_net)
+    panel = make_panel(cfg.observers, cfg.observer_net)
     print(f"{experiment.title}: {len(variants)} models at scale={scale.name} on {cfg.data.name}")
     weights = train_models(configs)
     specs = [ModelSpec(v.model, str(weights[v.label]), v.label, kwargs=v.kwargs) for v in variants]

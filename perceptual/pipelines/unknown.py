@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import stimuli
 from training import build_model
-from training.config import expand_path, resolve_device
+from training.config import as_list, expand_path, resolve_device
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 
@@ -110,6 +110,7 @@ def run(cfg: DictConfig | Mapping) -> dict:
         raise ValueError("root= is not set: the folder that holds cifar-100-python/")
     if not (cfg.model.get("name") or cfg.model.get("factory")):
         raise ValueError("no model: pass model.name=<zoo name> (+ model.checkpoint=...) or model.factory=module:function")
+    cfg.scores = as_list(cfg.scores, "scores")  # scores=energy is one score
     for name in cfg.scores:
         make_score(name, **dict((OmegaConf.to_container(cfg.score_params, resolve=True) or {}).get(name) or {}))  # a bad name fails here
     if cfg.baseline not in cfg.scores:

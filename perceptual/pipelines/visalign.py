@@ -19,7 +19,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 import stimuli
-from training.config import dataset_from_config, expand_path, resolve_device
+from training.config import as_list, dataset_from_config, expand_path, resolve_device
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 
@@ -107,8 +107,9 @@ def run(cfg: DictConfig | Mapping) -> dict:
             raise ValueError(f"{key}= is not set: pass images=FOLDER (one <image_id>.png per row) and labels=CSV (the humans' answers)")
     if not (cfg.model.get("name") or cfg.model.get("factory")):
         raise ValueError("no model: pass model.name=<zoo name> (+ model.checkpoint=...) or model.factory=module:function")
-    check_reliability_settings(cfg.gamma, cfg.lam, cfg.costs)  # before any image is read or model run
-    classes = [str(c) for c in cfg.classes] if cfg.get("classes") else None  # classes=[0,1] reaches here as ints; the CSV's columns are text
+    scores = as_list(cfg.scores, "scores")  # scores=energy is one score
+    _, _, costs = check_reliability_settings(cfg.gamma, cfg.lam, as_list(cfg.costs, "costs"))  # before any image is read or model run
+    classes = [str(c) for c in as_list(cfg.classes, "classes")] if cfg.get("classes") else None  # classes=[0,1] come as ints; the CSV's are text
     train = None
     if classes is None or int(cfg.n_fit or 0) > 0:
         train = dataset_from_config(OmegaConf.to_container(cfg.data, resolve=True), "train")
@@ -127,8 +128,7 @@ def run(cfg: DictConfig | Mapping) -> dict:
         fit = stimuli.select_targets(train, n=min(int(cfg.n_fit), len(train)), seed=int(cfg.seed))  # a seeded draw, as compare's
         fit_images, fit_labels = fit.images.to(device), fit.labels
     params = OmegaConf.to_container(cfg.score_params, resolve=True) if cfg.get("score_params") else {}
-    costs = [float(c) for c in cfg.costs]
-    table = model_visalign_table(model, images, human, classes, list(cfg.scores), fit_images=fit_images, fit_labels=fit_labels,
+    table = model_visalign_table(model, images, human, classes, scores, fit_images=fit_images, fit_labels=fit_labels,
                                  score_params=params, batch_size=int(cfg.batch_size), gamma=float(cfg.gamma), lam=float(cfg.lam), costs=costs)
     out = Path(cfg.out)
     data = {
@@ -137,7 +137,7 @@ def run(cfg: DictConfig | Mapping) -> dict:
         "n_per_category": ({c: int((human["category"] == c).sum()) for c in category_order(human["category"])}
                            if "category" in human else {}),
         "gamma": float(cfg.gamma), "lam": float(cfg.lam), "costs": costs, "n_fit": 0 if fit_images is None else len(fit_images),
-        "table": table.to_dict(orient="records"), "left_out": sorted(set(cfg.scores) - set(table["score"])),
+        "table": table.to_dict(orient="records"), "left_out": sorted(set(scores) - set(table["score"])),
     }
     atomic_write_json(out / "visalign.json", plain(data))  # the numbers first: a figure that fails to draw loses none
     atomic_write_text(out / "visalign.md", markdown(data))

@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_module
 import stimuli
 from perceptual import metrics as M
 from perceptual.decisions import TRIAL_TABLE_COLUMNS
-from perceptual.measure import ModelSpec
+from perceptual.measure import ModelSpec, make_panel
 from perceptual.pair_metrics import PAIR_METRIC_REGISTRY, Responses, metric_correlations, nanmean_matrices, pairwise_matrices
 from perceptual.pipelines.compare import ComparePipeline, run
 from stimuli.distortions import parse_conditions
@@ -243,6 +243,11 @@ def test_bad_compare_configs_are_refused_before_any_work(tmp_path):
     spelled = ComparePipeline([ModelSpec("small_cnn", label="m")], {"name": "digits", "root": None}, tmp_path, conditions=["colour"],
                               unknown={"ood": ["uniform_noise=0.90", "noise:gaussian"]})
     assert spelled.unknown_cfg["ood"] == ["uniform_noise=0.9", "noise:gaussian"]  # reported under the condition's own name
+    # One bare value on the command line is one item: observers=ssim was the observers 's', 's', 'i', 'm' at the first image
+    bare = ComparePipeline([ModelSpec("small_cnn", label="m")], {"name": "digits", "root": None}, tmp_path, conditions=["colour"],
+                           observers="ssim", unknown={"scores": "energy", "ood": "noise:gaussian"})
+    assert bare.unknown_cfg["scores"] == ["energy"] and bare.unknown_cfg["ood"] == ["noise:gaussian"]
+    assert [o.name for o in make_panel(bare.observer_spec[0])] == ["ssim"]
     assert not (tmp_path / "conditions").exists()
 
 

@@ -258,6 +258,25 @@ def test_the_demo_states_class_controversial_results_too():
     assert controversial_lines({}) == []
 
 
+def test_bare_values_of_list_options_are_one_item(tmp_path):
+    """``observers=pixel-l2 tasks=2afc seed_types=noise`` on the command line: one item each (observers=ssim was the
+    observers 's', 's', 'i', 'm', refused only after the models were built)."""
+    from perceptual.pipelines.measure import run
+    from training.checkpoints import save_checkpoint
+    from training.config import compose
+    from training.models import build_model
+
+    torch.manual_seed(0)
+    path = save_checkpoint(build_model("small_cnn", "digits", width=8), tmp_path / "m.safetensors")
+    data = run(compose("measure", [
+        f"out={tmp_path / 'report'}", f"models=[{{name:small_cnn,checkpoint:'{path}',label:tiny,kwargs:{{width:8}}}}]",
+        "observers=pixel-l2", "tasks=2afc", "seed_types=noise", "n_targets=3", "threat=null", "accuracy_limit=8", "device=cpu",
+        "invert.steps=2", "invert.progress=false",
+    ]))
+    assert data["observers"] == ["pixel-l2"] and list(data["models"]["tiny"]["per_observer"]) == ["2afc"]
+    assert data["models"]["tiny"]["per_observer"]["2afc"]["pixel-l2"]["overall"]["n"] == 3  # 3 targets x 1 seed type
+
+
 def test_demo_refuses_a_bad_key_before_training(tmp_path):
     from perceptual.pipelines.demo import run as demo_run
     from training.config import compose

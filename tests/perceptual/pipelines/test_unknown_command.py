@@ -88,6 +88,13 @@ def test_bad_settings_are_refused_before_the_model_runs(benchmark):
     assert data["known_classes"] == ["girl", "apple"]
 
 
+def test_a_bare_score_name_is_one_score(benchmark):
+    """``scores=energy`` on the command line is one score, not the letters e, n, e, r, g, y."""
+    with initialize_config_module(config_module="conf", version_base=None):
+        data = run(compose(config_name="unknown", overrides=_overrides(benchmark, "scores=energy", "baseline=energy")))
+    assert [r["score"] for r in data["table"]] == ["energy"]
+
+
 def test_near_unknown_alone(benchmark):
     with initialize_config_module(config_module="conf", version_base=None):
         data = run(compose(config_name="unknown", overrides=[*_overrides(benchmark), "far_unknown=null"]))

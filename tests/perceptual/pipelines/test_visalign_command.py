@@ -68,6 +68,14 @@ def test_hand_computed_table(visalign_set):
     assert data["n_per_group"] == {"must_act": 1, "must_abstain": 1, "uncertain": 1}
 
 
+def test_bare_values_of_list_options_are_one_item(visalign_set):
+    """``scores=max_softmax``, ``costs=450`` on the command line are one item each, not characters."""
+    with initialize_config_module(config_module="conf", version_base=None):
+        data = run(compose(config_name="visalign", overrides=_overrides(visalign_set, "scores=max_softmax", "costs=450")))
+    (row,) = data["table"]
+    assert row["score"] == "max_softmax" and row["rs_450"] == -448 and "rs_0" not in row and data["left_out"] == []
+
+
 def test_command_writes_json_markdown_and_figure(visalign_set, capsys):
     perceptual_main(["visalign", *_overrides(visalign_set)])
     assert "max_softmax" in capsys.readouterr().out
