@@ -24,7 +24,7 @@ from .objectives import (
     compute_features,
 )
 from .params import Fourier, Pixel, Sigmoid, make_parametrization
-from .rng import NOISE_KINDS, hashed_uniform, item_generator, noise_images, stream_seed
+from .rng import NOISE_KINDS, hashed_uniform, item_generator, noise_images, seeded_rng, stream_seed
 from .steps import (
     Adam,
     L2Step,
@@ -46,6 +46,6 @@ __all__ = [
     "TwoWayControversialLoss",
     "check_images", "check_push_weight", "check_sharpness", "clamp01", "compute_features", "hashed_uniform", "hot_loop", "invert_batch", "item_generator",
     "load_preset", "make_parametrization", "make_stepper", "noise_images", "per_sample_norm", "preset_names",
-    "project_l2", "project_linf", "random_start_l2", "random_start_linf", "resolve_engine", "batch_slices", "module_device",
+    "project_l2", "project_linf", "random_start_l2", "random_start_linf", "resolve_engine", "batch_slices", "module_device", "seeded_rng",
     "stream_seed",
 ]

@@ -11,8 +11,9 @@ Two tools, for two situations:
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from typing import Sequence, Union
+from typing import Iterator, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -109,3 +110,20 @@ def noise_images(
             mean, std = NOISE_KINDS[kind]
             images.append((mean + std * torch.randn(tuple(shape), generator=generator)).clamp_(0, 1))
     return torch.stack(images).to(device)
+
+
+@contextlib.contextmanager
+def seeded_rng(seed: int, device: Union[str, torch.device, None] = None) -> Iterator[None]:
+    """A block whose draws from torch's global generators start at ``seed``: the CPU generator and, for a CUDA
+    ``device``, that device's; both are restored afterwards, so code after the block draws as it would without it.
+
+    ``torch.manual_seed`` inside ``torch.random.fork_rng`` is not the same: it reseeds every CUDA device, while the
+    fork restores only the devices it was given, so the process's CUDA generators were left at ``seed``.
+    """
+    device = torch.device("cpu" if device is None else device)
+    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.default_generator.manual_seed(seed)
+        for index in cuda:  # initialised by the fork, which read its state
+            torch.cuda.default_generators[index].manual_seed(seed)
+        yield

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from invert.rng import seeded_rng
 from invert.validation import check_images
 from training.attacks import ThreatModel, fgsm, pgd
 from training.evaluate import gradient_masking_report
@@ -211,8 +212,7 @@ def clean_predictions(model: nn.Module, x: Tensor, eot_samples: int = 1, batch_s
     check_images(x, "audited images")
     check_budgets(eot=eot_samples, batch_size=batch_size)
     predict = _ensemble_predict(model, eot_samples)
-    with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
-        torch.manual_seed(seed)
+    with seeded_rng(seed, x.device):
         return torch.cat([predict(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
 
 
@@ -233,8 +233,7 @@ def noise_floor(predict: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, evalu
     if y.shape != x.shape[:1]:
         raise ValueError(f"one label per image: {x.shape[0]} images, labels of shape {tuple(y.shape)}")
     correct = torch.ones_like(y, dtype=torch.bool)
-    with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
-        torch.manual_seed(seed)
+    with seeded_rng(seed, x.device):
         for _ in range(evaluations):
             correct &= predict(x) == y
     return float(correct.float().mean())

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from invert.modules import batch_slices, module_device
+from invert.rng import seeded_rng
 from invert.validation import check_images
 from training.checkpoints import weights_hash
 from training.config import expand_path
@@ -233,8 +234,7 @@ class LPIPSObserver(Observer):
                         f"put {file_name} (from {url}) into {weights_file.parent}/ (or set TORCH_HOME), or name the file with "
                         f"lpips_weights=FILE. {offline}"
                     )
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with seeded_rng(seed):  # the random backbone is built on the CPU
             # pnet_rand=True: never let the package download anything; real weights are loaded below.
             # The package passes torchvision's deprecated `pretrained=` argument; its warnings are noise here.
             with contextlib.redirect_stdout(None), warnings.catch_warnings():

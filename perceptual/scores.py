@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from invert.modules import batch_slices, evaluation, module_device
+from invert.rng import seeded_rng
 from invert.validation import check_images
 
 
@@ -369,8 +370,7 @@ class MCDropout(ScoreFunction):
                 m.train()  # ... except dropout
         total = None
         try:
-            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-                torch.manual_seed(self.seed)
+            with seeded_rng(self.seed, device):
                 for _ in range(self.passes):
                     probs = torch.cat([sampler(images[s].to(device)).double().softmax(1).cpu() for s in batch_slices(len(images), batch_size)])
                     total = probs if total is None else total + probs

@@ -215,3 +215,22 @@ def test_controversial_weights_that_reverse_the_objective_are_refused(tiny_repre
     for alpha in (0, -10, float("inf")):
         with pytest.raises(ValueError, match="alpha .* must be a finite number > 0"):
             ClassControversialLoss(model, model, 0, 1, alpha=alpha)
+
+
+def test_seeded_rng_seeds_only_the_generators_it_restores(monkeypatch):
+    """torch.manual_seed inside fork_rng(devices=[]) reseeded every CUDA generator and restored none: an observer built
+    with seed 0 left the process's CUDA draws at seed 0. seeded_rng touches the CPU generator (and one given CUDA
+    device's) only, and restores it."""
+    from invert import seeded_rng
+
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    reseeded_all = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda seed: reseeded_all.append(seed))
+    with seeded_rng(7):
+        inside = torch.rand(3)
+    assert torch.equal(torch.rand(3), expected)  # the draws after the block are those without it
+    with seeded_rng(7, "cpu"):
+        assert torch.equal(torch.rand(3), inside)  # the same seed, the same draws
+    assert reseeded_all == []

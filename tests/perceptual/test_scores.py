@@ -254,3 +254,19 @@ def test_unfitted_and_unknown_scores_are_clear_errors(data):
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         MaxSoftmax().score(data["model"], data["test_images"] * 255)
     assert make_score("react", percentile=95).percentile == 95
+
+
+def test_seeded_parts_never_reseed_every_cuda_generator(monkeypatch, data):
+    """An LPIPS observer's random backbone and MC dropout's passes are seeded without torch.manual_seed, which reseeds
+    every CUDA device's generator while the fork restores only the CPU's (on a GPU machine the process's CUDA draws
+    were left at seed 0 by every panel)."""
+    from perceptual.observers import LPIPSObserver
+
+    reseeded_all = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda seed: reseeded_all.append(seed))
+    first, second = (LPIPSObserver(net="alex", backbone="random", heads=False, seed=3) for _ in range(2))
+    assert all(torch.equal(a, b) for a, b in zip(first.lpips.state_dict().values(), second.lpips.state_dict().values()))
+    model, images = data["model"], data["test_images"][:8]
+    runs = [MCDropout(passes=3, insert_dropout=0.5, seed=1).score(model, images).scores for _ in range(2)]
+    assert np.array_equal(*runs)
+    assert reseeded_all == []
