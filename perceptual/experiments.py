@@ -27,7 +27,7 @@ import numpy as np
 from scipy.stats import pearsonr, spearmanr
 
 from .report import alignment_scatter, format_score, markdown_table, save_figure, scatter_points
-from .statistics import check_level, paired_difference, per_target_scores, percentile_interval
+from .statistics import check_level, check_n_boot, paired_difference, per_target_scores, percentile_interval
 
 TASK_TITLES = {"2afc": "2AFC", "clustering": "clustering", "clustering_hard": "hard clustering"}
 RESULTS = ("table", "gaussian", "scatter", "grid")
@@ -68,6 +68,7 @@ def _interval(diff: Mapping) -> str:
 def paired_against(models: Mapping[str, Mapping], pairs: Sequence[tuple[str, str]], tasks: Sequence[str], *, n_boot: int = 2000,
                    seed: int = 0) -> dict[str, dict[str, dict]]:
     """``{"a - b": {task: paired_difference}}`` for each ``(a, b)`` of ``pairs`` (labels of ``models``)."""
+    check_n_boot(n_boot)  # not one of the undefined comparisons skipped below
     out: dict[str, dict[str, dict]] = {}
     for a, b in pairs:
         for task in tasks:
@@ -166,7 +167,7 @@ def correlation_with_interval(x: Sequence[float], y: Sequence[float], *, n_boot:
     """Spearman's rho and Pearson's r between ``x`` and ``y`` over models, each with a percentile-bootstrap interval
     resampling models (draws where the correlation is undefined are dropped; see the module docstring); the interval
     is NaN below :data:`MIN_MODELS_FOR_INTERVAL` models."""
-    check_level(level)
+    check_level(level), check_n_boot(n_boot)
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     keep = np.isfinite(x) & np.isfinite(y)
     x, y = x[keep], y[keep]

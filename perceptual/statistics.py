@@ -32,6 +32,14 @@ def check_level(level: float) -> float:
     return float(level)
 
 
+def check_n_boot(n_boot: int) -> int:
+    """The number of bootstrap draws as a positive int (0 gave NaN intervals, a negative number an error that a caller
+    skipping undefined comparisons took for "no shared targets")."""
+    if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 1:
+        raise ValueError(f"n_boot is the number of bootstrap draws, a whole number >= 1 (e.g. 2000), got {n_boot!r}")
+    return int(n_boot)
+
+
 def percentile_interval(draws: Sequence[float] | np.ndarray, level: float) -> tuple[float, float]:
     """The central ``level`` percentile interval of bootstrap ``draws`` (NaN, NaN without draws)."""
     draws = np.asarray(draws, dtype=float)
@@ -76,7 +84,7 @@ def paired_difference(a: PerTarget, b: PerTarget, *, n_boot: int = 2000, seed: i
     ``a`` and ``b`` map observer -> target -> score (e.g. a model's per-target 2AFC credit). Each bootstrap draw
     resamples observers (when there are several) and targets with replacement, keeping pairs intact.
     """
-    check_level(level)
+    check_level(level), check_n_boot(n_boot)
     observers, targets = _common(a, b)
     diff = np.array([[a[o][t] - b[o][t] for t in targets] for o in observers], dtype=float)  # (observers, targets)
     rng = np.random.default_rng(seed)
@@ -95,7 +103,7 @@ def ranking_agreement(first: Mapping[str, Mapping[str, float]], second: Mapping[
     ``first`` and ``second`` map model -> target -> score; a model's score is its mean over the targets (the same
     targets resampled for both rankings in each draw). Fewer than two models: tau is undefined (NaN).
     """
-    check_level(level)
+    check_level(level), check_n_boot(n_boot)
     models = sorted(set(first) & set(second))
     if len(models) < 2:
         return {"tau": math.nan, "ci_low": math.nan, "ci_high": math.nan, "n_models": len(models), "n_targets": 0}
@@ -170,5 +178,5 @@ def measurement_statistics(models: Mapping[str, Mapping], tasks: Sequence[str] =
     return out
 
 
-__all__ = ["SIGN_FLIP_MIN_N", "check_level", "measurement_statistics", "paired_difference", "per_target_scores", "percentile_interval",
+__all__ = ["SIGN_FLIP_MIN_N", "check_level", "check_n_boot", "measurement_statistics", "paired_difference", "per_target_scores", "percentile_interval",
            "ranking_agreement", "sign_flip_p_value"]

@@ -19,7 +19,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from training.config import as_list
+from training.config import as_list, resolve_device
 from training.sweeps import job_path
 
 from ..convergence import convergence_sentence
@@ -37,10 +37,10 @@ def run(cfg: DictConfig) -> dict:
     controversial = {"model_a": "standard", "model_b": "robust", **container["controversial"]}
     validate_inputs([ModelSpec(cfg.model, None, label) for label in ("standard", "robust")], n_targets=cfg.n_targets,
                     seed_types=as_list(cfg.seed_types, "seed_types"), tasks=TASKS, engine=container["invert"], controversial=controversial,
-                    noise_kind=cfg.noise_kind)
+                    noise_kind=cfg.noise_kind, accuracy_limit=cfg.accuracy_limit, convergence_threshold=cfg.convergence_threshold)
     threat = threat_from_config(container["threat"])
     configs = pair_configs(cfg, out / "runs")
-    panel = make_panel("auto", cfg.observer_net)
+    panel = make_panel("auto", cfg.observer_net, device=resolve_device(cfg.device))  # where measure_models will run
     if not lpips_weights_available(cfg.observer_net):
         print(
             "LPIPS AlexNet weights are not in the torch hub cache: the panel uses the labelled offline variants "

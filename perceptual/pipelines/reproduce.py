@@ -31,13 +31,14 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from invert.config import load_preset
-from training.config import flat_items, resolved_path_text
+from training.config import flat_items, resolve_device, resolved_path_text
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 from training.trainer import run_identity
 
 from ..experiments import RESULTS, Variant, comparison_pairs, experiment_result
 from ..measure import ModelSpec, make_panel, measure_models, threat_from_config, validate_inputs
+from ..statistics import check_n_boot
 from .measure import check_convergence
 from .training_runs import train_models, training_config
 
@@ -165,6 +166,7 @@ def check_config(cfg: DictConfig) -> None:
     if cfg.scale.name == "paper" and cfg.data.name not in PAPER_DATA:
         raise ValueError(f"scale=paper trains on the paper's data sets {PAPER_DATA}: add data=cifar10 data.root=PATH (got data={cfg.data.name}; "
                          "ImageNet models are measured from checkpoints with `python -m perceptual measure`)")
+    check_n_boot(cfg.n_boot)
     # what the result needs from the measurement, before any model trains (at scale=paper: hours)
     if cfg.experiment.result == "scatter" and cfg.scale.measure.get("threat") is None:
         raise ValueError(f"experiment {cfg.experiment.name} plots alignment against robust accuracy: scale.measure.threat must not be null")
@@ -183,12 +185,13 @@ def run(cfg: DictConfig) -> dict:
     tasks = list(measure_cfg["tasks"])
     engine = engine_config(scale)
     specs = [ModelSpec(v.model, None, v.label, kwargs=v.kwargs) for v in variants]
-    validate_inputs(specs, n_targets=measure_cfg["n_targets"], seed_types=measure_cfg["seed_types"], tasks=tasks, engine=engine, controversial=None)
+    validate_inputs(specs, n_targets=measure_cfg["n_targets"], seed_types=measure_cfg["seed_types"], tasks=tasks, engine=engine, controversial=None,
+                    accuracy_limit=measure_cfg.get("accuracy_limit"), convergence_threshold=cfg.convergence_threshold)
     threat = threat_from_config(measure_cfg.get("threat"))
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
     configs = training_configs(cfg, variants)  # every config checked before the first model trains
     model_dirs = {label: measurement_dir(cfg, Path(config.run_dir), measure_cfg, label) for label, config in configs.items()}
-    panel = make_panel(cfg.observers, cfg.observer_net)
+    panel = make_panel(cfg.observers, cfg.observer_net, device=resolve_device(cfg.device))  # where measure_models will run
     print(f"{experiment.title}: {len(variants)} models at scale={scale.name} on {cfg.data.name}")
     weights = train_models(configs)
     specs = [ModelSpec(v.model, str(weights[v.label]), v.label, kwargs=v.kwargs) for v in variants]

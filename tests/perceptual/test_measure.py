@@ -290,6 +290,10 @@ def test_demo_refuses_a_bad_key_before_training(tmp_path):
     cfg = compose("demo", [f"out={tmp_path / 'demo'}", "noise_kind=lite", "progress=false"])
     with pytest.raises(ValueError, match="unknown noise_kind 'lite'"):
         demo_run(cfg)
+    for override, message in (("convergence_threshold=0", "the convergence threshold must be a positive number"),
+                              ("accuracy_limit=0", "accuracy_limit must be a positive number")):  # refused after both models trained
+        with pytest.raises(ValueError, match=message):
+            demo_run(compose("demo", [f"out={tmp_path / 'demo'}", override, "progress=false"]))
     assert not (tmp_path / "demo" / "runs").exists()  # no model was trained
 
 

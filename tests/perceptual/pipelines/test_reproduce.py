@@ -58,6 +58,10 @@ def test_train_overrides_give_every_adversarial_recipe_the_scales_attack_and_let
     # found only after every model was trained and measured
     (["experiment=fig4", "scale.measure.threat=null"], "fig4 plots alignment against robust accuracy: scale.measure.threat must not be null"),
     (["experiment=table3", "experiment.gaussian_targets=false"], "table3 compares .* it needs experiment.gaussian_targets=true"),
+    (["convergence_threshold=0"], "the convergence threshold must be a positive number"),
+    (["scale.measure.accuracy_limit=0"], "accuracy_limit must be a positive number of test images"),
+    (["n_boot=0"], "n_boot is the number of bootstrap draws"),  # NaN intervals
+    (["n_boot=-1"], "n_boot is the number of bootstrap draws"),  # every paired difference silently left out
 ])
 def test_bad_presets_are_refused_before_anything_trains(tmp_path, overrides, message):
     cfg = compose("reproduce", [f"out={tmp_path / 'out'}", f"runs_dir={tmp_path / 'runs'}", "progress=false", *overrides])
