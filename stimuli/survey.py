@@ -232,23 +232,40 @@ def _deal(records: list[dict], n_surveys: int, rng: np.random.Generator) -> list
     return [[hand[i] for i in rng.permutation(len(hand))] for hand in hands]
 
 
-def _balance_sides(hand: list[dict], rng: np.random.Generator) -> list[dict]:
+def _balance_sides(hand: list[dict], rng: np.random.Generator, excess: dict[tuple, int]) -> list[dict]:
     """Counterbalance the answer side of two-option trials within one survey: among its checks, and among each
-    model's real trials, half the answers sit on the left (the odd one at random). Sides balanced over a whole set
-    are not balanced per survey once the set is dealt: a survey whose checks all sit on one side lets a participant
-    who always presses that key pass them all, and a model whose trials lean to one side picks up any side bias.
-    A trial is flipped by swapping its options (and its answer); images and ground truth stay as they were."""
-    groups: dict[tuple, list[int]] = {}
+    model's real trials, half the answers sit on the left, and half within each of the model's seed types. Sides
+    balanced over a whole set are not balanced per survey once the set is dealt: a survey whose checks all sit on one
+    side lets a participant who always presses that key pass them all, and a model whose trials lean to one side picks
+    up any side bias. The odd trial of a (model, seed type) goes to the side that group is behind on over the package
+    so far (``excess``: left minus right answers, updated here), so the per-seed-type scores stay balanced over the
+    package as :func:`stimuli.trials.two_afc_trials` made them. A trial is flipped by swapping its options (and its
+    answer); images and ground truth stay as they were."""
+    groups: dict[tuple, dict[str | None, list[int]]] = {}
     for i, record in enumerate(hand):
         if "options" in record:
-            groups.setdefault(("check",) if record["attention_check"] else ("real", record["model"]), []).append(i)
+            check = record["attention_check"]
+            groups.setdefault(("check",) if check else ("real", record["model"]), {}).setdefault(
+                None if check else record["rows"][0]["seed_type"], []).append(i)
     balanced = list(hand)
-    for members in groups.values():
-        for i, left in zip(members, balanced_sides(len(members), rng)):
-            record, row = hand[i], hand[i]["rows"][0]
-            if (row["answer"] == "left") != bool(left):
-                balanced[i] = {**record, "options": record["options"][::-1],
-                               "rows": [{**row, "answer": "left" if left else "right"}, *record["rows"][1:]]}
+    for key, by_seed_type in groups.items():
+        odd = [s for s, members in by_seed_type.items() if len(members) % 2]
+        tie_breaks = rng.random(len(odd))
+        odd = [s for _, _, s in sorted(zip([excess.get((*key, s), 0) for s in odd], tie_breaks, odd), key=lambda e: e[:2])]
+        n_left = len(odd) // 2  # half the odd ones left keeps the model's total balanced, those behind first
+        if len(odd) % 2:
+            behind = excess.get((*key, odd[n_left]), 0)
+            n_left += bool(behind < 0 or (behind == 0 and rng.random() < 0.5))
+        for seed_type, members in by_seed_type.items():
+            left = np.zeros(len(members), dtype=bool)
+            left[: len(members) // 2 + (seed_type in odd[:n_left])] = True
+            left = rng.permutation(left)
+            excess[(*key, seed_type)] = excess.get((*key, seed_type), 0) + 2 * int(left.sum()) - len(left)
+            for i, on_left in zip(members, left):
+                record, row = hand[i], hand[i]["rows"][0]
+                if (row["answer"] == "left") != bool(on_left):
+                    balanced[i] = {**record, "options": record["options"][::-1],
+                                   "rows": [{**row, "answer": "left" if on_left else "right"}, *record["rows"][1:]]}
     return balanced
 
 
@@ -311,8 +328,9 @@ def build_survey(
         if not records:
             raise ValueError(f"no set gives {task} trials: {task} needs {'a controversial' if task == 'controversial' else 'an inversion'} set")
         records, n_surveys = _with_a_check_per_survey(records, trials_per_survey, task)
+        excess: dict[tuple, int] = {}  # (check or real, model, seed type) -> left minus right answers in this task's surveys
         for k, hand in enumerate(_deal(records, n_surveys, rng)):
-            surveys.append({"survey_id": f"{task}-{k:03d}", "task": task, "trials": _balance_sides(hand, rng)})
+            surveys.append({"survey_id": f"{task}-{k:03d}", "task": task, "trials": _balance_sides(hand, rng, excess)})
 
     with atomic_directory(out) as staging:  # a package replaced only once the new one is complete; served as the umask says
         manifest = _write_package(staging, loaded, surveys, tasks=list(tasks), trials_per_survey=trials_per_survey,

@@ -117,6 +117,25 @@ def test_sides_are_balanced_within_every_survey(inversion_sets, tmp_path, seed):
             assert t[answer] in targets and t[other] not in targets
 
 
+def test_sides_stay_balanced_per_model_and_seed_type_over_the_package(inversion_sets, tmp_path):
+    """Human scores are reported per seed type: balancing each survey by model alone gave 5 of 6 robust noise-seed
+    targets on the left and 5 of 6 train-seed ones on the right, for every seed, so a participant's side bias moved the
+    two seed types' accuracies apart. Each survey balances by (model, seed type) too, the odd trial to the side behind."""
+    worst = 0
+    for seed in range(8):
+        manifest = build_survey(inversion_sets, tmp_path / f"p{seed}", tasks=("2afc",), trials_per_survey=7, attention_rate=0.2, seed=seed)
+        real = [t for t in manifest["trials"] if not t["attention_check"]]
+        for model in ("standard", "robust"):
+            for seed_type in ("noise", "train"):
+                group = [t for t in real if t["model"] == model and t["rows"][0]["seed_type"] == seed_type]
+                left = sum(t["rows"][0]["answer"] == "left" for t in group)
+                worst = max(worst, abs(2 * left - len(group)))
+            for survey in manifest["surveys"]:  # and still balanced per model within every survey
+                group = [t for t in real if t["model"] == model and t["survey_id"] == survey["survey_id"]]
+                assert abs(2 * sum(t["rows"][0]["answer"] == "left" for t in group) - len(group)) <= 1
+    assert worst <= 2  # 6 trials per (model, seed type): 4/2 at worst (it was 5/1 for every seed)
+
+
 def test_refusals_before_work(inversion_sets, package_dir, tmp_path):
     sets = dict(inversion_sets)
     with pytest.raises(FileExistsError, match="overwrite"):
