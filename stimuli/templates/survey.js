@@ -227,8 +227,10 @@
       $("mturk-responses").value = JSON.stringify(responses());
     }
   }
-  // Without an id in the URL the typed id names the saved answers: the field shows the last one, Start continues it.
-  $("worker-id").value = KEY ? state.worker_id : (storageGet(BASE + "#last") || "");
+  // Without an id in the URL the typed id names the saved answers, and typing it again continues them (a reload). The
+  // field starts empty: showing the last id let the next person on a lab machine press Start and go on with the
+  // previous person's answers, under their id.
+  $("worker-id").value = KEY ? state.worker_id : "";
   $("worker-id").readOnly = Boolean(urlWorker);  // the platform's id is the participant's: not editable
   if (preview) { $("start").textContent = "Accept the HIT to start"; }
   function canStart() { $("start").disabled = preview || !($("consent-box").checked && $("worker-id").value.trim()); }
@@ -238,7 +240,6 @@
     var typed = urlWorker || $("worker-id").value.trim();
     if (!urlIdentity) {
       KEY = BASE + ":" + typed;
-      storageSet(BASE + "#last", typed);  // "#": no typed id's key (BASE + ":" + id) is this one
       state = load(KEY, typed);
     }
     state.worker_id = typed; state.consent = true; state.order = state.order || drawOrder();

@@ -263,13 +263,19 @@ def test_every_participant_and_assignment_has_answers_of_its_own(survey_package,
         _answer_all_by_keyboard(driver)
         assert driver.execute_script("return window.repalignResponses().session_id") == "SESS9"
         assert "hidden" not in driver.find_element(_by("ID"), "prolific").get_attribute("class")
-        # without an id in the URL (a lab machine), each typed id has its own answers; the field shows the last one
+        # without an id in the URL (a lab machine), each typed id has its own answers; the field starts empty, so the next
+        # person cannot press Start and go on with the last one's answers (it showed the last id)
         start("", worker="P1")
         _answer_all_by_keyboard(driver)
         start("", worker="P2")
         assert driver.find_element(_by("ID"), "progress-text").text.startswith("Question 1 of ")
+        driver.find_element(_by("TAG_NAME"), "body").send_keys("f")
         driver.get(url)
-        assert _section(driver) == "consent" and driver.find_element(_by("ID"), "worker-id").get_attribute("value") == "P2"
+        assert _section(driver) == "consent" and driver.find_element(_by("ID"), "worker-id").get_attribute("value") == ""
+        driver.find_element(_by("ID"), "consent-box").click()
+        assert not driver.find_element(_by("ID"), "start").is_enabled()  # an id is needed
+        start("", worker="P2")  # the same id typed again continues
+        assert driver.find_element(_by("ID"), "progress-text").text.startswith("Question 2 of ")
     finally:
         driver.quit()
 
@@ -316,7 +322,9 @@ def test_two_tabs_keep_each_others_answers_and_odd_ids_survive(survey_package, s
             for _ in range(2):
                 body().send_keys("f")
         driver.get(url)
-        assert driver.find_element(_by("ID"), "worker-id").get_attribute("value") == "last"
+        field = driver.find_element(_by("ID"), "worker-id")
+        assert field.get_attribute("value") == ""
+        field.send_keys("last")
         driver.find_element(_by("ID"), "consent-box").click()
         driver.find_element(_by("ID"), "start").click()
         assert answers() == 2 and driver.execute_script("return window.repalignResponses().worker_id") == "last"
