@@ -124,7 +124,7 @@ class _HostMirror:
         host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
         host.copy_(packed, non_blocking=True)
         event = torch.cuda.Event()
-        event.record()
+        event.record(torch.cuda.current_stream(packed.device))  # the copy's stream, not the current device's (cuda:1 runs)
         previous, self.pending = self.pending, (host, event, meta)
         if previous is None:
             return None

@@ -28,8 +28,10 @@ def fake_cuda(monkeypatch):
         return made[-1]
 
     monkeypatch.setattr(torch.cuda, "CUDAGraph", new_graph)
-    monkeypatch.setattr(torch.cuda, "graph", lambda graph: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, stream=None: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: f"stream on {device}")
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     return made, synced
 
 
@@ -55,8 +57,46 @@ def test_a_failed_capture_names_the_cause_and_the_fix_when_strict(fake_cuda):
     with pytest.raises(RuntimeError, match=r"capturing the test step as a CUDA graph failed \(operation not permitted.*\); "
                                            r"the test objective probably synchronises with the host .*Set graphs off\."):
         capture(failing, strict=True)
-    with pytest.raises(RuntimeError, match="capturing the test step"):
-        capture(lambda: None, strict=True, warm_up=failing)  # the warm-up is guarded too
+
+
+def test_errors_that_are_not_capture_failures_keep_their_own_message(fake_cuda, caplog):
+    """Every failure was reported as "probably synchronises with the host", a shape bug in the (eager) warm-up or
+    running out of memory too."""
+    def shape_bug():
+        raise RuntimeError("The size of tensor a (1024) must match the size of tensor b (512)")
+
+    def out_of_memory():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    for strict in (True, False):
+        with pytest.raises(RuntimeError, match=r"^The size of tensor a") as raised:
+            capture(lambda: None, strict=strict, warm_up=shape_bug)  # the eager loop would meet it too
+        assert "synchronises" not in str(raised.value)
+    for warm_up, step in ((out_of_memory, lambda: None), (None, out_of_memory)):
+        with pytest.raises(torch.OutOfMemoryError):
+            capture(step, strict=True, warm_up=warm_up)
+        with caplog.at_level(logging.WARNING, logger="invert.graphs"):
+            assert capture(step, strict=False, warm_up=warm_up) is None
+        assert "out of memory" in caplog.text and "synchronises" not in caplog.text
+
+
+def test_capture_and_replay_run_on_the_steps_device(monkeypatch, fake_cuda):
+    """torch.cuda.graph's default capture stream is made on whichever device was current first: a run on cuda:1 with
+    cuda:0 current captured nothing. The capture gets a stream of the run's device, and capture and replay run with
+    that device current."""
+    entered, streams = [], []
+
+    @contextlib.contextmanager
+    def device(d):
+        entered.append(d)
+        yield
+
+    monkeypatch.setattr(torch.cuda, "device", device)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, stream=None: streams.append(stream) or contextlib.nullcontext())
+    replay = capture_cuda_graph(lambda: None, device=torch.device("cuda", 1), strict=True, what="s", suspect="o", fix="f")
+    assert entered == [torch.device("cuda", 1)] and streams == ["stream on cuda:1"]
+    replay()
+    assert entered == [torch.device("cuda", 1)] * 2 and fake_cuda[0][0].replays == 1
 
 
 def test_a_failed_capture_falls_back_with_a_warning_when_lenient(fake_cuda, caplog):
