@@ -70,8 +70,14 @@ def backbone_weights_file(net: str) -> tuple[str, str]:
 
 def pair_indices(i, j, n_images: int, device=None) -> tuple[Tensor, Tensor]:
     """``i`` and ``j`` as int64 index vectors of one length into ``n_images`` images: one distance per pair. Indexing
-    alone would broadcast a single index against many, cut ``j`` to ``len(i)`` and wrap a negative index round."""
-    i, j = torch.as_tensor(i, dtype=torch.long, device=device), torch.as_tensor(j, dtype=torch.long, device=device)
+    alone would broadcast a single index against many, cut ``j`` to ``len(i)`` and wrap a negative index round; a cast
+    would truncate 0.9 to 0 and read a mask as the indices 0 and 1."""
+    i, j = torch.as_tensor(i, device=device), torch.as_tensor(j, device=device)
+    for name, index in (("i", i), ("j", j)):
+        if index.numel() and (index.dtype == torch.bool or index.is_floating_point() or index.is_complex()):
+            raise ValueError(f"pair indices must be whole numbers (image positions), got {name} of dtype {index.dtype}: "
+                             "use torch.nonzero(mask) for a mask")
+    i, j = i.long(), j.long()
     if i.ndim != 1 or j.shape != i.shape:
         raise ValueError(f"pairwise needs two index vectors of one length (one pair per position), got shapes {tuple(i.shape)} and {tuple(j.shape)}")
     if len(i):
@@ -324,6 +330,7 @@ class LPIPSObserver(Observer):
             total = d if total is None else total + d
         return total.clamp(min=0).float().cpu()
 
+    @torch.no_grad()  # as the base class's: images straight from an optimisation require grad
     def pairwise(self, images: Tensor, i: Tensor, j: Tensor) -> Tensor:
         check_image_sets(images, None, channels=self._channels(images))
         i, j = pair_indices(i, j, len(images))
@@ -333,6 +340,7 @@ class LPIPSObserver(Observer):
         out = [self._distances(feats, feats, (i[s], j[s])) for s in batch_slices(len(i), self.batch_size)]
         return torch.cat(out) if out else torch.zeros(0)
 
+    @torch.no_grad()
     def matrix(self, a: Tensor, b: Tensor | None = None) -> Tensor:
         check_image_sets(a, b, channels=self._channels(a))
         fa = self._embed(a)

@@ -282,6 +282,18 @@ def test_pair_indices_must_pair_up_and_lie_among_the_images(observer):
         observer.pairwise(x, torch.tensor([0, 1, 2]), torch.tensor([3]))
     with pytest.raises(ValueError, match=r"must lie in \[0, 4\).*\[-1, 1\]"):  # wrapped round to the last image
         observer.pairwise(x, torch.tensor([0, 1]), torch.tensor([1, -1]))
+    with pytest.raises(ValueError, match="whole numbers .* dtype torch.float32"):  # truncated to [0], [1]
+        observer.pairwise(x, torch.tensor([0.9]), torch.tensor([1.7]))
+    with pytest.raises(ValueError, match="whole numbers .* dtype torch.bool.*nonzero"):  # read as the indices 1 and 0
+        observer.pairwise(x, torch.tensor([True, False]), torch.tensor([1, 2]))
+
+
+def test_lpips_distances_build_no_autograd_graph():
+    """LPIPS's pairwise and matrix lost the base class's no_grad: images straight from an optimisation built a graph
+    over every image's features (same values, far more memory)."""
+    observer = LPIPSObserver("alex", backbone="random")
+    x = torch.rand(3, 3, 32, 32, requires_grad=True)
+    assert not observer.pairwise(x, [0, 1], [1, 2]).requires_grad and not observer.matrix(x).requires_grad
 
 
 def test_lpips_matrix_checks_both_sets_before_embedding_either(monkeypatch):
