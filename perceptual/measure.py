@@ -48,7 +48,7 @@ from invert import NOISE_KINDS, Engine, check_push_weight, resolve_engine
 from stimuli.survey import LABEL_RULE, is_plain_label
 from training import build_model
 from training.attacks import ThreatModel
-from training.config import as_list, check_whole_number, dataset_from_config, resolve_device, resolved_path_text
+from training.config import as_list, check_whole_number, dataset_from_config, expand_path, resolve_device, resolved_path_text
 from training.data import ImageSet, folder_to_imageset
 from training.evaluate import clean_accuracy, robust_accuracy
 from training.io import atomic_write_json, atomic_write_text
@@ -100,6 +100,8 @@ class ModelSpec:
         if bool(self.name) == bool(self.factory):
             raise ValueError(f"a model needs exactly one of name (a zoo model) or factory (module:function), got name={self.name!r}, "
                              f"factory={self.factory!r}")
+        if self.checkpoint:  # '$RUNS/x.safetensors' inside quotes and YAML, as data.root and lpips_weights
+            self.checkpoint = str(expand_path(self.checkpoint))
         if not self.label:
             self.label = Path(self.checkpoint).stem if self.checkpoint else (self.name or str(self.factory).rpartition(":")[2])
         if not is_plain_label(self.label):
@@ -409,7 +411,7 @@ def validate_inputs(specs: Sequence[ModelSpec], *, n_targets: int, seed_types: S
         raise ValueError("no models given: pass models=[{name:resnet18,checkpoint:PATH,label:robust}, ...]")
     ModelSpec.check_unique(specs)
     for spec in specs:
-        if spec.checkpoint and not Path(spec.checkpoint).expanduser().is_file():
+        if spec.checkpoint and not Path(spec.checkpoint).is_file():
             raise FileNotFoundError(f"model {spec.label!r}: checkpoint not found: {spec.checkpoint}")
     unknown_tasks = [t for t in tasks if t not in TASKS]
     if unknown_tasks:

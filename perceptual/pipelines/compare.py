@@ -77,7 +77,6 @@ import stimuli
 from invert.rng import noise_images
 from stimuli.distortions import Distortion, make_condition_set, parse_conditions
 from stimuli.sets import tensor_sha256
-from training import build_model
 from training.checkpoints import weights_hash
 from training.config import as_list, dataset_from_config, expand_path, resolve_device
 from training.io import atomic_write_json, atomic_write_text
@@ -429,8 +428,7 @@ def human_model_decisions(humans: pd.DataFrame, *, model_trials: Sequence[str] =
                                     f"({sorted(humans['dataset'].unique())})")
         device = resolve_device(device)
         for spec in specs:
-            model = build_model(spec.name, "imagenet", checkpoint=spec.checkpoint, trust_pickle=spec.trust_pickle,
-                                pretrained=spec.pretrained, **spec.kwargs).to(device).eval()
+            model = spec.build("imagenet").to(device).eval()  # a zoo name or a factory, as the panel run builds it
             for experiment in tqdm(experiments, desc=f"{spec.label}: image folders", unit="experiment", disable=not progress):
                 tables.append(classify_image_folder(model, root, experiment, subject=spec.label, batch_size=batch_size, size=image_size,
                                                     device=device))

@@ -169,6 +169,10 @@ def test_image_folder_models_join_the_humans(tmp_path):
     assert data["models"] == ["model:r18"] and not math.isnan(data["ranking"]["values"]["model:r18"]["observed_consistency"])
     with pytest.raises(FileNotFoundError, match="no image folder"):
         human_model_decisions(humans, images=str(tmp_path), specs=[ModelSpec(name="resnet18")])
+    # a factory entry, as the panel run builds it (was: "unknown torchvision architecture None")
+    factory = human_model_decisions(humans, images=str(tmp_path / "images"), specs=[ModelSpec(factory="torchvision.models:resnet18", label="f18")],
+                                    image_size=32, progress=False)
+    assert set(factory["subject"]) == {"f18"} and len(factory) == len(models)
 
 
 @pytest.mark.slow

@@ -258,6 +258,20 @@ def test_the_demo_states_class_controversial_results_too():
     assert controversial_lines({}) == []
 
 
+def test_checkpoint_paths_expand_environment_variables(tmp_path, monkeypatch):
+    """As data.root and lpips_weights do: '$RUNS/m.safetensors' inside the quoted models=[...] was not found."""
+    from perceptual.measure import ModelSpec, validate_inputs
+    from training.checkpoints import save_checkpoint
+    from training.models import build_model
+
+    save_checkpoint(build_model("small_cnn", "digits", width=8), tmp_path / "m.safetensors")
+    monkeypatch.setenv("REPALIGN_TEST_RUNS", str(tmp_path))
+    spec = ModelSpec.parse({"name": "small_cnn", "checkpoint": "$REPALIGN_TEST_RUNS/m.safetensors", "kwargs": {"width": 8}})
+    assert spec.checkpoint == str(tmp_path / "m.safetensors") and spec.label == "m"
+    validate_inputs([spec], n_targets=3, seed_types=["noise"], tasks=["2afc"], engine={"steps": 1}, controversial=None)
+    assert isinstance(spec.build("digits"), torch.nn.Module)
+
+
 def test_bare_values_of_list_options_are_one_item(tmp_path):
     """``observers=pixel-l2 tasks=2afc seed_types=noise`` on the command line: one item each (observers=ssim was the
     observers 's', 's', 'i', 'm', refused only after the models were built)."""
