@@ -65,7 +65,9 @@ def _check_label_range(data: Data, logits: Tensor) -> None:
     """Refuse labels the model has no output for (e.g. 1-based labels), from the first batch's logits, before an
     attack indexes past them (on a GPU, a device-side assert that ends the process's CUDA use)."""
     labels = data.labels if isinstance(data, ImageSet) else data[1]
-    highest = int(labels.max())
+    lowest, highest = int(labels.min()), int(labels.max())
+    if lowest < 0:  # (images, labels) pairs are refused earlier; an ImageSet's labels are first seen here
+        raise ValueError(f"labels must be class indices 0, 1, ...; found {lowest}")
     if highest >= logits.shape[1]:
         raise ValueError(f"label {highest} has no output: the model has {logits.shape[1]} (classes 0 to {logits.shape[1] - 1}); "
                          "are the labels 1-based?")
@@ -145,6 +147,8 @@ def clean_accuracy(model: nn.Module, data: Data, *, batch_size: int = 256, limit
 def robust_accuracy(model: nn.Module, data: Data, threat: ThreatModel, *, restarts: int = 1, batch_size: int = 256,
                     limit: int | None = None, seed: int = 0) -> float:
     """Accuracy under PGD with ``restarts`` random restarts (worst case per sample, clean-correct required)."""
+    if not isinstance(threat, ThreatModel):
+        raise ValueError(f"robust_accuracy needs a ThreatModel (norm, eps, steps), got {threat!r}; clean_accuracy takes no threat")
     counts = correct_counts(model, data, threat, restarts=restarts, batch_size=batch_size, limit=limit, seed=seed)
     return int(counts["robust"]) / max(1, int(counts["n"]))
 

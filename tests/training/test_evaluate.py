@@ -85,6 +85,15 @@ def test_labels_are_checked_against_the_models_outputs_before_any_attack():
         clean_accuracy(model, (images, labels - 1))
     with pytest.raises(ValueError, match="integer class indices"):
         clean_accuracy(model, (images, labels.float()))
+    # an ImageSet's labels too: -1 was counted wrong by clean accuracy and an IndexError after the clean pass by PGD
+    from training.data import ImageSet
+
+    image_set = ImageSet("toy", "test", (images * 255).to(torch.uint8), labels - 1, ["a", "b", "c"])
+    for evaluate in (clean_accuracy, lambda m, d: robust_accuracy(m, d, threat)):
+        with pytest.raises(ValueError, match="found -1"):
+            evaluate(model, image_set)
+    with pytest.raises(ValueError, match="robust_accuracy needs a ThreatModel"):  # was: KeyError 'robust' after the clean pass
+        robust_accuracy(model, (images, labels), None)
 
 
 def test_a_float64_model_is_evaluated_in_its_own_dtype():
