@@ -22,6 +22,9 @@ PRECISIONS = ("fp32", "bf16", "auto")
 CUDA_GRAPH_MODES = (False, True, "auto")
 
 
+BOOLEAN_FIELDS = ("stop_at_bounds", "keep_best", "transform_robust", "channels_last", "compile", "deterministic", "progress")
+
+
 @dataclass
 class InvertConfig:
     """How the engine optimises. Every field is a key of the ``invert`` Hydra group.
@@ -125,6 +128,15 @@ class InvertConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
                 raise ValueError(f"{name} must be an integer, got {value!r} (write 1000, not 1e3 or 1000.0)")
+        for name in BOOLEAN_FIELDS:  # Hydra reads keep_best=no as the text 'no', which is truthy
+            value = getattr(self, name)
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value in (0, 1):
+                setattr(self, name, bool(value))
+            elif not isinstance(value, bool):
+                raise ValueError(f"{name} must be true or false, got {value!r}")
+        if self.loss_threshold is not None and (isinstance(self.loss_threshold, bool) or not isinstance(self.loss_threshold, numbers.Real)
+                                                or not math.isfinite(self.loss_threshold)):
+            raise ValueError(f"loss_threshold must be a finite number (or null for none), got {self.loss_threshold!r}: NaN switched it off")
         for name in ("log_every", "cpu_micro_batch", "transform_samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

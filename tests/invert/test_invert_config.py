@@ -78,7 +78,16 @@ def test_errors():
     ({"cuda_graph": 1.0}, "cuda_graph must be one of"),
     ({"cuda_graph": 2}, "cuda_graph must be one of"),
     ({"stop_at_bounds": True, "parametrization": "sigmoid"}, "stop_at_bounds applies to parametrization=pixel only"),
+    ({"keep_best": "no"}, "keep_best must be true or false, got 'no'"),  # Hydra's keep_best=no: a truthy string, so on
+    ({"progress": 2}, "progress must be true or false"),
+    ({"loss_threshold": float("nan")}, "loss_threshold must be a finite number"),  # switched the threshold off
+    ({"loss_threshold": "0.05"}, "loss_threshold must be a finite number"),  # failed mid-run comparing a tensor with text
 ])
 def test_a_value_the_engine_cannot_use_is_named_when_the_config_is_built(override, message):
     with pytest.raises(ValueError, match=message):
         load_preset("paper", **override)
+
+
+def test_zero_and_one_are_booleans():
+    config = load_preset("paper", keep_best=0, deterministic=1, loss_threshold=0)
+    assert config.keep_best is False and config.deterministic is True and config.loss_threshold == 0
