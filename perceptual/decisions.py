@@ -24,6 +24,7 @@ correct``; ``category`` is the true class name, ``response`` the answered one); 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -164,6 +165,12 @@ class SimulatedSubject:
         return stable_key(self.observer, self.seed)
 
 
+def whole_or_as_is(value):
+    """An integral value (a numpy int too) as a Python int, anything else unchanged: casting with int() first turned
+    k=2.7 into 2 and seeds [0.5, 1.5] into [0, 1], past the checks written to refuse them."""
+    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else value
+
+
 def check_decision_rule(*, seeds: Sequence[int], per_class: int, k: int, lapse: float, noise: float) -> None:
     """Refuse a decision rule that cannot run, before any distance is computed: distinct int ``seeds``, ``per_class`` and
     ``k`` whole numbers >= 1, ``lapse`` a probability, ``noise`` finite and >= 0 (NaN fails every comparison, so each
@@ -203,7 +210,7 @@ class ObserverDecisions:
     def __init__(self, observers: Panel | Sequence[Observer], exemplar_images: Tensor, exemplar_labels, classes: Sequence[str], *,
                  seeds: Sequence[int] = (0, 1, 2), per_class: int = 10, k: int = 5, lapse: float = 0.05, noise: float = 0.25):
         self.observers = Panel(list(observers)).observers  # a panel checks: at least one, unique names
-        seeds = [int(s) for s in seeds]
+        seeds = [whole_or_as_is(s) for s in seeds]  # numpy ints as ints; 0.9 stays 0.9, for the check to refuse
         check_decision_rule(seeds=seeds, per_class=per_class, k=k, lapse=lapse, noise=noise)
         self.classes = list(classes)
         self.exemplar_labels = torch.as_tensor(exemplar_labels, dtype=torch.long).cpu()
@@ -274,6 +281,7 @@ class ObserverDecisions:
 
 
 __all__ = [
+    "whole_or_as_is",
     "TRIAL_TABLE_COLUMNS", "ObserverDecisions", "SimulatedSubject", "draw_exemplars", "knn_decide", "model_trials",
     "observer_slug", "stable_key", "subject_name", "trial_table",
 ]

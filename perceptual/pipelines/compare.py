@@ -84,7 +84,7 @@ from training.sweeps import job_path
 
 from ..cache import cache_key, cached_json, cached_tensors, module_identity
 from ..compare_report import _fmt, heatmap, plain, unknown_metrics, write_outputs
-from ..decisions import ObserverDecisions, check_decision_rule, model_trials, observer_slug, stable_key
+from ..decisions import ObserverDecisions, check_decision_rule, model_trials, observer_slug, stable_key, whole_or_as_is
 from ..error_alignment import error_alignment, write_error_alignment
 from ..human_compare import compare_on_trials, labelled_trials
 from ..human_compare import summary_markdown as human_summary_markdown
@@ -161,7 +161,7 @@ class ComparePipeline:
                 raise ValueError(f"observers must be auto or distinct names from {observer_names()}, got {names}")
         d = self.decision_cfg
         try:
-            rule = {"seeds": [int(x) for x in d["seeds"]], "per_class": int(d["exemplars_per_class"]), "k": int(d["k"]),
+            rule = {"seeds": [whole_or_as_is(x) for x in d["seeds"]], "per_class": whole_or_as_is(d["exemplars_per_class"]), "k": whole_or_as_is(d["k"]),
                     "lapse": float(d["lapse"]), "noise": float(d["noise"])}
         except (TypeError, ValueError) as err:
             raise ValueError(f"decisions: seeds are ints, exemplars_per_class and k whole numbers, lapse and noise numbers ({err})") from None

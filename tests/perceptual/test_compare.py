@@ -234,7 +234,9 @@ def test_bad_compare_configs_are_refused_before_any_work(tmp_path):
     for override, message in (("observers=[pixel-l1]", r"observers must be auto or distinct names from \[.*\], got \['pixel-l1'\]"),
                               ("observers=[ssim,ssim]", "observers must be auto or distinct names"),
                               ("decisions.noise=nan", "noise must be finite and >= 0"), ("decisions.lapse=1.5", "lapse is a probability"),
-                              ("decisions.k=0", "k must be a whole number >= 1"), ("decisions.seeds=[1,1]", "seeds must be a non-empty list of distinct")):
+                              ("decisions.k=0", "k must be a whole number >= 1"), ("decisions.seeds=[1,1]", "seeds must be a non-empty list of distinct"),
+                              ("decisions.k=2.7", "k must be a whole number >= 1, got 2.7"),  # int() made it 2 before the check
+                              ("decisions.seeds=[0.5,1.5]", r"seeds must be a non-empty list of distinct ints, got \[0.5, 1.5\]")):
         with pytest.raises(ValueError, match=message):
             run(compose_with(model, override))
     for group, typo in (("decisions", "lapse_rate"), ("metrics", "cles_varient"), ("unknown", "nfit")):  # Hydra refuses these; Python kept them
