@@ -35,22 +35,21 @@ def capture_cuda_graph(
     # torch.cuda.graph's default stream belongs to whichever device was current when it was first made: the capture,
     # its stream and each replay are put on ``device`` (a run on cuda:1 otherwise captured an empty graph).
     with torch.cuda.device(device):
-        if warm_up is not None:
-            try:
-                warm_up()
-            except torch.OutOfMemoryError as err:
-                if strict:
-                    raise
-                return _fall_back(what, f"out of memory in the warm-up: {err}", device)
-        graph = torch.cuda.CUDAGraph()
+        warmed_up = False
         try:
+            if warm_up is not None:
+                warm_up()
+            warmed_up = True
+            graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, stream=torch.cuda.Stream(device)):
                 step()
-        except torch.OutOfMemoryError as err:  # not a host sync: the graph's pool needs memory the eager loop does not
+        except torch.OutOfMemoryError as err:  # not a host sync: the warm-up's copy or the graph's pool needs more memory
             if strict:
                 raise
             return _fall_back(what, f"out of memory: {err}", device)
         except RuntimeError as err:
+            if not warmed_up:
+                raise
             if strict:
                 raise RuntimeError(
                     f"capturing {what} as a CUDA graph failed ({err}); {suspect} probably synchronises with the host (.item(), "

@@ -281,7 +281,6 @@ class ObserverDecisions:
 
 
 __all__ = [
-    "whole_or_as_is",
     "TRIAL_TABLE_COLUMNS", "ObserverDecisions", "SimulatedSubject", "draw_exemplars", "knn_decide", "model_trials",
-    "observer_slug", "stable_key", "subject_name", "trial_table",
+    "observer_slug", "stable_key", "subject_name", "trial_table", "whole_or_as_is",
 ]

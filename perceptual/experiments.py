@@ -167,7 +167,8 @@ def correlation_with_interval(x: Sequence[float], y: Sequence[float], *, n_boot:
     """Spearman's rho and Pearson's r between ``x`` and ``y`` over models, each with a percentile-bootstrap interval
     resampling models (draws where the correlation is undefined are dropped; see the module docstring); the interval
     is NaN below :data:`MIN_MODELS_FOR_INTERVAL` models."""
-    check_level(level), check_n_boot(n_boot)
+    check_level(level)
+    check_n_boot(n_boot)
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     keep = np.isfinite(x) & np.isfinite(y)
     x, y = x[keep], y[keep]

@@ -84,7 +84,8 @@ def paired_difference(a: PerTarget, b: PerTarget, *, n_boot: int = 2000, seed: i
     ``a`` and ``b`` map observer -> target -> score (e.g. a model's per-target 2AFC credit). Each bootstrap draw
     resamples observers (when there are several) and targets with replacement, keeping pairs intact.
     """
-    check_level(level), check_n_boot(n_boot)
+    check_level(level)
+    check_n_boot(n_boot)
     observers, targets = _common(a, b)
     diff = np.array([[a[o][t] - b[o][t] for t in targets] for o in observers], dtype=float)  # (observers, targets)
     rng = np.random.default_rng(seed)
@@ -103,7 +104,8 @@ def ranking_agreement(first: Mapping[str, Mapping[str, float]], second: Mapping[
     ``first`` and ``second`` map model -> target -> score; a model's score is its mean over the targets (the same
     targets resampled for both rankings in each draw). Fewer than two models: tau is undefined (NaN).
     """
-    check_level(level), check_n_boot(n_boot)
+    check_level(level)
+    check_n_boot(n_boot)
     models = sorted(set(first) & set(second))
     if len(models) < 2:
         return {"tau": math.nan, "ci_low": math.nan, "ci_high": math.nan, "n_models": len(models), "n_targets": 0}

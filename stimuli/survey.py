@@ -250,16 +250,14 @@ def _balance_sides(hand: list[dict], rng: np.random.Generator, excess: dict[tupl
     balanced = list(hand)
     for key, by_seed_type in groups.items():
         odd = [s for s, members in by_seed_type.items() if len(members) % 2]
-        tie_breaks = rng.random(len(odd))
-        odd = [s for _, _, s in sorted(zip([excess.get((*key, s), 0) for s in odd], tie_breaks, odd), key=lambda e: e[:2])]
-        n_left = len(odd) // 2  # half the odd ones left keeps the model's total balanced, those behind first
+        tie_break = dict(zip(odd, rng.random(len(odd))))
+        odd.sort(key=lambda s: (excess.get((*key, s), 0), tie_break[s]))  # those furthest behind on the left first
+        n_left = len(odd) // 2  # half the odd ones left keeps the model's total balanced
         if len(odd) % 2:
             behind = excess.get((*key, odd[n_left]), 0)
             n_left += bool(behind < 0 or (behind == 0 and rng.random() < 0.5))
         for seed_type, members in by_seed_type.items():
-            left = np.zeros(len(members), dtype=bool)
-            left[: len(members) // 2 + (seed_type in odd[:n_left])] = True
-            left = rng.permutation(left)
+            left = balanced_sides(len(members), rng, odd_left=seed_type in odd[:n_left])
             excess[(*key, seed_type)] = excess.get((*key, seed_type), 0) + 2 * int(left.sum()) - len(left)
             for i, on_left in zip(members, left):
                 record, row = hand[i], hand[i]["rows"][0]

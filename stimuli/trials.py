@@ -58,10 +58,13 @@ def attention_check_count(n_real: int, rate: float) -> int:
     return max(int(round(rate * n_real / (1 - rate))), int(rate > 0 and n_real > 0))
 
 
-def balanced_sides(n: int, rng: np.random.Generator) -> np.ndarray:
-    """n booleans (True = target on the left), half each (the odd one out at random), in random order."""
+def balanced_sides(n: int, rng: np.random.Generator, odd_left: bool | None = None) -> np.ndarray:
+    """n booleans (True = target on the left), half each, in random order; the odd one out is on the left when
+    ``odd_left`` says so, at random when it is None."""
     left = np.zeros(n, dtype=bool)
-    left[: n // 2 + (rng.random() < 0.5 if n % 2 else 0)] = True
+    if odd_left is None:
+        odd_left = bool(n % 2) and rng.random() < 0.5
+    left[: n // 2 + (n % 2 and odd_left)] = True
     return rng.permutation(left)
 
 

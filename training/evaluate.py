@@ -46,6 +46,9 @@ def _prepare(data: Data, limit: int | None) -> Data:
                          "0 would evaluate nothing and report 0 % accuracy, a negative limit would drop images from the end")
     if _length(data) == 0:
         raise ValueError("no images to evaluate: the data set is empty")
+    labels = data.labels if isinstance(data, ImageSet) else data[1]
+    if labels.numel() and not (labels.dtype.is_floating_point or labels.dtype == torch.bool) and int(labels.min()) < 0:
+        raise ValueError(f"labels must be class indices 0, 1, ...; found {int(labels.min())}")
     if isinstance(data, ImageSet):
         return data if limit is None or limit >= len(data) else data.subset(torch.arange(limit))
     images, labels = data
@@ -54,8 +57,6 @@ def _prepare(data: Data, limit: int | None) -> Data:
         raise ValueError(f"need one label per image: {tuple(labels.shape)} labels for {images.shape[0]} images")
     if labels.dtype.is_floating_point or labels.dtype == torch.bool:
         raise ValueError(f"labels must be integer class indices, got dtype {labels.dtype}")
-    if int(labels.min()) < 0:
-        raise ValueError(f"labels must be class indices 0, 1, ...; found {int(labels.min())}")
     if limit is not None:
         images, labels = images[:limit], labels[:limit]
     return images, labels.long()
@@ -65,9 +66,7 @@ def _check_label_range(data: Data, logits: Tensor) -> None:
     """Refuse labels the model has no output for (e.g. 1-based labels), from the first batch's logits, before an
     attack indexes past them (on a GPU, a device-side assert that ends the process's CUDA use)."""
     labels = data.labels if isinstance(data, ImageSet) else data[1]
-    lowest, highest = int(labels.min()), int(labels.max())
-    if lowest < 0:  # (images, labels) pairs are refused earlier; an ImageSet's labels are first seen here
-        raise ValueError(f"labels must be class indices 0, 1, ...; found {lowest}")
+    highest = int(labels.max())
     if highest >= logits.shape[1]:
         raise ValueError(f"label {highest} has no output: the model has {logits.shape[1]} (classes 0 to {logits.shape[1] - 1}); "
                          "are the labels 1-based?")

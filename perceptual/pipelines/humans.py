@@ -15,6 +15,7 @@ from training.sweeps import job_path
 
 from .. import humans
 from ..measure import load_report, make_panel, write_report
+from ..statistics import check_n_boot
 
 
 def response_files(entries) -> list[Path]:
@@ -35,8 +36,9 @@ def response_files(entries) -> list[Path]:
 
 
 def run(cfg: DictConfig) -> dict:
-    if cfg.max_attention_failures < 0 or cfg.n_boot < 1:
-        raise ValueError(f"max_attention_failures must be >= 0 and n_boot >= 1, got {cfg.max_attention_failures} and {cfg.n_boot}")
+    if cfg.max_attention_failures < 0:
+        raise ValueError(f"max_attention_failures must be >= 0, got {cfg.max_attention_failures}")
+    check_n_boot(cfg.n_boot)
     humans.check_min_median_rt_ms(cfg.min_median_rt_ms)
     package = humans.load_package(cfg.package)
     files = response_files(cfg.responses)
