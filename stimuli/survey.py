@@ -37,6 +37,7 @@ import math
 from collections import Counter
 from pathlib import Path
 from typing import Mapping, Sequence
+from urllib.parse import urlsplit
 
 import jinja2
 import numpy as np
@@ -61,6 +62,7 @@ PROMPTS = {
 SURVEY_TASKS = TASKS + ("controversial",)  # controversial: from controversial sets, the others from inversion sets
 TRIAL_ORDERS = ("per_participant", "fixed")  # each participant's page shuffles the trials once, or everyone sees the package's order
 PROLIFIC_COMPLETE = "https://app.prolific.com/submissions/complete?cc={code}"
+PLACEHOLDER_BASE_URL = "https://YOUR-HOST/PATH"  # the default: input.csv's survey_url works only once it is replaced
 
 
 def _template_env() -> jinja2.Environment:
@@ -89,8 +91,40 @@ def check_model_label(label) -> str:
     return label
 
 
+def check_base_url(base_url) -> str:
+    """``base_url`` if it is an absolute address (scheme and host, or a file:// folder), else a ValueError that says why.
+    The placeholder default is accepted with a warning (a package built to look at before it is hosted)."""
+    parts = urlsplit(base_url) if isinstance(base_url, str) else None
+    if parts is None or not parts.scheme or not (parts.netloc or parts.scheme == "file"):
+        raise ValueError(f"base_url {base_url!r} is not an absolute address: give the one the package's surveys/ folder is served at, "
+                         "with its scheme, e.g. base_url=https://example.org/study (input.csv's survey_url starts with it)")
+    if base_url == PLACEHOLDER_BASE_URL:
+        logger.warning("base_url is still the placeholder %s: input.csv's survey_url will not open; rebuild with base_url=<the address "
+                       "the surveys/ folder is served at> before uploading input.csv (the pages themselves do not depend on it)", base_url)
+    return base_url
+
+
+def _check_sets_comparable(loaded: Mapping[str, StimulusSet]) -> None:
+    """Refuse sets that one package cannot hold side by side: the same set under two labels (its trials would count twice,
+    as two models) and images of different shapes (the pages would show them at different sizes, and the observers'
+    reanalysis of the package compares images of one shape)."""
+    by_fingerprint: dict[str, list[str]] = {}
+    for label, s in loaded.items():
+        if s.fingerprint is not None:
+            by_fingerprint.setdefault(s.fingerprint, []).append(label)
+    repeated = [labels for labels in by_fingerprint.values() if len(labels) > 1]
+    if repeated:
+        raise ValueError(f"labels {repeated[0]} name the same stimulus set (fingerprint {loaded[repeated[0][0]].fingerprint}): "
+                         "give each label a set of its own")
+    shapes = {label: tuple(s.images.shape[1:]) for label, s in loaded.items()}
+    if len(set(shapes.values())) > 1:
+        listed = ", ".join(f"{label} {'x'.join(map(str, shape))}" for label, shape in shapes.items())
+        raise ValueError(f"the sets' images differ in shape (channels x height x width: {listed}): a package compares models on "
+                         "images of one shape; build one package per image shape")
+
+
 def _check_options(sets: Mapping, tasks: Sequence[str], trials_per_survey: int, attention_rate: float, minutes: float,
-                   trial_order: str, out: Path, overwrite: bool) -> None:
+                   trial_order: str, base_url: str, out: Path, overwrite: bool) -> None:
     if not sets:
         raise ValueError("no stimulus sets given: pass sets={label: path} with at least one inversion set")
     for label in sets:
@@ -108,6 +142,7 @@ def _check_options(sets: Mapping, tasks: Sequence[str], trials_per_survey: int, 
     check_attention_rate(attention_rate)
     if trial_order not in TRIAL_ORDERS:
         raise ValueError(f"unknown trial_order {trial_order!r}: use one of {TRIAL_ORDERS}")
+    check_base_url(base_url)
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"{out} is a file: give a directory for the survey package")
     if out.exists() and any(out.iterdir()):
@@ -290,7 +325,7 @@ def build_survey(
     seed: int = 0,
     distance="pixel_l2",
     title: str = "Image similarity study",
-    base_url: str = "https://YOUR-HOST/PATH",
+    base_url: str = PLACEHOLDER_BASE_URL,
     minutes: float = 20,
     trial_order: str = "per_participant",
     overwrite: bool = False,
@@ -299,15 +334,17 @@ def build_survey(
 
     Each task's trials (with ``attention_rate`` checks) from every set are dealt round-robin over models into
     ceil(n / ``trials_per_survey``) surveys. ``minutes`` is the duration of a full survey of ``trials_per_survey``
-    trials; each page announces its own share (:func:`announced_minutes`), as does ``input.csv``. ``trial_order``:
+    trials; each page announces its own share (:func:`announced_minutes`), as does ``input.csv``. ``base_url`` is the address
+    the package's ``surveys/`` folder will be served at (:func:`check_base_url`). ``trial_order``:
     ``per_participant`` (each participant's page shuffles the survey's trials once) or ``fixed``. The package is written
     into a temporary folder next to ``out`` and renamed into place, so a crash never leaves a half package. ``overwrite``
     replaces an earlier package at ``out``; a folder that is not one, or a package with other files beside it (answers
     saved there), is refused, not deleted.
     """
     out = Path(out)
-    _check_options(sets, list(tasks), trials_per_survey, attention_rate, minutes, trial_order, out, overwrite)
+    _check_options(sets, list(tasks), trials_per_survey, attention_rate, minutes, trial_order, base_url, out, overwrite)
     loaded = {label: s if isinstance(s, StimulusSet) else load_set(s) for label, s in sets.items()}
+    _check_sets_comparable(loaded)
     for label, s in loaded.items():
         wanted = "controversial" if s.kind == "controversial" else "inversion" if s.kind == "inversion" else None
         if wanted is None:

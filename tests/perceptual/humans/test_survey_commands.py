@@ -4,13 +4,16 @@ platform CSV), refusals before work, and the import that adds the Human columns 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
+import logging
 import math
 import re
 
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from hydra import compose, initialize_config_module
 
 from perceptual.humans import load_package
@@ -151,6 +154,36 @@ def test_refusals_before_work(inversion_sets, package_dir, tmp_path):
         with pytest.raises(ValueError, match="must be a plain, non-empty string"):
             build_survey({bad: next(iter(sets.values()))}, tmp_path / "p")
     assert not (tmp_path / "p").exists()
+
+
+def test_sets_one_package_cannot_hold_are_refused_before_work(inversion_sets, tmp_path):
+    """The same set under two labels counted its trials twice as two models; sets of different image shapes were packaged,
+    and the import then failed in torch.stack when an observer reread the pages."""
+    standard, robust = inversion_sets.values()
+    with pytest.raises(ValueError, match="same stimulus set"):
+        build_survey({"a": standard, "b": standard.path}, tmp_path / "twice", tasks=["2afc"])
+    larger = dataclasses.replace(robust, images=torch.nn.functional.interpolate(robust.images, scale_factor=2), fingerprint="other")
+    with pytest.raises(ValueError, match="differ in shape .*standard 3x32x32, robust 3x64x64"):
+        build_survey({"standard": standard, "robust": larger}, tmp_path / "sizes", tasks=["2afc"])
+    assert not (tmp_path / "twice").exists() and not (tmp_path / "sizes").exists()
+
+
+@pytest.mark.parametrize("base_url", ["example.org/study", "/srv/study", "", None])
+def test_a_base_url_without_scheme_and_host_is_refused(inversion_sets, tmp_path, base_url):
+    """input.csv's survey_url became 'example.org/study/2afc-000/index.html', which MTurk opens relative to its own site."""
+    with pytest.raises(ValueError, match="not an absolute address"):
+        build_survey(dict(inversion_sets), tmp_path / "p", tasks=["2afc"], base_url=base_url)
+
+
+def test_the_placeholder_base_url_builds_with_a_warning(inversion_sets, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="stimuli"):
+        manifest = build_survey(dict(inversion_sets), tmp_path / "p", tasks=["2afc"])
+    assert "placeholder" in caplog.text
+    assert manifest["surveys"][0]["survey_url"].startswith("https://YOUR-HOST/PATH/")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="stimuli"):
+        build_survey(dict(inversion_sets), tmp_path / "q", tasks=["2afc"], base_url="file:///srv/study/surveys")
+    assert "placeholder" not in caplog.text
 
 
 def test_number_labels_and_a_bare_set_path_on_the_command_line(inversion_sets, tmp_path):
