@@ -161,9 +161,12 @@ def _submissions_from_file(path: Path, prolific: ProlificStatuses) -> list[dict]
     adds its statuses to ``prolific`` and holds no submission."""
     try:
         text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as error:  # typically a CSV re-saved by Excel in the system's code page
-        raise ValueError(f"{path} is not UTF-8 text ({error}): was it re-saved by a spreadsheet? Save it as 'CSV UTF-8', or use the "
-                         "page's original download") from error
+    except UnicodeDecodeError as error:
+        if path.suffix.lower() == ".csv":  # typically re-saved by Excel in the system's code page
+            advice = "was it re-saved by a spreadsheet? Save it as 'CSV UTF-8', or use the page's original download"
+        else:  # the page writes UTF-8 JSON: this is some other file with the same ending
+            advice = "it is not a download of the survey page; download it again, or move it out of the answers folder"
+        raise ValueError(f"{path} is not UTF-8 text ({error}): {advice}") from error
     if not text.strip():
         raise ValueError(f"{path} is empty: was the download cut short? Download it again from the survey page, or move it out of "
                          "the answers folder")
@@ -185,6 +188,7 @@ def _submissions_from_file(path: Path, prolific: ProlificStatuses) -> list[dict]
         table = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
     except pd.errors.ParserError as error:
         raise ValueError(f"{path} is not a readable CSV ({error}): download it again, or move it out of the answers folder") from error
+    table = _without_repeated_headers(table, path)
     if "Answer.responses" in table.columns:  # MTurk batch results
         missing = {"WorkerId", "AssignmentId"} - set(table.columns)
         if missing:
@@ -209,6 +213,23 @@ def _submissions_from_file(path: Path, prolific: ProlificStatuses) -> list[dict]
         out.append({"package_fingerprint": fingerprint, "survey_id": survey, "worker_id": worker, "session_id": session,
                     "started_at": started or None, "answers": answers, "source": str(path)})
     return out
+
+
+def _without_repeated_headers(table: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """``table`` without the header rows of further files in it (``cat a.csv b.csv > all.csv``, or batch results pasted
+    one below the other), which would otherwise be read as a submission of worker "worker_id". A repeated header in
+    another column order is refused: the rows below it would be read under the wrong columns."""
+    columns = list(table.columns)
+    names = set(columns)
+    headers = table.apply(lambda row: set(row) <= names and len(set(row)) > 1, axis=1) if len(table) else pd.Series(dtype=bool)
+    if not headers.any():
+        return table
+    reordered = headers & ~(table == columns).all(axis=1)
+    if reordered.any():
+        raise ValueError(f"{path} joins CSV files with different columns (a header row in another order at line "
+                         f"{int(reordered.idxmax()) + 2}): import the files one by one instead of joined")
+    logger.info("%s: dropped %d repeated header rows (files joined into one)", path, int(headers.sum()))
+    return table[~headers].reset_index(drop=True)
 
 
 def _mturk_submission(record: Mapping, path: Path) -> dict:

@@ -4,6 +4,7 @@ finds the files, builds the observers, writes ``humans.json``, ``humans.md`` and
 report, rewrites that report with the Human columns next to the observer columns."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import hydra
@@ -17,14 +18,25 @@ from .. import humans
 from ..measure import load_report, make_panel, write_report
 from ..statistics import check_n_boot
 
+logger = logging.getLogger("perceptual")
+
+
+def _is_hidden(path: Path, folder: Path) -> bool:
+    """A file no person put there as an answer: under a hidden or ``__MACOSX`` folder, or hidden itself (macOS's ``._name``
+    resource forks, which unzipping an archive made on a Mac leaves next to every download, are binary)."""
+    return any(part.startswith(".") or part == "__MACOSX" for part in path.relative_to(folder).parts)
+
 
 def response_files(entries) -> list[Path]:
-    """Files as given, and every .json / .csv inside the folders given."""
+    """Files as given, and every .json / .csv inside the folders given, except hidden ones (:func:`_is_hidden`)."""
     files = []
     for entry in [entries] if isinstance(entries, str) else list(entries):
         path = Path(entry).expanduser()
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.suffix.lower() in (".json", ".csv"))
+            candidates = sorted(p for p in path.rglob("*") if p.suffix.lower() in (".json", ".csv") and p.is_file())
+            found = [p for p in candidates if not _is_hidden(p, path)]
+            if len(found) < len(candidates):
+                logger.info("%s: skipped %d hidden files (macOS ._ resource forks, __MACOSX, dot folders)", path, len(candidates) - len(found))
             if not found:
                 raise FileNotFoundError(f"{path} holds no .json or .csv files: put the page downloads or MTurk batch results there")
             files += found

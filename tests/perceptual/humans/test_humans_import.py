@@ -529,6 +529,41 @@ def test_an_unreadable_answer_file_is_named_with_what_to_do(package, tmp_path, n
         read_responses([tmp_path / name], package)
 
 
+def test_macos_resource_forks_and_hidden_folders_in_an_answers_folder_are_skipped(package, tmp_path):
+    """Unzipping a Mac's archive leaves ._name next to every download and a __MACOSX copy: binary files that stopped the
+    import with "not UTF-8 text ... re-saved by a spreadsheet?"."""
+    from perceptual.pipelines.humans import response_files
+
+    sid = package.manifest["surveys"][0]["survey_id"]
+    answers = tmp_path / "answers"
+    (answers / "__MACOSX").mkdir(parents=True)
+    (answers / ".ipynb_checkpoints").mkdir()
+    (answers / "W1.json").write_text(json.dumps(_submission(package, sid, "W1", lambda u: u.answer)))
+    for hidden in ("._W1.json", "__MACOSX/._W1.json", ".ipynb_checkpoints/W1-checkpoint.json"):
+        (answers / hidden).write_bytes(b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X        \xff\xfe")
+    assert [p.name for p in response_files([str(answers)])] == ["W1.json"]
+    assert set(read_responses(response_files([str(answers)]), package).answers["worker_id"]) == {"W1"}
+    with pytest.raises(ValueError, match=r"\._W1\.json is not UTF-8 text.*not a download of the survey page"):  # named on its own: read, and told
+        read_responses([answers / "._W1.json"], package)
+
+
+def test_csv_files_joined_into_one_drop_their_repeated_headers(package, tmp_path):
+    """``cat a.csv b.csv > all.csv`` left b's header as a row: a submission of worker 'worker_id' to survey 'survey_id'."""
+    sid = package.manifest["surveys"][0]["survey_id"]
+    for worker in ("W1", "W2"):
+        _page_csv(tmp_path / f"{worker}.csv", package, _submission(package, sid, worker, lambda u: u.answer))
+    joined = tmp_path / "all.csv"
+    joined.write_text((tmp_path / "W1.csv").read_text() + (tmp_path / "W2.csv").read_text())
+    responses = read_responses([joined], package)
+    assert set(responses.answers["worker_id"]) == {"W1", "W2"} and responses.excluded == []
+    first = (tmp_path / "W1.csv").read_text().splitlines()
+    header = first[0].split(",")
+    other_order = pd.read_csv(tmp_path / "W2.csv", dtype=str, keep_default_na=False)[header[::-1]].to_csv(index=False)
+    joined.write_text("\n".join(first) + "\n" + other_order)
+    with pytest.raises(ValueError, match=rf"all\.csv joins CSV files with different columns .* at line {len(first) + 1}"):
+        read_responses([joined], package)
+
+
 @pytest.mark.parametrize("change, reason", [
     ({"answers": "left,right"}, "answers is not a list of objects"),
     ({"answers": [["t", 0, "left"]]}, "answers is not a list of objects"),
