@@ -337,9 +337,10 @@ class TotalVariation(Objective):
         self.weight, self.beta = weight, beta
 
     def forward(self, x: Tensor, items: Tensor | None = None, step: Step = 0) -> Tensor:
-        edged = F.pad(x, (0, 1, 0, 1), mode="replicate")
-        dx = edged[..., :-1, 1:] - x
-        dy = edged[..., 1:, :-1] - x
+        # The replicated edge as differences padded with 0: the replicate pad's CUDA backward adds atomically, in no
+        # fixed order, which made deterministic=True runs with a TV prior differ in the last bits; a zero pad's is a slice.
+        dx = F.pad(x[..., :, 1:] - x[..., :, :-1], (0, 1))
+        dy = F.pad(x[..., 1:, :] - x[..., :-1, :], (0, 0, 0, 1))
         squared = dx * dx + dy * dy
         if self.beta != 2.0:
             squared = (squared + 1e-8) ** (self.beta / 2)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from invert.objectives import (
@@ -97,6 +98,39 @@ def test_total_variation_counts_every_neighbour_difference_once():
     (grad,) = torch.autograd.grad(TotalVariation(1.0)(corner).sum(), corner)
     assert (grad[0, :, -1, -1] != 0).all()
     assert torch.isfinite(TotalVariation(1.0)(torch.rand(1, 3, 1, 8))).all()  # one row: NaN before
+
+
+def test_total_variation_equals_the_replicated_edge_and_its_backward_has_no_replicate_pad():
+    """The replicate pad's CUDA backward sums with atomic adds (not deterministic); padding the differences with zeros
+    gives the same values (bit for bit) and gradients, with a backward that is a slice."""
+    x = torch.rand(2, 3, 7, 5, requires_grad=True)
+    for beta in (2.0, 1.0):
+        edged = F.pad(x, (0, 1, 0, 1), mode="replicate")
+        squared = (edged[..., :-1, 1:] - x) ** 2 + (edged[..., 1:, :-1] - x) ** 2
+        replicated = (squared if beta == 2.0 else (squared + 1e-8) ** (beta / 2)).mean(dim=(1, 2, 3))
+        loss = TotalVariation(1.0, beta=beta)(x)
+        assert torch.equal(loss, replicated)
+        # equal up to rounding: the replicated edge's gradient is +g - g summed, here it is left out
+        torch.testing.assert_close(torch.autograd.grad(loss.sum(), x)[0], torch.autograd.grad(replicated.sum(), x)[0], rtol=1e-6, atol=1e-9)
+    seen, stack = set(), [TotalVariation(1.0)(x).sum().grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            stack.extend(next_node for next_node, _ in node.next_functions)
+    assert not [type(node).__name__ for node in seen if "Replication" in type(node).__name__]
+
+
+@pytest.mark.gpu
+def test_total_variation_backward_is_deterministic_on_cuda():
+    x = torch.rand(4, 3, 32, 32, device="cuda", requires_grad=True)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)  # raised for replication_pad2d_backward_cuda
+    try:
+        grads = [torch.autograd.grad(TotalVariation(1.0)(x).sum(), x)[0] for _ in range(2)]
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert torch.equal(*grads)
 
 
 def test_priors():
