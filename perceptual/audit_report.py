@@ -10,7 +10,7 @@ from typing import Mapping, Sequence
 from markdown_it.token import Token
 
 from .audit import DECISION_RULE
-from .report import alignment_scatter, format_score, markdown_page, save_figure, scatter_points
+from .report import alignment_scatter, format_number, format_score, markdown_page, save_figure, scatter_points
 
 ALIGNMENT_TASKS = ("2afc", "clustering", "clustering_hard")
 STATUS_COLOURS = {"pass": "#c8e6c9", "fail": "#ffcdd2", "n.a.": "#eeeeee"}
@@ -149,8 +149,10 @@ def audit_markdown(report: Mapping) -> str:
                       "model whose decision it makes by its nearest class exemplars): " + controversial["summary"] + ".", ""]
             lines += [f"- {line}" for line in controversial["verdict"].splitlines()]
         elif controversial:
-            lines += ["", f"Controversial stimuli ({controversial['model_a']} vs {controversial['model_b']}, Table 2 score per direction, "
-                      f"panel mean): " + "; ".join(f"{controversial['directions'][d]} {s['mean']:.4f}" for d, s in controversial["spread"].items()),
+            lines += ["", f"Controversial stimuli ({controversial['model_a']} vs {controversial['model_b']}, Table 2 score per direction "
+                      "and observer; the observers' scales differ): " + "; ".join(
+                          f"{controversial['directions'][d]}: " + ", ".join(f"{o} {format_number(v)}" for o, v in scores.items())
+                          for d, scores in controversial["scores"].items()),
                       "", f"Controversial: {controversial['summary']}. {_sentence(controversial['verdict'])}."]
     else:
         lines.append(alignment.get("note", "not measured (alignment.enabled=false)"))

@@ -15,26 +15,9 @@ from training.io import atomic_write_json, atomic_write_text
 from . import metrics as M
 from .observers import offline_variants
 from .pair_metrics import PAIR_METRIC_REGISTRY
-from .report import save_figure
+from .report import plain, save_figure
 from .scores import Scores
 from .tasks import panel_summary
-
-
-def plain(obj: Any) -> Any:
-    """JSON-safe: NaN/inf → None, numpy → Python."""
-    if isinstance(obj, Mapping):
-        return {str(k): plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [plain(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return plain(obj.tolist())
-    if isinstance(obj, (np.floating, float)):
-        return float(obj) if math.isfinite(obj) else None
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, np.bool_):
-        return bool(obj)
-    return obj
 
 
 def heatmap(matrix: np.ndarray, labels: Sequence[str], path: Path, title: str, *, vmin: float | None = None,

@@ -183,7 +183,7 @@ def write_error_alignment(analysis: Mapping, out: str | Path) -> dict:
     returns what the JSON holds (figure paths relative to ``out``)."""
     from training.io import atomic_write_json, atomic_write_text
 
-    from .compare_report import plain
+    from .report import plain
 
     out = Path(out)
     correlations = analysis["correlations"]

@@ -37,6 +37,7 @@ from stimuli.survey import FORMAT, truth_table
 
 from .metrics.survey import fleiss_kappa
 from .observers import Observer
+from .report import is_number
 from .statistics import percentile_interval
 from .tasks import bootstrap_interval, judge_2afc, judge_clustering
 
@@ -584,8 +585,9 @@ def human_scores(package: SurveyPackage, responses: Responses, max_attention_fai
 
 
 def ranking_agreement(human: Mapping[str, float], observer: Mapping[str, float]) -> dict:
-    """Kendall's tau and Spearman's rho between human and observer scores over the models both have."""
-    models = sorted(set(human) & set(observer))
+    """Kendall's tau and Spearman's rho between human and observer scores over the models both have (a score that is
+    undefined, NaN or a report's null, counts as missing)."""
+    models = sorted(m for m in set(human) & set(observer) if is_number(human[m]) and is_number(observer[m]))
     if len(models) < 2:
         return {"models": models, "kendall_tau": math.nan, "spearman_rho": math.nan,
                 "note": "fewer than 2 models with both human and observer scores"}

@@ -44,7 +44,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
 import stimuli
-from invert import NOISE_KINDS, Engine, check_push_weight, resolve_engine
+from invert import NOISE_KINDS, Engine, check_push_weight, resolve_engine, stream_seed
 from stimuli.survey import LABEL_RULE, is_plain_label
 from training import build_model
 from training.attacks import ThreatModel
@@ -490,7 +490,6 @@ def measure_controversial(classifiers, test, panel: Panel, out: Path, cfg: Mappi
         "lambda": float(cfg.get("lambda_", 0.1)),
         "set": str(out / "controversial" / f"{a}-vs-{b}"),
         "directions": {d: names.get(d, d) for d in directions},
-        "spread": {d: panel_summary({o: s[d]["mean"] for o, s in per_observer.items()}) for d in directions},
         "per_observer": per_observer,
         "favoured_by_observer": favoured,
         "agrees_with_alignment": _agreement(favoured, alignment or {}, a, b),
@@ -525,6 +524,12 @@ def measure_class_controversial(classifiers, test, origins, panel: Panel, out: P
             **score, "verdict": class_controversial_sentence(score)}
 
 
+def controversial_scores(controversial: Mapping) -> dict[str, dict[str, float]]:
+    """Per direction, each observer's Table 2 score. Observers measure on different scales (an LPIPS distance, 1 - SSIM,
+    a pixel L2), so the scores are never averaged over the panel."""
+    return {d: {o: spread[d]["mean"] for o, spread in controversial["per_observer"].items() if d in spread} for d in controversial["directions"]}
+
+
 def _agreement(favoured: Mapping[str, dict], alignment: Mapping[str, Mapping], a: str, b: str) -> dict[str, bool | None]:
     """Per observer: does the favoured model have the higher clustering accuracy for that observer? None: undecided."""
     out: dict[str, bool | None] = {}
@@ -545,11 +550,12 @@ def controversial_favoured(per_observer: Mapping[str, Mapping[str, dict]], keepe
     95 % interval over origins, for its size, and the sign-flip test's p-value over origins
     (:func:`perceptual.statistics.sign_flip_p_value`), for the verdict. ``favours`` is None when p >= 0.05 (the
     origins do not separate the directions; fewer than :data:`perceptual.statistics.SIGN_FLIP_MIN_N` origins never
-    do: the bootstrap interval alone called 2 origins that agree in sign a verdict) or when a direction is missing."""
+    do: the bootstrap interval alone called 2 origins that agree in sign a verdict) or when a direction is missing. Each
+    observer resamples with a generator of its own, so its interval does not depend on which observers come before it."""
     directions = list(keeper)
     out: dict[str, dict] = {}
-    rng = np.random.default_rng(seed)
     for observer, spread in per_observer.items():
+        rng = np.random.default_rng(stream_seed("repalign.controversial", seed, observer))  # one observer's interval, whatever the panel
         if not all(d in spread for d in directions) or len(directions) != 2:
             out[observer] = {"favours": None, "difference": math.nan, "ci": [math.nan, math.nan], "p_value": math.nan, "n_origins": 0}
             continue
@@ -590,10 +596,12 @@ def controversial_verdict(favoured: Mapping[str, Mapping | str | None]) -> str:
 
 
 def _favoured_cell(favoured: Mapping) -> str:
-    """``robust (p 0.031) [-0.012, -0.004]``; a report saved before the test has no p."""
+    """``robust (p 0.031) [-0.012, -0.004]``; a report saved before the test has no p, one origin no interval."""
     p_value = favoured.get("p_value")
-    p_text = f" (p {p_value:.3f})" if p_value is not None and math.isfinite(p_value) else ""
-    return f"{favoured['favours'] or 'neither'}{p_text} [{favoured['ci'][0]:+.3f}, {favoured['ci'][1]:+.3f}]"
+    p_text = f" (p {p_value:.3f})" if report.is_number(p_value) else ""
+    low, high = favoured.get("ci") or (None, None)
+    interval = f" [{low:+.3f}, {high:+.3f}]" if report.is_number(low) and report.is_number(high) else " (no interval: one origin)"
+    return f"{favoured['favours'] or 'neither'}{p_text}{interval}"
 
 
 def seed_names(data: Mapping) -> str:
@@ -644,7 +652,8 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
             "| Model | best: median | best: 90th pct. | last iterate: median | converged |", "|---|---|---|---|---|",
         ]
         markdown += [
-            f"| {label} | {c['best_median']:.4f} | {c['best_p90']:.4f} | {c['last_median']:.4f} | {c['converged_fraction']:.0%} |"
+            f"| {label} | {report.format_number(c['best_median'])} | {report.format_number(c['best_p90'])} | {report.format_number(c['last_median'])} | "
+            f"{report.format_number(c['converged_fraction'], '.0%')} |"
             for label, c in ((label, m["convergence"]) for label, m in with_convergence.items())
         ]
         markdown.append("")
@@ -684,7 +693,7 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
         for task, pairs in stats["paired_differences"].items():
             for pair, r in pairs.items():
                 star = " *" if r["separated"] else ""
-                markdown.append(f"| {task} | {pair} | {100 * r['difference']:+.1f}{star} | [{100 * r['ci_low']:+.1f}, {100 * r['ci_high']:+.1f}] |")
+                markdown.append(f"| {task} | {pair} | {_points(r['difference'])}{star} | [{_points(r['ci_low'])}, {_points(r['ci_high'])}] |")
         markdown.append("")
     if stats.get("ranking_agreement"):
         markdown += ["## Does the model ranking hold? (Kendall's tau, 95 % bootstrap interval over targets)", "",
@@ -704,8 +713,8 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
         if c.get("observers"):
             names = c["models"]
             markdown += ["| Observer | " + " | ".join(names) + " | sides with |", "|---|" + "---|" * (len(names) + 1)]
-            markdown += [f"| {o} | " + " | ".join(f"{r['per_model'][m]['rate']:.0%} [{r['per_model'][m]['ci'][0]:.0%}, {r['per_model'][m]['ci'][1]:.0%}]"
-                                                  for m in names) + f" | {r['favours'] or 'neither'} |" for o, r in c["observers"].items()]
+            markdown += [f"| {o} | " + " | ".join(_rate_cell(r["per_model"][m]) for m in names) + f" | {r['favours'] or 'neither'} |"
+                         for o, r in c["observers"].items()]
         else:
             markdown.append(c.get("note", ""))
         markdown.append("")
@@ -725,11 +734,12 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
             "|---|" + "---|" * len(observers),
         ]
         markdown += [
-            f"| {c['directions'][d]} | " + " | ".join(f"{c['per_observer'][o][d]['mean']:.4f}" for o in observers) + " |"
-            for d in c["spread"]
+            f"| {c['directions'][d]} | " + " | ".join(report.format_number(c['per_observer'][o][d]['mean']) for o in observers) + " |"
+            for d in c["directions"]
         ]
-        markdown.append("| distance to origin, " + " / ".join(c["directions"][d].split(",")[0] for d in c["spread"]) + " | "
-                        + " | ".join(" / ".join(f"{c['per_observer'][o][d]['to_origin']['mean']:.4f}" for d in c["spread"]) for o in observers) + " |")
+        to_origin = [" / ".join(report.format_number(c["per_observer"][o][d]["to_origin"]["mean"]) for d in c["directions"]) for o in observers]
+        markdown.append("| distance to origin, " + " / ".join(c["directions"][d].split(",")[0] for d in c["directions"]) + " | "
+                        + " | ".join(to_origin) + " |")
         markdown.append("| favours (sign-flip p over origins; 95% CI of the difference) | " + " | ".join(
             _favoured_cell(c['favoured_by_observer'][o]) for o in observers) + " |")
         if c.get("agrees_with_alignment"):
@@ -741,15 +751,26 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
     text = "\n".join(markdown) + "\n"
     report.write_text(out / "report.md", text)
     report.write_text(out / "report.html", report.markdown_page(text, "repalign alignment report"))
-    atomic_write_json(out / "report.json", data)
+    atomic_write_json(out / "report.json", report.plain(data))  # undefined numbers as null: strict JSON readers refuse NaN
 
 
-def _tau_cell(tau: float) -> str:
-    return "undefined (tied scores)" if math.isnan(tau) else f"{tau:+.2f}"
+def _rate_cell(entry: Mapping) -> str:
+    """A class-controversial rate with its interval: ``62% [41%, 80%]``."""
+    low, high = entry["ci"]
+    return f"{report.format_number(entry['rate'], '.0%')} [{report.format_number(low, '.0%')}, {report.format_number(high, '.0%')}]"
 
 
-def _interval_cell(low: float, high: float) -> str:
-    return "–" if math.isnan(low) or math.isnan(high) else f"[{low:+.2f}, {high:+.2f}]"
+def _points(fraction: float | None) -> str:
+    """A difference of two accuracies in percentage points, signed; "–" where undefined."""
+    return report.format_number(100 * fraction if report.is_number(fraction) else None, "+.1f")
+
+
+def _tau_cell(tau: float | None) -> str:
+    return f"{tau:+.2f}" if report.is_number(tau) else "undefined (tied scores)"
+
+
+def _interval_cell(low: float | None, high: float | None) -> str:
+    return f"[{low:+.2f}, {high:+.2f}]" if report.is_number(low) and report.is_number(high) else "–"
 
 
 def _grid(models_data: Mapping[str, dict], path: Path, n_columns: int = 6) -> Path:
@@ -796,6 +817,6 @@ def load_report(path: str | Path) -> dict:
 
 
 __all__ = [
-    "ModelSpec", "TASKS", "accuracy_cache_key", "controversial_favoured", "controversial_verdict", "headline", "load_report", "make_panel", "measure_models",
-    "observe_set", "threat_from_config", "validate_inputs", "write_report",
+    "ModelSpec", "TASKS", "accuracy_cache_key", "controversial_favoured", "controversial_scores", "controversial_verdict", "headline", "load_report",
+    "make_panel", "measure_models", "observe_set", "threat_from_config", "validate_inputs", "write_report",
 ]

@@ -8,13 +8,31 @@ import html
 import io
 import math
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
 from training.io import atomic_write_bytes, atomic_write_text
+
+
+def plain(obj: Any) -> Any:
+    """JSON-safe: NaN/inf → None (JSON has no literal for them; Python's ``json`` writes ``NaN``, which strict readers refuse), numpy → Python."""
+    if isinstance(obj, Mapping):
+        return {str(k): plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return plain(obj.tolist())
+    if isinstance(obj, (np.floating, float)):
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    return obj
 
 
 def format_score(value, std=None, percent: bool = True) -> str:
@@ -144,14 +162,20 @@ def image_grid(rows: Mapping[str, Sequence[torch.Tensor]], column_titles: Sequen
     return save_figure(fig, Path(path))
 
 
-def _finite(value) -> bool:
+def is_number(value) -> bool:
+    """A number to print: not None (undefined, as report.json stores it) and not NaN or infinite."""
     return value is not None and math.isfinite(value)
+
+
+def format_number(value, spec: str = ".4f") -> str:
+    """``value`` formatted by ``spec``; "–" where it is undefined (NaN in memory, null in a report read back)."""
+    return format(value, spec) if is_number(value) else "–"
 
 
 def scatter_points(models: Mapping[str, Mapping], task: str) -> dict[str, Mapping]:
     """The models :func:`alignment_scatter` can place: a robust accuracy and a panel mean for ``task``, both finite."""
     return {name: result for name, result in models.items()
-            if _finite(result.get("robust_accuracy")) and _finite((result.get(task) or {}).get("mean"))}
+            if is_number(result.get("robust_accuracy")) and is_number((result.get(task) or {}).get("mean"))}
 
 
 def alignment_scatter(models: Mapping[str, Mapping], path: str | Path, task: str = "clustering") -> Path:

@@ -55,8 +55,8 @@ from ..audit import (
 )
 from ..audit_report import accuracy_bars_figure, accuracy_vs_eps_figure, alignment_figures, audit_html, audit_markdown, masking_checks_figure
 from ..cache import cache_key, module_identity
-from ..compare_report import plain
-from ..measure import ModelSpec, make_panel, measure_models, validate_inputs
+from ..measure import ModelSpec, controversial_scores, make_panel, measure_models, validate_inputs
+from ..report import plain
 from ._references import pair_configs, pair_key, train_pair
 
 log = logging.getLogger(__name__)
@@ -241,9 +241,10 @@ def run(cfg: DictConfig) -> dict:
             c = data["controversial"]
             controversial_text = controversial_summary(c)
             class_level = c.get("objective") == "class_controversial"
-            evidence_keys = ("observers", "n_controversial") if class_level else ("directions", "spread", "favoured_by_observer")
+            evidence = ({key: c.get(key) for key in ("observers", "n_controversial")} if class_level
+                        else {"directions": c["directions"], "scores": controversial_scores(c), "favoured_by_observer": c["favoured_by_observer"]})
             alignment["controversial"] = {"objective": c.get("objective", "controversial"), "model_a": c["model_a"], "model_b": c["model_b"],
-                                          **{key: c.get(key) for key in evidence_keys}, "verdict": c["verdict"], "summary": controversial_text}
+                                          **evidence, "verdict": c["verdict"], "summary": controversial_text}
 
     # 5. Verdict and report.
     text = verdict(audit, position, controversial_text)

@@ -83,7 +83,7 @@ from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 
 from ..cache import cache_key, cached_json, cached_tensors, module_identity
-from ..compare_report import _fmt, heatmap, plain, unknown_metrics, write_outputs
+from ..compare_report import _fmt, heatmap, unknown_metrics, write_outputs
 from ..decisions import ObserverDecisions, check_decision_rule, model_trials, observer_slug, stable_key, whole_or_as_is
 from ..error_alignment import error_alignment, write_error_alignment
 from ..human_compare import compare_on_trials, labelled_trials
@@ -93,6 +93,7 @@ from ..measure import ModelSpec, make_panel
 from ..metrics import mvh_exclusions
 from ..observers import observer_names
 from ..pair_metrics import PAIR_METRIC_REGISTRY, Responses, metric_correlations, nanmean_matrices, pairwise_matrices, rankings
+from ..report import plain
 from ..scores import SCORE_FUNCTIONS, DeepEnsemble, ModelOutputs, make_score, model_outputs
 
 log = logging.getLogger(__name__)

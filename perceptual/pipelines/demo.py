@@ -23,8 +23,9 @@ from training.config import as_list, resolve_device
 from training.sweeps import job_path
 
 from ..convergence import convergence_sentence
-from ..measure import TASKS, ModelSpec, headline, make_panel, measure_models, threat_from_config, validate_inputs
+from ..measure import TASKS, ModelSpec, controversial_scores, headline, make_panel, measure_models, threat_from_config, validate_inputs
 from ..observers import lpips_weights_available
+from ..report import format_number
 from ._references import pair_configs, train_pair
 from .measure import check_convergence
 
@@ -80,10 +81,10 @@ def run(cfg: DictConfig) -> dict:
 def controversial_lines(c: dict) -> list[str]:
     """The demo's lines on its controversial stimuli: the Table 2 score per direction and the verdict, or for
     class-controversial stimuli which model's decisions each observer shares."""
-    if "spread" in c:
+    if "per_observer" in c:
         lines = []
-        for direction in c["spread"]:
-            spreads = ", ".join(f"{o} {s[direction]['mean']:.4f}" for o, s in c["per_observer"].items())
+        for direction, scores in controversial_scores(c).items():
+            spreads = ", ".join(f"{o} {format_number(v)}" for o, v in scores.items())
             lines.append(f"controversial (Table 2 score), {c['directions'][direction]}: {spreads}")
         return lines + [f"controversial: {c['verdict']}"]
     return [f"class-controversial:\n{c['verdict']}"] if c.get("verdict") else []

@@ -16,6 +16,7 @@ from training.sweeps import job_path
 
 from .. import humans
 from ..measure import load_report, make_panel, write_report
+from ..report import plain
 from ..statistics import check_n_boot
 
 logger = logging.getLogger("perceptual")
@@ -61,7 +62,7 @@ def run(cfg: DictConfig) -> dict:
     responses = humans.read_responses(files, package)
     data = humans.analyse(package, responses, observers, measure, cfg.max_attention_failures, cfg.n_boot, cfg.seed, cfg.min_median_rt_ms)
     out = Path(cfg.out) if cfg.out else package.path / "results"
-    atomic_write_json(out / "humans.json", data)
+    atomic_write_json(out / "humans.json", plain(data))  # undefined numbers (one worker's std) as null, as in every report
     atomic_write_text(out / "humans.md", humans.markdown_summary(data) + "\n![accuracy](accuracy.png)\n")
     humans.accuracy_figure(data, out / "accuracy.png")
     if measure is not None:

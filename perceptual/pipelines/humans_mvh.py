@@ -35,7 +35,6 @@ from training.config import as_list, expand_path
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 
-from ..compare_report import plain
 from ..human_trials import read_trials
 from ..metrics import aggregate_trials, condition_key, mean_rank, mvh_exclusions
 from ..mvh_analysis import (
@@ -50,6 +49,7 @@ from ..mvh_analysis import (
     shape_bias_table,
 )
 from ..mvh_figures import accuracy_figure, consistency_matrix_figure, error_consistency_figure, shape_bias_figure
+from ..report import plain
 
 
 def _fmt(value: float, digits: int = 3) -> str:

@@ -25,8 +25,8 @@ from training.config import as_list, expand_path, resolve_device
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 
-from ..compare_report import _fmt, plain
-from ..report import save_figure
+from ..compare_report import _fmt
+from ..report import plain, save_figure
 from ..scores import make_score
 from ..unknown_benchmark import cifar_benchmark, evaluate_scores, read_far_unknown, unknown_table
 from .audit import load_defence

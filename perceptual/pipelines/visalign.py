@@ -23,10 +23,10 @@ from training.config import as_list, dataset_from_config, expand_path, resolve_d
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 
-from ..compare_report import _fmt, plain
+from ..compare_report import _fmt
 from ..human_trials import load_images
 from ..metrics import GROUPS, check_reliability_settings
-from ..report import save_figure
+from ..report import plain, save_figure
 from ..visalign_report import category_order, model_visalign_table, read_human_labels
 from .audit import load_defence
 

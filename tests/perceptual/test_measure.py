@@ -58,7 +58,7 @@ def test_pipeline_end_to_end_writes_every_number_and_figure(tmp_path, tiny_check
         assert per["overall"]["n"] == (8 if task == "2afc" else 24)  # 4 targets × 2 seeds; 4 triplets × 6 rows
         assert set(per["by_seed_type"]) == {"noise", "train"} and per["overall"]["ci_low"] <= per["overall"]["accuracy"]
     assert 0 <= narrow["clean_accuracy"] <= 1 and narrow["robust_accuracy"] <= narrow["clean_accuracy"]
-    assert set(saved["controversial"]["spread"]) == {"AB", "BA"}
+    assert set(saved["controversial"]["directions"]) == {"AB", "BA"} and "spread" not in saved["controversial"]  # no mean over scales
     table = (out / "report.md").read_text()
     assert "| narrow |" in table and "Observer 2AFC" in table and "narrow keeps, wide pushed" in table
     assert data["models"]["wide"]["set"].endswith("models/wide/set")
@@ -251,7 +251,7 @@ def test_the_demo_states_class_controversial_results_too():
 
     assert controversial_lines({"objective": "class_controversial", "verdict": "pixel-l2: sides with robust"}) == [
         "class-controversial:\npixel-l2: sides with robust"]  # it printed nothing for them
-    two_way = {"spread": {"AB": {}}, "directions": {"AB": "standard keeps, robust pushed"}, "per_observer": {"ssim": {"AB": {"mean": 0.25}}},
+    two_way = {"directions": {"AB": "standard keeps, robust pushed"}, "per_observer": {"ssim": {"AB": {"mean": 0.25}}},
                "verdict": "robust favoured"}
     assert controversial_lines(two_way) == ["controversial (Table 2 score), standard keeps, robust pushed: ssim 0.2500",
                                             "controversial: robust favoured"]
@@ -343,11 +343,12 @@ def test_controversial_favoured_model_is_decided_by_a_sign_flip_test_over_origin
         return {"AB": {"mean": sum(ab) / len(ab), "per_origin": dict(enumerate(ab))},
                 "BA": {"mean": sum(ba) / len(ba), "per_origin": dict(enumerate(ba))}}
 
-    favoured = controversial_favoured({
+    favoured_input = {
         "lpips": spread([0.2, 0.25, 0.22, 0.21, 0.2, 0.2], [0.3, 0.35, 0.33, 0.31, 0.3, 0.3]),   # AB lower at every origin: standard
         "ssim": spread([0.5, 0.52, 0.55, 0.51, 0.5, 0.5], [0.4, 0.41, 0.45, 0.40, 0.4, 0.4]),    # BA lower at every origin: robust
         "pixel": spread([0.1, 0.3, 0.1, 0.3, 0.1, 0.3], [0.3, 0.1, 0.3, 0.1, 0.3, 0.1]),         # no consistent difference
-    }, {"AB": "standard", "BA": "robust"})
+    }
+    favoured = controversial_favoured(favoured_input, {"AB": "standard", "BA": "robust"})
     # six origins agreeing in sign: 2 of the 2^6 sign flips are as extreme
     assert favoured["lpips"]["favours"] == "standard" and favoured["lpips"]["p_value"] == pytest.approx(2 / 64) and favoured["lpips"]["ci"][1] < 0
     assert favoured["ssim"]["favours"] == "robust" and favoured["ssim"]["ci"][0] > 0
@@ -361,6 +362,11 @@ def test_controversial_favoured_model_is_decided_by_a_sign_flip_test_over_origin
     # five origins that all agree are still a one-in-16 chance under the null: no verdict, though the bootstrap interval excludes 0
     five = controversial_favoured({"lpips": spread([0.4, 0.45, 0.4, 0.42, 0.41], [0.3, 0.31, 0.3, 0.3, 0.3])}, {"AB": "standard", "BA": "robust"})
     assert five["lpips"]["ci"][0] > 0 and five["lpips"]["p_value"] == pytest.approx(2 / 32) and five["lpips"]["favours"] is None
+    # an observer's interval is its own: the same with other observers before it in the panel (one shared generator moved it)
+    uneven = spread([0.31, 0.12, 0.27, 0.18, 0.4, 0.22], [0.2, 0.33, 0.1, 0.25, 0.19, 0.36])
+    alone = controversial_favoured({"uneven": uneven}, {"AB": "standard", "BA": "robust"})["uneven"]
+    last = controversial_favoured({**favoured_input, "uneven": uneven}, {"AB": "standard", "BA": "robust"})["uneven"]
+    assert alone["ci"] == last["ci"]
 
 
 def test_controversial_verdicts_from_origins_that_side_at_random_stay_rare():
@@ -460,6 +466,32 @@ def test_a_report_with_relative_set_paths_is_rewritten_from_another_folder(tmp_p
     monkeypatch.chdir(tmp_path)
     write_report(report, out)
     assert (out / "grid.png").read_bytes() == grid and "grid.png" in (out / "report.md").read_text()
+
+
+def _strict_json(path):
+    """``path`` read as JSON that other languages parse: no NaN or Infinity literals."""
+    def refuse(literal):
+        raise ValueError(f"{path} holds the literal {literal}, which JSON does not allow")
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_report_json_is_strict_json_and_a_loaded_report_renders_again(tmp_path, tiny_checkpoints):
+    """One observer (no panel std) and one origin (no interval) wrote bare NaN into report.json, which JavaScript's
+    JSON.parse, jq and pandas' strict readers refuse; undefined numbers are null there, and a report read back (as the
+    humans command does) renders the same tables."""
+    from perceptual.measure import load_report, write_report
+
+    out = tmp_path / "report"
+    controversial = {"model_a": "narrow", "model_b": "wide", "n_origins": 1, "restarts": 2}
+    data = run_pipeline(out, tiny_checkpoints, panel=Panel([PixelL2Observer()]), controversial=controversial, convergence_threshold=0.5)
+    assert math.isnan(data["models"]["narrow"]["2afc"]["std"])  # in memory the number stays a float
+    saved = _strict_json(out / "report.json")
+    assert saved["models"]["narrow"]["2afc"]["std"] is None
+    first = (out / "report.md").read_text()
+    assert not re.search(r"\bnan\b", first, flags=re.IGNORECASE)
+    write_report(load_report(out), out)
+    assert (out / "report.md").read_text() == first
+    assert _strict_json(out / "report.json") == saved
 
 
 def test_an_undefined_ranking_agreement_is_written_as_undefined_not_nan(tmp_path, tiny_checkpoints):

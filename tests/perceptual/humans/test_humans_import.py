@@ -170,6 +170,9 @@ def test_ranking_agreement_exact_values():
     flipped = ranking_agreement({"a": 0.9, "b": 0.6, "c": 0.3}, {"a": 0.1, "b": 0.5, "c": 0.8})
     assert flipped["kendall_tau"] == pytest.approx(-1.0) and not flipped["same_order"]
     assert math.isnan(ranking_agreement({"a": 1.0}, {"a": 1.0})["kendall_tau"])
+    # an undefined observer score (null in a report.json read back) is a missing model, not a TypeError or a NaN tau
+    assert ranking_agreement({"a": 0.9, "b": 0.6, "c": 0.3}, {"a": 0.8, "b": None, "c": math.nan, "d": 0.7})["models"] == ["a"]
+    assert ranking_agreement({"a": 0.9, "b": 0.6, "c": 0.3}, {"a": 0.8, "b": None, "c": 0.1})["kendall_tau"] == pytest.approx(1.0)
 
 
 def test_trial_agreement_with_an_observer_on_the_package_images(package):

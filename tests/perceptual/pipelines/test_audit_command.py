@@ -4,6 +4,7 @@ nothing) and the bad input it refuses before the long work."""
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 import pytest
@@ -51,9 +52,13 @@ def test_audit_command_end_to_end_and_a_rerun_recomputes_nothing(tmp_path, monke
     assert accuracy["worst_case"] <= min(v for k, v in accuracy.items() if k != "worst_case")
     assert set(report["robustness"]["sweep"]) == {"0.0156863", "0.0313725"}
     assert set(report["alignment"]["models"]) == {"defence", "standard", "robust"} and "position" in report["alignment"]
-    assert "favoured_by_observer" in report["alignment"]["controversial"]
+    controversial = report["alignment"]["controversial"]
+    assert "favoured_by_observer" in controversial and "spread" not in controversial  # no mean over observers' different scales
+    assert set(controversial["scores"]) == set(controversial["directions"]) and all(set(s) == {"pixel-l2"} for s in controversial["scores"].values())
     assert report["references"]["robust"]["source"].startswith("given")
-    assert (tmp_path / "audit.md").read_text().startswith("# Defence audit")
+    markdown = (tmp_path / "audit.md").read_text()
+    assert markdown.startswith("# Defence audit") and "Table 2 score per direction and observer" in markdown  # was: "panel mean"
+    assert re.search(r"defence keeps, robust pushed: pixel-l2 \d\.\d{4}", markdown)
     page = (tmp_path / "audit.html").read_text()
     assert page.index("Verdict") < page.index("Masking checks") < page.index("Decision rule")
     for figure in ("accuracy_vs_eps.png", "masking_checks.png", "accuracy_per_attack.png", "alignment_vs_robust_clustering.png"):
