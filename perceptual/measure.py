@@ -649,14 +649,19 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
         threshold = data.get("convergence_threshold", DEFAULT_THRESHOLD)
         markdown += [
             f"## Convergence (normalised representation distance; converged: <= {threshold:g})", "",
-            "| Model | best: median | best: 90th pct. | last iterate: median | converged |", "|---|---|---|---|---|",
+            "| Model | best distance: median | best distance: 90th pct. | last iterate's loss: median | converged |", "|---|---|---|---|---|",
         ]
         markdown += [
             f"| {label} | {report.format_number(c['best_median'])} | {report.format_number(c['best_p90'])} | {report.format_number(c['last_median'])} | "
             f"{report.format_number(c['converged_fraction'], '.0%')} |"
             for label, c in ((label, m["convergence"]) for label, m in with_convergence.items())
         ]
-        markdown.append("")
+        with_priors = [label for label, m in with_convergence.items() if m["convergence"].get("curve_includes_priors")]
+        markdown += ["", "The best distance is the inversion distance alone at the image each item keeps, in float32. The last iterate's loss "
+                     "is the engine's objective where the item stopped, in the run's precision (bf16 on a GPU): beside the best it says "
+                     "whether items were still moving, not how far they got"
+                     + (f"; for {', '.join(with_priors)} it includes the priors (tv_weight, lp_weight, transform_robust), so it is not "
+                        "a distance." if with_priors else "."), ""]
     with_seed_types = {label: m for label, m in models_data.items() if len(m.get("by_seed_type") or {}) > 1}
     if with_seed_types:
         markdown += ["## By seed type", "",

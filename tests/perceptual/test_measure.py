@@ -494,6 +494,22 @@ def test_report_json_is_strict_json_and_a_loaded_report_renders_again(tmp_path, 
     assert _strict_json(out / "report.json") == saved
 
 
+def test_the_convergence_table_says_which_column_is_a_distance(tmp_path, tiny_checkpoints):
+    """"best" (the distance alone, float32) and "last iterate" (the whole objective with priors, bf16 on a GPU) stood under
+    one heading as if both were distances."""
+    from perceptual.measure import load_report, write_report
+
+    out = tmp_path / "report"
+    run_pipeline(out, tiny_checkpoints, panel=Panel([PixelL2Observer()]))
+    text = (out / "report.md").read_text()
+    assert "| best distance: median | best distance: 90th pct. | last iterate's loss: median |" in text
+    assert "in the run's precision" in text and "not a distance" not in text
+    report = load_report(out)
+    report["models"]["wide"]["convergence"]["curve_includes_priors"] = True  # as a set made with tv_weight > 0 records
+    write_report(report, out)
+    assert "for wide it includes the priors (tv_weight, lp_weight, transform_robust), so it is not a distance." in (out / "report.md").read_text()
+
+
 def test_an_undefined_ranking_agreement_is_written_as_undefined_not_nan(tmp_path, tiny_checkpoints):
     from perceptual.measure import load_report, write_report
 
