@@ -194,7 +194,8 @@ def observe_set(
             hard_distance = lambda x, o=first: o.matrix(quantize_8bit(x) if judge_8bit else x)  # noqa: E731
         trial_key = cache_key(stimulus_set.fingerprint, task, seed, attention_rate,
                               fingerprints[panel.observers[0].name] if task == "clustering_hard" else None,
-                              *(["checks-v2"] if attention_rate else []))  # v2: a rate that rounds to no check gives one
+                              *(["checks-v2"] if attention_rate else []),  # v2: a rate that rounds to no check gives one
+                              *(["distinct-triplets"] if task == "clustering_hard" else []))  # no hard triplet twice while another is free
         trials = stimuli.set_trials(stimulus_set, task, seed=seed, attention_rate=attention_rate, distance=hard_distance or "pixel_l2")
         judge = judge_2afc if task == "2afc" else judge_clustering
         for observer in panel:

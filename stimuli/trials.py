@@ -107,17 +107,26 @@ def two_afc_trials(manifest: pd.DataFrame, seed: int = 0, attention_rate: float 
     return table[TWO_AFC_COLUMNS]
 
 
-def nearest_triplets(distances: pd.DataFrame, anchors: Sequence[str]) -> list[tuple[str, str, str]]:
-    """Each anchor with its two nearest other targets under ``distances`` (a square table indexed by id)."""
+def nearest_triplets(distances: pd.DataFrame, anchors: Sequence[str], distinct: bool = True) -> list[tuple[str, str, str]]:
+    """Each anchor with its two nearest other targets under ``distances`` (a square table indexed by id).
+
+    Nanda et al. (AAAI 2023, Appendix A) pair each target with its two nearest. Two targets that are each other's nearest
+    then give the same three targets twice: the same trial (the rows are the three targets' results), counted twice in the
+    score and shown twice to people. With ``distinct`` (the default; a deliberate difference) an anchor whose nearest
+    triplet is taken gets the hardest one still free: the pair whose farther member ranks nearest the anchor, then whose
+    nearer one does. Only where every triplet of an anchor is taken (a handful of targets) does a triplet repeat."""
     if list(distances.index) != list(distances.columns):
         raise ValueError("target_distances must be a square table with the same ids as index and columns")
-    out = []
+    out, used = [], set()
     for anchor in anchors:
         if anchor not in distances.index:
             raise ValueError(f"target {anchor!r} is missing from target_distances")
-        row = distances.loc[anchor].drop(anchor)
-        nearest = row.sort_values(kind="stable").index[:2]
-        out.append((anchor, nearest[0], nearest[1]))
+        ranked = list(distances.loc[anchor].drop(anchor).sort_values(kind="stable").index)
+        pairs = ((ranked[near], ranked[far]) for far in range(1, len(ranked)) for near in range(far))  # hardest first
+        free = (pair for pair in pairs if frozenset((anchor, *pair)) not in used) if distinct else iter(())
+        pair = next(free, (ranked[0], ranked[1]))
+        used.add(frozenset((anchor, *pair)))
+        out.append((anchor, *pair))
     return out
 
 
@@ -131,8 +140,9 @@ def clustering_trials(
 ) -> pd.DataFrame:
     """Clustering trials: one triplet per anchor target (all targets, or ``n_trials`` drawn at random).
 
-    Random triplets pair the anchor with two other targets drawn uniformly; hard triplets
-    (``hard=True``) with its two nearest under ``target_distances`` (square, indexed by target id).
+    Random triplets pair the anchor with two other targets drawn uniformly (independently: a triplet may repeat); hard
+    triplets (``hard=True``) with its two nearest under ``target_distances`` (square, indexed by target id), no triplet
+    twice while another is free (:func:`nearest_triplets`).
     """
     rng = np.random.default_rng(seed)
     results = _results(manifest)

@@ -127,18 +127,30 @@ def test_hard_triplets_are_the_nearest_under_the_given_distance():
     distances = line_distances(positions)
     table = clustering_trials(inversion_manifest(10), seed=4, hard=True, target_distances=distances)
     assert set(table["task"]) == {"clustering_hard"}
-    seen_anchors = 0
-    for group in _trials(table):
-        columns = set(group[["column_0", "column_1", "column_2"]].iloc[0])
-        # Some member is the anchor and the other two are exactly its two nearest targets.
-        nearest = {a: set(sorted((b for b in positions if b != a), key=lambda b: distances.loc[a, b])[:2]) for a in columns}
-        assert any(columns - {a} == nearest[a] for a in columns)
-        seen_anchors += 1
-    assert seen_anchors == 10
-    # Brute force on the helper: every anchor paired with its two nearest.
+    shown = [frozenset(group[["column_0", "column_1", "column_2"]].iloc[0]) for group in _trials(table)]
+    assert len(shown) == 10 and len(set(shown)) == 10  # no triplet twice (on a line, neighbours are often each other's nearest)
+    assert set(shown) == {frozenset(t) for t in nearest_triplets(distances, sorted(positions))}
+    # Brute force on the helper: each anchor with the hardest pair still free, ordered by its farther member's rank,
+    # then its nearer one's; without distinct, the paper's two nearest of every anchor.
+    used = set()
     for anchor, a, b in nearest_triplets(distances, list(positions)):
+        ranked = sorted(set(positions) - {anchor}, key=lambda t: distances.loc[anchor, t])
+        pairs = sorted(((n, f) for f in range(len(ranked)) for n in range(f)), key=lambda nf: (nf[1], nf[0]))
+        expected = next({ranked[n], ranked[f]} for n, f in pairs if frozenset((anchor, ranked[n], ranked[f])) not in used)
+        assert {a, b} == expected
+        used.add(frozenset((anchor, a, b)))
+    for anchor, a, b in nearest_triplets(distances, list(positions), distinct=False):
         others = sorted(set(positions) - {anchor}, key=lambda t: distances.loc[anchor, t])
         assert {a, b} == set(others[:2])
+
+
+def test_mutual_nearest_targets_do_not_give_the_same_hard_triplet_twice():
+    """a, b and c are each other's nearest: the paper's rule gave the triplet {a, b, c} three times of four."""
+    distances = line_distances({"a": 0.0, "b": 1.0, "c": 2.5, "d": 10.0})
+    assert nearest_triplets(distances, ["a", "b", "c", "d"], distinct=False) == [("a", "b", "c"), ("b", "a", "c"), ("c", "b", "a"), ("d", "c", "b")]
+    assert nearest_triplets(distances, ["a", "b", "c", "d"]) == [("a", "b", "c"), ("b", "a", "d"), ("c", "b", "d"), ("d", "c", "a")]
+    # three targets make one triplet: it repeats, as it must
+    assert nearest_triplets(distances.loc[["a", "b", "c"], ["a", "b", "c"]], ["a", "b", "c"]) == [("a", "b", "c"), ("b", "a", "c"), ("c", "b", "a")]
 
 
 def test_hard_triplets_use_only_targets_with_results():
