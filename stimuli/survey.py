@@ -302,13 +302,14 @@ def _balance_sides(hand: list[dict], rng: np.random.Generator, excess: dict[tupl
     return balanced
 
 
-def announced_minutes(minutes: float, n_trials: int, trials_per_survey: int) -> int:
-    """The duration a survey of ``n_trials`` announces when a full one of ``trials_per_survey`` trials takes ``minutes``:
-    the deal spreads a task's trials evenly, so 41 trials at 40 per survey make two surveys of about 20, each half as long
-    as a full one. At least one minute."""
-    if not minutes > 0 or n_trials < 0 or trials_per_survey < 1:
-        raise ValueError(f"need minutes > 0, n_trials >= 0 and trials_per_survey >= 1, got {minutes}, {n_trials} and {trials_per_survey}")
-    return max(1, math.ceil(minutes * n_trials / trials_per_survey - 1e-9))
+def announced_minutes(minutes: float, n_judgements: int, trials_per_survey: int) -> int:
+    """The duration a survey of ``n_judgements`` announces when a full one of ``trials_per_survey`` 2AFC trials (one
+    judgement each) takes ``minutes``. A clustering trial asks one judgement per row (6 with two seed types), so a page of
+    10 clustering trials takes longer than one of 10 2AFC trials; and the deal spreads a task's trials evenly, so 41 2AFC
+    trials at 40 per survey make two surveys of about 20, each half as long as a full one. At least one minute."""
+    if not minutes > 0 or n_judgements < 0 or trials_per_survey < 1:
+        raise ValueError(f"need minutes > 0, n_judgements >= 0 and trials_per_survey >= 1, got {minutes}, {n_judgements} and {trials_per_survey}")
+    return max(1, math.ceil(minutes * n_judgements / trials_per_survey - 1e-9))
 
 
 def _image_name(png: bytes) -> str:
@@ -333,8 +334,9 @@ def build_survey(
     """Write a survey package for ``sets`` ({model label: inversion set or its path}) to ``out``; return its manifest.
 
     Each task's trials (with ``attention_rate`` checks) from every set are dealt round-robin over models into
-    ceil(n / ``trials_per_survey``) surveys. ``minutes`` is the duration of a full survey of ``trials_per_survey``
-    trials; each page announces its own share (:func:`announced_minutes`), as does ``input.csv``. ``base_url`` is the address
+    ceil(n / ``trials_per_survey``) surveys. ``minutes`` is the duration of a full survey of ``trials_per_survey`` 2AFC
+    trials; each page announces its own share, a clustering row counting as a 2AFC trial (:func:`announced_minutes`), as
+    does ``input.csv``. ``base_url`` is the address
     the package's ``surveys/`` folder will be served at (:func:`check_base_url`). ``trial_order``:
     ``per_participant`` (each participant's page shuffles the survey's trials once) or ``fixed``. The package is written
     into a temporary folder next to ``out`` and renamed into place, so a crash never leaves a half package. ``overwrite``
@@ -438,12 +440,13 @@ def _write_package(root: Path, loaded: Mapping[str, StimulusSet], surveys: list[
         page_data = {"package": fingerprint, "survey_id": sid, "task": task, "prompt": PROMPTS[task], "completion_code": code,
                      "format": RESPONSE_FORMAT, "shuffle": config["trial_order"] == "per_participant", "trials": page_trials}
         data_json = json.dumps(page_data, separators=(",", ":")).replace("</", "<\\/")
-        survey_minutes = announced_minutes(minutes, len(page_trials), config["trials_per_survey"])
+        n_judgements = sum(len(r["rows"]) for r in survey["trials"])  # a 2AFC trial is one, a clustering trial one per row
+        survey_minutes = announced_minutes(minutes, n_judgements, config["trials_per_survey"])
         html = template.render(title=title, task=task, prompt=PROMPTS[task], minutes=survey_minutes, n_trials=len(page_trials),
                                data_json=data_json, script=script)
         (folder / "index.html").write_text(html, encoding="utf-8")
         survey_rows.append({
-            "survey_id": sid, "task": survey["task"], "n_trials": len(page_trials), "minutes": survey_minutes,
+            "survey_id": sid, "task": survey["task"], "n_trials": len(page_trials), "n_judgements": n_judgements, "minutes": survey_minutes,
             "n_attention_checks": sum(r["attention_check"] for r in survey["trials"]),
             "models": sorted({r["model"] for r in survey["trials"]}),
             "survey_url": f"{base_url.rstrip('/')}/{sid}/index.html", "completion_code": code,  # base_url serves surveys/ alone

@@ -382,7 +382,8 @@ def test_a_package_is_published_with_the_umask_and_replaced_whole(inversion_sets
 
 
 def test_each_survey_announces_its_own_share_of_a_full_surveys_minutes(package_dir, inversion_sets, tmp_path):
-    """Every page said "about 20 minutes", also a survey that the deal left with half the trials of a full one."""
+    """Every page said "about 20 minutes", also a survey that the deal left with half the trials of a full one; and a
+    clustering page (6 judgements a trial) announced less than a 2AFC page with fewer judgements."""
     from stimuli.survey import announced_minutes
 
     assert [announced_minutes(20, n, 40) for n in (40, 21, 20, 1)] == [20, 11, 10, 1]
@@ -392,11 +393,16 @@ def test_each_survey_announces_its_own_share_of_a_full_surveys_minutes(package_d
     per_survey = manifest["config"]["trials_per_survey"]
     announced = pd.read_csv(package_dir / "input.csv").set_index("survey_id")["minutes"]
     assert announced.nunique() > 1  # the fixture's tasks do not fill their surveys alike
+    judgements = {sid: sum(len(t["rows"]) for t in manifest["trials"] if t["survey_id"] == sid) for sid in announced.index}
     for survey in manifest["surveys"]:
-        expected = math.ceil(20 * survey["n_trials"] / per_survey)
+        assert survey["n_judgements"] == judgements[survey["survey_id"]] >= survey["n_trials"]
+        expected = math.ceil(20 * judgements[survey["survey_id"]] / per_survey)
         assert survey["minutes"] == announced[survey["survey_id"]] == expected
         page = (package_dir / "surveys" / survey["survey_id"] / "index.html").read_text()
         assert f"It takes about {expected} minutes" in page
+    by_task = {s["task"]: s for s in manifest["surveys"]}
+    clustering, two_afc = by_task["clustering"], by_task["2afc"]
+    assert clustering["n_trials"] < two_afc["n_trials"] and clustering["minutes"] > two_afc["minutes"]  # fewer trials, more judgements
     for bad in (0, -5, "20", True):
         with pytest.raises(ValueError, match="minutes"):
             build_survey(dict(inversion_sets), tmp_path / "bad", minutes=bad)
