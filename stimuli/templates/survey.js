@@ -74,8 +74,10 @@
     return whole ? order.map(function (id) { return byId[id]; }) : data.trials;  // answers saved by an older page: its order
   }
 
-  var trialShownAt = 0, shownTrial = null;  // response times count from the trial's display (a reload shows it anew)
-  var currentRow = 0;
+  // A trial takes answers, and its response times count, from when all its images have loaded (a reload shows it anew):
+  // before, a key pressed while they loaded answered a trial not yet seen, and rt_ms counted from a blank stage.
+  var trialShownAt = 0, shownTrial = null, readyTrial = null;
+  var currentRow = 0, preloaded = [];
 
   function answered(trial) {
     var a = state.answers[trial.trial_id];
@@ -95,6 +97,30 @@
     el.className = "stim"; el.src = "images/" + name; el.alt = "";
     return el;
   }
+  function trialImages(trial) { return trial.task === "2afc" ? [trial.query].concat(trial.options) : trial.columns.concat(trial.rows); }
+  function preload(trial) {  // the next trial's images, fetched while this one is answered
+    preloaded = trial ? trialImages(trial).map(function (name) { var el = new Image(); el.src = "images/" + name; return el; }) : [];
+  }
+  function setReady(stage, ready) {
+    stage.classList.toggle("loading", !ready);
+    $("loading-note").classList.toggle("hidden", ready);
+    if (ready) stage.setAttribute("data-ready", "true"); else stage.removeAttribute("data-ready");
+  }
+  function whenImagesLoaded(stage, trial, index) {
+    var pending = Array.prototype.slice.call(stage.querySelectorAll("img.stim")).filter(function (el) { return !(el.complete && el.naturalWidth); });
+    function ready() {
+      if (shownTrial !== trial.trial_id || readyTrial === trial.trial_id) return;
+      readyTrial = trial.trial_id; trialShownAt = Date.now();
+      setReady(stage, true);
+      preload(sequence()[index + 1]);
+    }
+    var left = pending.length;
+    if (!left) { ready(); return; }
+    pending.forEach(function (el) {
+      el.addEventListener("load", function () { if (--left === 0) ready(); });
+      el.addEventListener("error", function () { $("image-error").classList.remove("hidden"); });
+    });
+  }
 
   function render() {
     var i = nextIndex();
@@ -107,8 +133,10 @@
     var stage = $("stage");
     stage.innerHTML = "";
     stage.setAttribute("data-trial", trial.trial_id);
-    if (shownTrial !== trial.trial_id) { shownTrial = trial.trial_id; trialShownAt = Date.now(); }
+    if (shownTrial !== trial.trial_id) { shownTrial = trial.trial_id; readyTrial = null; }
     if (trial.task === "2afc") render2afc(trial, stage); else renderClustering(trial, stage);
+    setReady(stage, readyTrial === trial.trial_id);
+    if (readyTrial !== trial.trial_id) whenImagesLoaded(stage, trial, i);
   }
 
   function render2afc(trial, stage) {
@@ -128,6 +156,7 @@
     stage.appendChild(q); stage.appendChild(opts);
   }
   function answer2afc(trial, side) {
+    if (readyTrial !== trial.trial_id) return;
     state.answers[trial.trial_id] = { choices: [side], rt_ms: [Date.now() - trialShownAt], complete: true };
     save(); render();
   }
@@ -164,12 +193,13 @@
   }
   function answerRow(trial, r, k) {
     var a = state.answers[trial.trial_id];
+    if (readyTrial !== trial.trial_id) return;
     a.choices[r] = k; a.rt_ms[r] = Date.now() - trialShownAt;
     save(); render();
   }
   function completeClustering(trial) {
     var a = state.answers[trial.trial_id];
-    if (a.choices.indexOf(null) >= 0) return;
+    if (readyTrial !== trial.trial_id || a.choices.indexOf(null) >= 0) return;
     a.complete = true; save(); render();
   }
 

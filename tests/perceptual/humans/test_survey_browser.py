@@ -46,11 +46,24 @@ def _driver(download_dir: Path):
     return driver
 
 
+class _SlowImages(http.server.SimpleHTTPRequestHandler):
+    """Serves images ``image_delay`` seconds late, as a slow connection does."""
+
+    image_delay = 0.0
+
+    def do_GET(self):
+        if "/images/" in self.path:
+            time.sleep(self.image_delay)
+        super().do_GET()
+
+    def log_message(self, *args):
+        pass
+
+
 @contextlib.contextmanager
-def _serving(folder: Path):
+def _serving(folder: Path, image_delay: float = 0.0):
     """A static server for ``folder`` on a free local port; yields its URL."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
-    handler.log_message = lambda *args: None
+    handler = functools.partial(type("Handler", (_SlowImages,), {"image_delay": image_delay}), directory=str(folder))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -70,6 +83,20 @@ def _by(name):
     from selenium.webdriver.common.by import By
 
     return getattr(By, name)
+
+
+def _ready(driver, timeout: float = 10.0) -> None:
+    """Wait until the shown trial's images have loaded (the page takes no answer before); at once where no trial is shown."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, timeout).until(lambda d: d.execute_script(
+        "return document.getElementById('trial').classList.contains('hidden') || document.getElementById('stage').hasAttribute('data-ready')"))
+
+
+def _press(driver, key: str) -> None:
+    """A key press once the trial can take it."""
+    _ready(driver)
+    driver.find_element(_by("TAG_NAME"), "body").send_keys(key)
 
 
 def _wait_for(path_glob: Path, pattern: str, timeout: float = 10.0) -> Path:
@@ -96,6 +123,7 @@ def _respond(driver, url: str, worker: str, truth: dict, strategy: str, rng: np.
     driver.find_element(_by("ID"), "start").click()
     answered = 0
     while driver.find_element(_by("ID"), "done").get_attribute("class") == "hidden":
+        _ready(driver)
         stage = driver.find_element(_by("ID"), "stage")
         trial = truth[stage.get_attribute("data-trial")]
         progress = driver.find_element(_by("ID"), "progress-text").text
@@ -128,6 +156,7 @@ def _respond(driver, url: str, worker: str, truth: dict, strategy: str, rng: np.
                     driver.refresh()  # mid clustering trial: the rows answered so far must survive
                     buttons = driver.find_elements(_by("CSS_SELECTOR"), "#stage .row button.chosen")
                     assert len(buttons) == r + 1
+                    _ready(driver)
             driver.find_element(_by("ID"), "next").click()
         answered += 1
         if reload_at is not None and answered == reload_at:
@@ -205,9 +234,8 @@ def test_three_scripted_respondents_in_chromium(survey_package, server, tmp_path
 
 
 def _answer_all_by_keyboard(driver, key="f"):
-    body = driver.find_element(_by("TAG_NAME"), "body")
     while driver.find_element(_by("ID"), "done").get_attribute("class") == "hidden":
-        body.send_keys(key)
+        _press(driver, key)
 
 
 def _section(driver) -> str:
@@ -244,6 +272,7 @@ def test_every_participant_and_assignment_has_answers_of_its_own(survey_package,
         start(f"workerId=W2&assignmentId=A2&{mturk}")
         assert driver.find_element(_by("ID"), "progress-text").text.startswith("Question 1 of ")
         # Ctrl+F (find) and a held key answer nothing
+        _ready(driver)
         ActionChains(driver).key_down(Keys.CONTROL).send_keys("f").key_up(Keys.CONTROL).perform()
         assert driver.find_element(_by("ID"), "progress-text").text.startswith("Question 1 of ")
         _answer_all_by_keyboard(driver, "j")
@@ -269,7 +298,7 @@ def test_every_participant_and_assignment_has_answers_of_its_own(survey_package,
         _answer_all_by_keyboard(driver)
         start("", worker="P2")
         assert driver.find_element(_by("ID"), "progress-text").text.startswith("Question 1 of ")
-        driver.find_element(_by("TAG_NAME"), "body").send_keys("f")
+        _press(driver, "f")
         driver.get(url)
         assert _section(driver) == "consent" and driver.find_element(_by("ID"), "worker-id").get_attribute("value") == ""
         driver.find_element(_by("ID"), "consent-box").click()
@@ -285,7 +314,6 @@ def test_two_tabs_keep_each_others_answers_and_odd_ids_survive(survey_package, s
     was the key of the page's last-id slot; a carriage return in an id split the CSV download's rows."""
     url = f"{server}/2afc-000/index.html"
     driver = _driver(tmp_path)
-    body = lambda: driver.find_element(_by("TAG_NAME"), "body")  # noqa: E731
     answers = lambda: len(driver.execute_script("return window.repalignResponses().answers"))  # noqa: E731
     try:
         driver.get(url)
@@ -295,16 +323,16 @@ def test_two_tabs_keep_each_others_answers_and_odd_ids_survive(survey_package, s
         driver.find_element(_by("ID"), "start").click()
         first = driver.current_window_handle
         for _ in range(3):
-            body().send_keys("f")
+            _press(driver, "f")
         driver.switch_to.new_window("tab")
         driver.get(f"{url}?workerId=W1&assignmentId=A1")
         second = driver.current_window_handle
         driver.switch_to.window(first)
         for _ in range(5):
-            body().send_keys("f")
+            _press(driver, "f")
         assert answers() == 8
         driver.switch_to.window(second)
-        body().send_keys("j")
+        _press(driver, "j")
         assert answers() == 9 and driver.find_element(_by("ID"), "progress-text").text.startswith("Question 10 of ")
         driver.switch_to.window(first)
         driver.refresh()
@@ -320,7 +348,7 @@ def test_two_tabs_keep_each_others_answers_and_odd_ids_survive(survey_package, s
             driver.find_element(_by("ID"), "consent-box").click()
             driver.find_element(_by("ID"), "start").click()
             for _ in range(2):
-                body().send_keys("f")
+                _press(driver, "f")
         driver.get(url)
         field = driver.find_element(_by("ID"), "worker-id")
         assert field.get_attribute("value") == ""
@@ -331,7 +359,7 @@ def test_two_tabs_keep_each_others_answers_and_odd_ids_survive(survey_package, s
         driver.get(f"{url}?workerId=cr%0Dlf&assignmentId=A9")
         driver.find_element(_by("ID"), "consent-box").click()
         driver.find_element(_by("ID"), "start").click()
-        body().send_keys("f")
+        _press(driver, "f")
         frame = pd.read_csv(io.StringIO(driver.execute_script("return window.repalignResponsesCsv()")))
         assert list(frame["worker_id"]) == ["cr\rlf"] and len(frame) == 1
     finally:
@@ -355,6 +383,7 @@ def test_double_clicks_platform_ids_blocked_storage_and_response_times(survey_pa
         assert field.get_attribute("value") == "P1" and field.get_attribute("readonly") is not None
         driver.find_element(_by("ID"), "consent-box").click()
         driver.find_element(_by("ID"), "start").click()
+        _ready(driver)
         option = driver.find_element(_by("CSS_SELECTOR"), '#stage button[data-choice="left"]')
         ActionChains(driver).double_click(option).perform()
         assert driver.find_element(_by("ID"), "progress-text").text.startswith("Question 2 of ")
@@ -366,6 +395,7 @@ def test_double_clicks_platform_ids_blocked_storage_and_response_times(survey_pa
         driver.find_element(_by("ID"), "consent-box").click()
         driver.find_element(_by("ID"), "start").click()
         n_rows = len(driver.find_elements(_by("CSS_SELECTOR"), "#stage .row"))
+        _ready(driver)
         for r in range(n_rows):
             time.sleep(0.2)
             driver.find_element(_by("CSS_SELECTOR"), f'#stage .row[data-row="{r}"] button[data-choice="0"]').click()
@@ -396,8 +426,9 @@ def _shown_order(driver, url: str, reload_after: int) -> tuple[list[str], dict]:
     driver.find_element(_by("ID"), "start").click()
     shown = []
     while _section(driver) == "trial":
+        _ready(driver)
         shown.append(driver.find_element(_by("ID"), "stage").get_attribute("data-trial"))
-        driver.find_element(_by("TAG_NAME"), "body").send_keys("f")
+        _press(driver, "f")
         if len(shown) == reload_after:
             driver.refresh()  # the participant's id comes from the URL: the page continues at once
     return shown, driver.execute_script("return window.repalignResponses()")
@@ -431,3 +462,31 @@ def test_each_participant_sees_an_order_of_their_own_kept_across_reloads(survey_
         driver.quit()
     with pytest.raises(ValueError, match="unknown trial_order 'random'"):
         build_survey(inversion_sets, tmp_path / "bad", trial_order="random")
+
+
+def test_a_trial_takes_answers_once_its_images_have_loaded(survey_package, tmp_path):
+    """On a slow connection a key pressed while the images loaded answered a trial the participant had not seen, and
+    rt_ms counted from the blank stage; the next trial's images now load while this one is answered."""
+    delay = 1.5
+    driver = _driver(tmp_path)
+    try:
+        with _serving(survey_package / "surveys", image_delay=delay) as url:
+            page = f"{url}/2afc-000/index.html?workerId=S1&assignmentId=A-S1"
+            driver.get(page)
+            driver.execute_script("window.localStorage.clear()")
+            driver.get(page)
+            driver.find_element(_by("ID"), "consent-box").click()
+            driver.find_element(_by("ID"), "start").click()
+            driver.find_element(_by("TAG_NAME"), "body").send_keys("f")  # before the images are there
+            answers = lambda: driver.execute_script("return window.repalignResponses().answers")  # noqa: E731
+            assert answers() == [] and "loading" in driver.find_element(_by("ID"), "stage").get_attribute("class")
+            assert "hidden" not in driver.find_element(_by("ID"), "loading-note").get_attribute("class")
+            _ready(driver)
+            assert "hidden" in driver.find_element(_by("ID"), "loading-note").get_attribute("class")
+            time.sleep(2 * delay)  # the next trial's images load meanwhile
+            driver.find_element(_by("TAG_NAME"), "body").send_keys("f")
+            (first,) = answers()
+            assert 2 * delay * 1000 <= first["rt_ms"] < 2 * delay * 1000 + 700  # from the images' arrival (the blank stage: 3 * delay)
+            assert driver.find_element(_by("ID"), "stage").get_attribute("data-ready") == "true"  # preloaded: shown at once
+    finally:
+        driver.quit()
