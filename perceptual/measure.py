@@ -597,11 +597,11 @@ def controversial_verdict(favoured: Mapping[str, Mapping | str | None]) -> str:
 
 
 def _favoured_cell(favoured: Mapping) -> str:
-    """``robust (p 0.031) [-0.012, -0.004]``; a report saved before the test has no p, one origin no interval."""
+    """``robust (p 0.031) [-0.012, -0.004]``; a report saved before the test has no p, fewer than 2 origins no interval."""
     p_value = favoured.get("p_value")
     p_text = f" (p {p_value:.3f})" if report.is_number(p_value) else ""
     low, high = favoured.get("ci") or (None, None)
-    interval = f" [{low:+.3f}, {high:+.3f}]" if report.is_number(low) and report.is_number(high) else " (no interval: one origin)"
+    interval = f" [{low:+.3f}, {high:+.3f}]" if report.is_number(low) and report.is_number(high) else " (no interval: fewer than 2 origins)"
     return f"{favoured['favours'] or 'neither'}{p_text}{interval}"
 
 
