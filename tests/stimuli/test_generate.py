@@ -84,14 +84,17 @@ def test_trials_from_a_generated_set_hard_triplets_nearest_in_pixels(one_go):
     table = set_trials(s, "clustering_hard", seed=0)
     targets = s.role("target")[1].flatten(1)
     ids = list(s.role("target")[0]["id"])
-    for _, group in table.groupby("trial"):
-        columns = set(group[["column_0", "column_1", "column_2"]].iloc[0])
 
-        def nearest(a):
-            i = ids.index(a)
-            order = sorted((j for j in range(len(ids)) if j != i), key=lambda j: float((targets[i] - targets[j]).norm()))
-            return {ids[j] for j in order[:2]}
-        assert any(columns - {a} == nearest(a) for a in columns)
+    def nearest(a):
+        i = ids.index(a)
+        order = sorted((j for j in range(len(ids)) if j != i), key=lambda j: float((targets[i] - targets[j]).norm()))
+        return {ids[j] for j in order[:2]}
+
+    shown = [frozenset(group[["column_0", "column_1", "column_2"]].iloc[0]) for _, group in table.groupby("trial")]
+    assert len(set(shown)) == len(shown)  # no triplet twice
+    for columns in shown:  # an anchor with its two nearest, or, where that triplet is another trial's, a harder free one
+        assert any(columns - {a} == nearest(a) or (frozenset({a} | nearest(a)) in shown and frozenset({a} | nearest(a)) != columns)
+                   for a in columns)
     assert len(set_trials(s, "2afc", attention_rate=0.2)) == 10
 
 
