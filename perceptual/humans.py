@@ -221,8 +221,7 @@ def _without_repeated_headers(table: pd.DataFrame, path: Path) -> pd.DataFrame:
     one below the other), which would otherwise be read as a submission of worker "worker_id". A repeated header in
     another column order is refused: the rows below it would be read under the wrong columns."""
     columns = list(table.columns)
-    names = set(columns)
-    headers = table.apply(lambda row: set(row) <= names and len(set(row)) > 1, axis=1) if len(table) else pd.Series(dtype=bool)
+    headers = table.isin(columns).all(axis=1) & (table.nunique(axis=1) > 1)  # every cell a column name, not one name repeated
     if not headers.any():
         return table
     reordered = headers & ~(table == columns).all(axis=1)

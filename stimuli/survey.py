@@ -336,9 +336,9 @@ def build_survey(
     Each task's trials (with ``attention_rate`` checks) from every set are dealt round-robin over models into
     ceil(n / ``trials_per_survey``) surveys. ``minutes`` is the duration of a full survey of ``trials_per_survey`` 2AFC
     trials; each page announces its own share, a clustering row counting as a 2AFC trial (:func:`announced_minutes`), as
-    does ``input.csv``. ``base_url`` is the address
-    the package's ``surveys/`` folder will be served at (:func:`check_base_url`). ``trial_order``:
-    ``per_participant`` (each participant's page shuffles the survey's trials once) or ``fixed``. The package is written
+    does ``input.csv``. ``base_url`` is the address the package's ``surveys/`` folder will be served at
+    (:func:`check_base_url`). ``trial_order``: ``per_participant`` (each participant's page shuffles the survey's trials
+    once) or ``fixed``. The package is written
     into a temporary folder next to ``out`` and renamed into place, so a crash never leaves a half package. ``overwrite``
     replaces an earlier package at ``out``; a folder that is not one, or a package with other files beside it (answers
     saved there), is refused, not deleted.

@@ -123,8 +123,8 @@ def nearest_triplets(distances: pd.DataFrame, anchors: Sequence[str], distinct: 
             raise ValueError(f"target {anchor!r} is missing from target_distances")
         ranked = list(distances.loc[anchor].drop(anchor).sort_values(kind="stable").index)
         pairs = ((ranked[near], ranked[far]) for far in range(1, len(ranked)) for near in range(far))  # hardest first
-        free = (pair for pair in pairs if frozenset((anchor, *pair)) not in used) if distinct else iter(())
-        pair = next(free, (ranked[0], ranked[1]))
+        nearest = (ranked[0], ranked[1])
+        pair = next((p for p in pairs if frozenset((anchor, *p)) not in used), nearest) if distinct else nearest
         used.add(frozenset((anchor, *pair)))
         out.append((anchor, *pair))
     return out
