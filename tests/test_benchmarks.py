@@ -112,6 +112,12 @@ def test_ssim_benchmark_compares_equal_distances(tmp_path):
     assert set(report["ratios"]) == {"ours / kornia (speed)"}
 
 
+def test_tv_prior_benchmark_compares_equal_values_and_gradients(tmp_path):
+    report = run_benchmark("bench_tv_prior.py", tmp_path / "tv.json", "--items", "4", "--iterations", "2", "--repeats", "1", "--threads", "1")
+    assert set(report["results"]) == {"ours", "replicate-pad"} and report["agreement"]["max_abs_value_difference"] == 0
+    assert report["agreement"]["max_abs_gradient_difference"] < 1e-6 and report["ratios"]["ours / replicate-pad (speed)"] > 0
+
+
 def test_the_bf16_peak_table_matches_each_gpu_by_its_most_specific_name():
     sys.path.insert(0, str(BENCHMARKS))
     from throughput import peak_of_gpu
