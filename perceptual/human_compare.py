@@ -85,8 +85,8 @@ def labelled_trials(humans: pd.DataFrame, models: pd.DataFrame) -> pd.DataFrame:
             unmatched.append(f"{subject} in {dataset}/{condition}")
     if unmatched:
         raise ValueError(f"model decisions share no source image with the human trials in {len(unmatched)} cell(s): "
-                         + ", ".join(unmatched[:8]) + ". Trials are matched by the source image (the part of imagename after "
-                         "the trial, experiment, subject and condition fields): were the decisions made on the benchmark's images?")
+                         + ", ".join(unmatched[:8]) + ". Trials are matched by the source image (the last '_' field of "
+                         "imagename, or ImageNet's n0…_… pair, as model-vs-human matches them): were the decisions made on the benchmark's images?")
     humans = humans.assign(subject=[system_label(s, True) for s in humans["subject"]])
     models = models.assign(subject=[system_label(s, False) for s in models["subject"]])
     return pd.concat([humans, models], ignore_index=True)

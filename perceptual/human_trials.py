@@ -7,9 +7,11 @@ data: bethgelab/model-vs-human (``raw-data/<experiment>/<experiment>_<subject>_s
     subj, session (or Session), trial, rt, object_response, category, condition, imagename
 
 ``imagename`` is ``<trial>_<experiment tag>_<subject tag>_<condition>_<source image>``, e.g.
-``0001_cl_s01_cr_oven_40_n04111531_14126.png``; the source image (``oven_40_n04111531_14126.png``) is what
-observers share, so trials are matched across observers by it (:func:`source_image`), as the benchmark matches
-them by image. ``object_response`` ``na`` is a trial the subject did not answer in time: the benchmark keeps it and
+``0001_cl_s01_cr_oven_40_n04111531_14126.png``; the source image is what observers share, so trials are matched
+across observers by it, keyed as the benchmark keys it (:func:`source_image`: ``n04111531_14126.png``). For
+cue-conflict, edge and silhouette, whose images the benchmark keeps in class folders without sessions, its model
+files name the bare file (``airplane1-bicycle2.png``) with condition ``NaN``: read as the humans' single condition
+``0``, and matched to them by that file name. ``object_response`` ``na`` is a trial the subject did not answer in time: the benchmark keeps it and
 counts it wrong, and so do we (the report counts them).
 
 :func:`read_trials` turns files into the toolkit's trial table (:data:`perceptual.decisions.TRIAL_TABLE_COLUMNS`,
@@ -22,7 +24,8 @@ are left out and the report says which and how many.
 
 :func:`write_trials` writes a trial table (e.g. a model's, :func:`perceptual.decisions.model_trials`) in the same
 format, so the benchmark's own code can read it. :func:`read_image_folder` and :func:`classify_image_folder` read
-the benchmark's released image folders (``<experiment>/dnn/session-1/*.png``) and let an ImageNet classifier
+the benchmark's released image folders (``<experiment>/dnn/session-1/*.png``, or ``<experiment>/<class>/*.png``
+for cue-conflict, edge and silhouette) and let an ImageNet classifier
 decide through the 16-class mapping (:func:`perceptual.metrics.imagenet_to_16_classes`).
 """
 from __future__ import annotations
@@ -48,6 +51,9 @@ log = logging.getLogger(__name__)
 
 MVH_COLUMNS = ("subj", "session", "trial", "rt", "object_response", "category", "condition", "imagename")
 NO_ANSWER = "na"  # the benchmark's response for a trial left unanswered (counted wrong)
+# The condition humans' files give the single-condition experiments (cue-conflict, edge, silhouette, ...); the benchmark's
+# model files for those whose images have no session folder say "NaN" there and name the image by its bare file name.
+SINGLE_CONDITION = "0"
 EXTRA_COLUMNS = ("session", "trial", "rt", "imagename")
 # Short experiment tags the benchmark uses in image names, for writing; unknown data sets use their own name.
 EXPERIMENT_TAGS = {
@@ -74,17 +80,34 @@ def _split_imagename(imagename: str, condition: str | None = None) -> list[str] 
     return head[:3] + tail if len(tail) == 2 and all(tail) else None
 
 
-def source_image(imagename: str, condition: str | None = None) -> str:
-    """The source image of a benchmark image name: what follows the trial, experiment, subject and condition fields.
+def _short_name(image: str) -> str:
+    """model-vs-human's ``get_short_imagename`` (``helper/plotting_helper.py``): ImageNet's ``n0…_…`` pair, else the last ``_`` field."""
+    fields = image.split("_")
+    if len(fields) == 1:
+        return image
+    return "_".join(fields[-2:]) if fields[-2].startswith("n0") else fields[-1]
 
-    ``0001_cl_s01_cr_oven_40_n04111531_14126.png`` → ``oven_40_n04111531_14126.png``. Every observer (human or
-    model, ``..._dnn_...``) who saw that source image in that condition gets the same id. Pass the trial's
+
+def source_image(imagename: str, condition: str | None = None) -> str:
+    """The source image of a benchmark image name, the key that joins observers' trials, as model-vs-human keys them.
+
+    As ``get_short_imagename`` in the benchmark's ``helper/plotting_helper.py``: of what follows the trial,
+    experiment, subject and condition fields, ImageNet's ``n0…_…`` pair or else the last ``_`` field:
+    ``0001_cl_s01_cr_oven_40_n04111531_14126.png`` → ``n04111531_14126.png``,
+    ``0001_s5n_s01_0_bird_00_bird3-bird2.png`` → ``bird3-bird2.png``. Every observer (human or model,
+    ``..._dnn_...``) who saw that source image gets the same id, whatever the benchmark put between condition and
+    image for that observer. A bare file name (``bird3-bird2.png``: what the benchmark writes for models on
+    cue-conflict, edge and silhouette, whose images have no session folder) is its own id. Pass the trial's
     ``condition`` when it may contain ``_``.
     """
-    parts = _split_imagename(str(imagename), condition)
+    imagename = str(imagename)
+    if imagename and "_" not in imagename:
+        return imagename
+    parts = _split_imagename(imagename, condition)
     if parts is None:
-        raise ValueError(f"{imagename!r} is not a model-vs-human image name (<trial>_<experiment>_<subject>_<condition>_<image>)")
-    return parts[4]
+        raise ValueError(f"{imagename!r} is not a model-vs-human image name (<trial>_<experiment>_<subject>_<condition>_<image>, "
+                         "or a bare file name without '_')")
+    return _short_name(parts[4])
 
 
 def texture_category(imagename: str) -> str:
@@ -204,10 +227,16 @@ def _read_one(path: Path, dataset: str, categories: frozenset, report: TrialRepo
                 found.add("malformed row", f"line {line}: {len(fields)} fields, expected {len(names)}")
                 continue
             row = {c: fields[i].strip() for c, i in index.items()}
+            bare = bool(row["imagename"]) and "_" not in row["imagename"]  # the benchmark's model files without sessions
+            if bare and row["condition"].lower() == "nan":
+                row["condition"] = SINGLE_CONDITION
             reasons = [c for c in ("subj", "object_response", "category", "condition", "imagename") if not row[c]]
             reasons += [c for c in ("session", "trial") if not _is_int(row[c])]  # empty too: they key duplicate trials
             reasons += ["rt"] if row["rt"] and not _is_number_or_nan(row["rt"]) else []
-            parts = _split_imagename(row["imagename"], row["condition"]) if row["imagename"] else None
+            if bare:
+                parts = [None, None, None, row["condition"], row["imagename"]]
+            else:
+                parts = _split_imagename(row["imagename"], row["condition"]) if row["imagename"] else None
             if row["imagename"] and parts is None:
                 reasons.append("imagename")
             if reasons:
@@ -222,12 +251,12 @@ def _read_one(path: Path, dataset: str, categories: frozenset, report: TrialRepo
             if parts[3] != row["condition"]:
                 found.add("imagename condition differs from condition", f"line {line}: {parts[3]!r} vs {row['condition']!r}")
                 bad_rows.add(line)
-            rows.append({"line": line, "tag": parts[1], **row, "image_id": parts[4]})
+            rows.append({"line": line, "tag": parts[1], **row, "image_id": _short_name(parts[4])})
     # Whole-file checks: one subject and one experiment per file, each trial and each (condition, image) once.
     subjects = Counter(r["subj"] for r in rows)
     if len(subjects) > 1:
         found.add("file mixes subjects", ", ".join(f"{s} × {n}" for s, n in subjects.most_common()))
-    tags = Counter(r["tag"] for r in rows)
+    tags = Counter(r["tag"] for r in rows if r["tag"] is not None)
     if len(tags) > 1:
         found.add("file mixes experiments", ", ".join(f"tag {t!r} × {n}" for t, n in tags.most_common()))
     for key_name, key in (("duplicate trial", lambda r: (r["subj"], r["session"], r["trial"])),
@@ -340,7 +369,8 @@ def write_trials(table: pd.DataFrame, path: Path | str, *, session: int | None =
     argument, else 1; a ``session`` argument that contradicts the column is an error. ``trial`` is the table's
     own column when present, else 1, 2, ... in row order. ``imagename`` is the table's own column when present,
     else ``<trial>_<experiment tag>_dnn_<condition>_<image_id>`` (models are ``dnn`` in the benchmark's image
-    names), so that :func:`read_trials` recovers ``image_id`` exactly.
+    names), so that :func:`read_trials` recovers ``image_id`` exactly (an id with ``_`` that is not ImageNet's ``n0…_…``
+    would not, and is an error).
     """
     missing = [c for c in TRIAL_TABLE_COLUMNS if c not in table.columns]
     if missing:
@@ -371,6 +401,10 @@ def write_trials(table: pd.DataFrame, path: Path | str, *, session: int | None =
             raise ValueError("image_id must not be empty: it is the source-image part of the image name")
         tag = EXPERIMENT_TAGS.get(str(table["dataset"].iloc[0]), str(table["dataset"].iloc[0]).replace("_", "-"))
         names = [f"{t:04d}_{tag}_dnn_{c}_{i}" for t, c, i in zip(trials, table["condition"].astype(str), table["image_id"].astype(str))]
+        unkeyed = sorted({i for i in table["image_id"].astype(str) if _short_name(i) != i})
+        if unkeyed:
+            raise ValueError(f"image_id(s) {unkeyed[:5]} would not read back: observers are matched on the image name's last '_' field "
+                             "(or ImageNet's n0…_… pair), as in model-vs-human; use ids without '_'")
     rt = table["rt"].to_numpy(dtype=float) if "rt" in table.columns else np.full(n, np.nan)
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
@@ -386,17 +420,37 @@ def write_trials(table: pd.DataFrame, path: Path | str, *, session: int | None =
 # ------------------------------------------------------------------------------------------------ image folders
 
 
-def read_image_folder(root: Path | str, experiment: str) -> pd.DataFrame:
-    """The images of one experiment as the benchmark releases them: ``<root>/<experiment>/dnn/session-1/*.png``.
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 
-    Returns one row per image: ``path, imagename, condition, category, image_id`` (condition and category from
-    the image name, image_id = :func:`source_image`), sorted by name. A name that does not parse, or whose
-    category is not one of the 16 classes, is an error that lists every such file.
+
+def _class_folders(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".") and p.name != "dnn") if folder.is_dir() else []
+
+
+def has_image_folder(root: Path | str, experiment: str) -> bool:
+    """Whether ``root`` holds the experiment's images in one of the benchmark's layouts (:func:`read_image_folder`)."""
+    folder = Path(root).expanduser() / experiment
+    return (folder / "dnn" / "session-1").is_dir() or bool(_class_folders(folder))
+
+
+def read_image_folder(root: Path | str, experiment: str) -> pd.DataFrame:
+    """The images of one experiment as the benchmark releases them.
+
+    Two layouts, as model-vs-human's data sets have them: ``<root>/<experiment>/dnn/session-1/*.png`` with
+    ``<trial>_<tag>_dnn_<condition>_<image>`` names (``InfoMappingWithSessions``), or, for cue-conflict, edge and
+    silhouette, ``<root>/<experiment>/<class>/*.png`` with bare file names (``ImageNetInfoMapping``: the class is the
+    folder, the condition the single ``0``). Returns one row per image: ``path, imagename, condition, category,
+    image_id`` (image_id = :func:`source_image`), sorted by name. A name that does not parse, or a category that is
+    not one of the 16 classes, is an error that lists every such file.
     """
-    folder = Path(root).expanduser() / experiment / "dnn" / "session-1"
+    experiment_folder = Path(root).expanduser() / experiment
+    folder = experiment_folder / "dnn" / "session-1"
     if not folder.is_dir():
-        raise FileNotFoundError(f"no image folder {folder} (the benchmark's layout: <root>/<experiment>/dnn/session-1/*.png)")
-    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".png", ".jpg", ".jpeg"))
+        if _class_folders(experiment_folder):
+            return _read_class_folders(experiment_folder)
+        raise FileNotFoundError(f"no image folder {folder} (the benchmark's layouts: <root>/<experiment>/dnn/session-1/*.png, "
+                                "or <root>/<experiment>/<class>/*.png)")
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
         raise FileNotFoundError(f"{folder} holds no .png/.jpg images")
     rows, bad = [], []
@@ -409,10 +463,34 @@ def read_image_folder(root: Path | str, experiment: str) -> pd.DataFrame:
         if category not in SIXTEEN_CLASS_NAMES:
             bad.append(f"{path.name} (category {category!r} is not one of the 16 classes)")
             continue
-        rows.append({"path": str(path), "imagename": path.name, "condition": parts[3], "category": category, "image_id": parts[4]})
+        rows.append({"path": str(path), "imagename": path.name, "condition": parts[3], "category": category,
+                     "image_id": _short_name(parts[4])})
     if bad:
         raise ValueError(f"{len(bad)} image name(s) in {folder} do not parse: " + "; ".join(bad[:10]) + (" ..." if len(bad) > 10 else ""))
     return pd.DataFrame(rows)
+
+
+def _read_class_folders(folder: Path) -> pd.DataFrame:
+    rows, bad = [], []
+    for class_folder in _class_folders(folder):
+        if class_folder.name not in SIXTEEN_CLASS_NAMES:
+            bad.append(f"{class_folder.name}/ (not one of the 16 classes)")
+            continue
+        for path in sorted(p for p in class_folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith(".")):
+            if "_" in path.name:  # the key would drop everything before the last "_" and could join two images
+                bad.append(f"{class_folder.name}/{path.name} (a bare file name has no '_')")
+                continue
+            rows.append({"path": str(path), "imagename": path.name, "condition": SINGLE_CONDITION, "category": class_folder.name,
+                         "image_id": path.name})
+    if bad:
+        raise ValueError(f"{len(bad)} problem(s) in {folder}'s class folders: " + "; ".join(bad[:10]) + (" ..." if len(bad) > 10 else ""))
+    if not rows:
+        raise FileNotFoundError(f"{folder}'s class folders hold no .png/.jpg images")
+    duplicated = pd.Series([r["image_id"] for r in rows]).duplicated(keep=False)
+    if duplicated.any():
+        names = sorted({r["image_id"] for r, d in zip(rows, duplicated) if d})
+        raise ValueError(f"image name(s) {names[:5]} occur in more than one class folder of {folder}: trials are matched by file name")
+    return pd.DataFrame(rows).sort_values("imagename", kind="stable").reset_index(drop=True)
 
 
 def load_images(paths: Sequence[str | Path], size: int | None):
@@ -472,6 +550,6 @@ def classify_image_folder(model, root: Path | str, experiment: str, *, subject: 
 
 
 __all__ = [
-    "EXPERIMENT_TAGS", "MVH_COLUMNS", "NO_ANSWER", "Problem", "TrialDataError", "TrialReport", "classify_image_folder",
-    "load_images", "read_image_folder", "read_trials", "source_image", "texture_category", "write_trials",
+    "EXPERIMENT_TAGS", "MVH_COLUMNS", "NO_ANSWER", "Problem", "SINGLE_CONDITION", "TrialDataError", "TrialReport", "classify_image_folder",
+    "has_image_folder", "load_images", "read_image_folder", "read_trials", "source_image", "texture_category", "write_trials",
 ]

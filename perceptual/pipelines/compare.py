@@ -49,8 +49,8 @@ Real human trials (``humans=PATH``): the model-vs-human benchmark's trial CSVs (
 ``human:subject-01`` and ``model:<name>``), written to ``out/humans/``. The models must decide on the same images,
 matched by source image: either their decisions in the benchmark's CSV format (``model_trials=[PATH, ...]``, e.g. from
 the benchmark's own ``raw-data`` model files or :func:`perceptual.human_trials.write_trials`), or the benchmark's image
-folders (``humans_images=PATH``: ``<experiment>/dnn/session-1/*.png``) through which the ImageNet ``models`` decide via
-the 16-class mapping (their decisions are written to ``out/humans/decisions/`` in the benchmark's format). Alone
+folders (``humans_images=PATH``: ``<experiment>/dnn/session-1/*.png`` or ``<experiment>/<class>/*.png``) through which
+the ImageNet ``models`` decide via the 16-class mapping (their decisions are written to ``out/humans/decisions/`` in the benchmark's format). Alone
 (default) no simulated observer runs; with ``humans_with_panel=true`` the panel run above
 is done as well and its report sits next to the human one (the panel classifies the data set's images, the humans the
 benchmark's: the two reference groups share no images, so each ranks the models on its own). The ranking leaves out
@@ -88,7 +88,7 @@ from ..decisions import ObserverDecisions, check_decision_rule, model_trials, ob
 from ..error_alignment import error_alignment, write_error_alignment
 from ..human_compare import compare_on_trials, labelled_trials
 from ..human_compare import summary_markdown as human_summary_markdown
-from ..human_trials import classify_image_folder, read_trials, write_trials
+from ..human_trials import classify_image_folder, has_image_folder, read_trials, write_trials
 from ..measure import ModelSpec, make_panel
 from ..metrics import mvh_exclusions
 from ..observers import observer_names
@@ -415,7 +415,7 @@ def human_model_decisions(humans: pd.DataFrame, *, model_trials: Sequence[str] =
     classifying the benchmark's image folders under ``images`` (every human experiment that has a folder there)."""
     if not model_trials and not images:
         raise ValueError("humans= needs the models' decisions on the same images: model_trials=[CSV file or folder, ...] (the benchmark's "
-                         "format) or humans_images=PATH (the benchmark's <experiment>/dnn/session-1/*.png folders) with models=[...]")
+                         "format) or humans_images=PATH (the benchmark's <experiment>/dnn/session-1 or <experiment>/<class> folders) with models=[...]")
     if images and not specs:
         raise ValueError("humans_images= is set but models=[] is empty: name the ImageNet models that classify those images")
     tables = []
@@ -423,10 +423,14 @@ def human_model_decisions(humans: pd.DataFrame, *, model_trials: Sequence[str] =
         tables.append(read_trials([expand_path(p) for p in model_trials])[0])
     if images:
         root = expand_path(images)
-        experiments = [e for e in sorted(humans["dataset"].unique()) if (root / e / "dnn" / "session-1").is_dir()]
+        experiments = [e for e in sorted(humans["dataset"].unique()) if has_image_folder(root, e)]
         if not experiments:
-            raise FileNotFoundError(f"no image folder <experiment>/dnn/session-1 under {root} for any human experiment "
-                                    f"({sorted(humans['dataset'].unique())})")
+            raise FileNotFoundError(f"no image folder <experiment>/dnn/session-1 or <experiment>/<class> under {root} for any human "
+                                    f"experiment ({sorted(humans['dataset'].unique())})")
+        without_images = sorted(set(humans["dataset"]) - set(experiments))
+        if without_images:
+            log.warning("humans_images=%s has no image folder for the human experiment(s) %s: the models are compared on %s only",
+                        root, without_images, experiments)
         device = resolve_device(device)
         for spec in specs:
             model = spec.build("imagenet").to(device).eval()  # a zoo name or a factory, as the panel run builds it

@@ -33,7 +33,7 @@ from perceptual.pipelines.compare import run as compare_run
 from ..conftest import MVH_RAW
 
 CLASSES = list(SIXTEEN_CLASS_NAMES)
-IMAGES = [("oven_1.png", "oven"), ("bear_2.png", "bear"), ("car_3.png", "car"), ("dog_4.png", "dog"), ("knife_5.png", "knife")]
+IMAGES = [("oven-1.png", "oven"), ("bear-2.png", "bear"), ("car-3.png", "car"), ("dog-4.png", "dog"), ("knife-5.png", "knife")]
 WRONG = "truck"
 
 
@@ -45,7 +45,7 @@ def human_folder(root):
     people = {"subject-01": [1, 1, 0, 0, 1], "subject-02": [1, 1, 0, 0]}
     (root / "colour").mkdir(parents=True)
     for subject, right in people.items():
-        lines = [f"{subject},1,{t + 1},0.5,{response},{category},bw,{t + 1:04d}_cl_s{subject[-2:]}_bw_{image}"
+        lines = [f"{subject},1,{t + 1},0.5,{response},{category},bw,{t + 1:04d}_cl_s{subject[-2:]}_bw_{category}_40_{image}"
                  for t, ((image, category), response) in enumerate(zip(IMAGES, _answers(right)))]
         (root / "colour" / f"colour_{subject}_session_1.csv").write_text(
             "subj,Session,trial,rt,object_response,category,condition,imagename\n" + "\n".join(lines) + "\n")
@@ -93,7 +93,7 @@ def test_hand_computed_values_and_ranks(trials):
 
 def test_unanswered_trial_is_its_own_wrong_class(trials):
     changed = trials.copy()
-    row = (changed["subject"] == "human:subject-02") & (changed["image_id"] == "car_3.png")
+    row = (changed["subject"] == "human:subject-02") & (changed["image_id"] == "car-3.png")
     changed.loc[row, "response"] = "na"
     matrices = pair_matrices_on_trials(changed, ["human:subject-01", "human:subject-02"])[("colour", "bw")]
     # Both are wrong on car_3 (still kappa 1), but "na" never agrees with subject-01's "truck".
@@ -103,7 +103,7 @@ def test_unanswered_trial_is_its_own_wrong_class(trials):
 
 def test_model_decisions_must_meet_the_human_images(tmp_path):
     humans, _ = read_trials(human_folder(tmp_path / "raw"))
-    stranger = trial_table("elsewhere", "colour", "bw", ["cat_9.png"], [CLASSES.index("cat")], [CLASSES.index("cat")], CLASSES)
+    stranger = trial_table("elsewhere", "colour", "bw", ["cat-9.png"], [CLASSES.index("cat")], [CLASSES.index("cat")], CLASSES)
     with pytest.raises(ValueError, match="share no source image"):
         labelled_trials(humans, stranger)
     with pytest.raises(ValueError, match="no human trials"):
@@ -152,14 +152,14 @@ def _config(overrides):
         return compose(config_name="compare", overrides=overrides)
 
 
-def test_image_folder_models_join_the_humans(tmp_path):
+def test_image_folder_models_join_the_humans(tmp_path, caplog):
     """An ImageNet zoo model (random weights) classifies a synthetic benchmark image folder; its trials meet the humans'."""
     humans, _ = read_trials(human_folder(tmp_path / "raw"))
     folder = tmp_path / "images" / "colour" / "dnn" / "session-1"
     folder.mkdir(parents=True)
     rng = np.random.default_rng(0)
-    for t, (image, _) in enumerate(IMAGES):
-        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(folder / f"{t + 1:04d}_cl_dnn_bw_{image}")
+    for t, (image, category) in enumerate(IMAGES):
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(folder / f"{t + 1:04d}_cl_dnn_bw_{category}_40_{image}")
     from perceptual.measure import ModelSpec
 
     models = human_model_decisions(humans, images=str(tmp_path / "images"), specs=[ModelSpec(name="resnet18", label="r18")],
@@ -169,6 +169,12 @@ def test_image_folder_models_join_the_humans(tmp_path):
     assert data["models"] == ["model:r18"] and not math.isnan(data["ranking"]["values"]["model:r18"]["observed_consistency"])
     with pytest.raises(FileNotFoundError, match="no image folder"):
         human_model_decisions(humans, images=str(tmp_path), specs=[ModelSpec(name="resnet18")])
+    # a human experiment without images there is named, not skipped in silence
+    edge = humans.assign(dataset="edge")
+    with caplog.at_level("WARNING", logger="perceptual.pipelines.compare"):
+        human_model_decisions(pd.concat([humans, edge]), images=str(tmp_path / "images"), specs=[ModelSpec(name="resnet18", label="r18")],
+                              image_size=32, progress=False)
+    assert "no image folder for the human experiment(s) ['edge']: the models are compared on ['colour'] only" in caplog.text
     # a factory entry, as the panel run builds it (was: "unknown torchvision architecture None")
     factory = human_model_decisions(humans, images=str(tmp_path / "images"), specs=[ModelSpec(factory="torchvision.models:resnet18", label="f18")],
                                     image_size=32, progress=False)
@@ -183,8 +189,8 @@ def test_image_folder_decisions_round_trip_through_the_command(tmp_path):
     folder = tmp_path / "images" / "colour" / "dnn" / "session-1"
     folder.mkdir(parents=True)
     rng = np.random.default_rng(0)
-    for t, (image, _) in enumerate(IMAGES):
-        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(folder / f"{t + 1:04d}_cl_dnn_bw_{image}")
+    for t, (image, category) in enumerate(IMAGES):
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(folder / f"{t + 1:04d}_cl_dnn_bw_{category}_40_{image}")
     out = tmp_path / "out"
     first = compare_run(_config([f"humans={tmp_path / 'raw'}", f"humans_images={tmp_path / 'images'}", "humans_image_size=32",
                                  "models=[{name:resnet18,label:r18}]", f"out={out}", "progress=false"]))["humans"]
@@ -291,9 +297,9 @@ def test_cles_smooths_over_sixteen_classes_unless_a_trial_is_unanswered(trials):
     matrices = pair_matrices_on_trials(trials, pair)[("colour", "bw")]
     assert matrices["cles"][0, 1] == pytest.approx(cles(16, model["response"].map(index).to_numpy()))
     changed = trials.copy()
-    changed.loc[(changed["subject"] == "model:alternating") & (changed["image_id"] == "bear_2.png"), "response"] = "na"
+    changed.loc[(changed["subject"] == "model:alternating") & (changed["image_id"] == "bear-2.png"), "response"] = "na"
     with_na = np.array(model["response"].map(index))
-    with_na[list(model.index).index("bear_2.png")] = 16
+    with_na[list(model.index).index("bear-2.png")] = 16
     assert pair_matrices_on_trials(changed, pair)[("colour", "bw")]["cles"][0, 1] == pytest.approx(cles(17, with_na))
 
 

@@ -21,10 +21,10 @@ CLASSES = list(SIXTEEN_CLASS_NAMES)
 def raw_folder(root):
     """colour: two subjects × two conditions × two images; cue-conflict: two subjects × three images (one same-class)."""
     colour = {  # subject → condition → [(image, category, response)]
-        "subject-01": {"cr": [("oven_1.png", "oven", "oven"), ("bear_2.png", "bear", "cat")],
-                       "bw": [("car_3.png", "car", "car"), ("dog_4.png", "dog", "dog")]},
-        "subject-02": {"cr": [("oven_1.png", "oven", "oven"), ("bear_2.png", "bear", "bear")],
-                       "bw": [("car_3.png", "car", "truck"), ("dog_4.png", "dog", "dog")]},
+        "subject-01": {"cr": [("oven-1.png", "oven", "oven"), ("bear-2.png", "bear", "cat")],
+                       "bw": [("car-3.png", "car", "car"), ("dog-4.png", "dog", "dog")]},
+        "subject-02": {"cr": [("oven-1.png", "oven", "oven"), ("bear-2.png", "bear", "bear")],
+                       "bw": [("car-3.png", "car", "truck"), ("dog-4.png", "dog", "dog")]},
     }
     for subject, conditions in colour.items():
         lines, trial = [], 0
@@ -36,7 +36,7 @@ def raw_folder(root):
         (root / "colour" / f"colour_{subject}_session_1.csv").write_text(
             "subj,Session,trial,rt,object_response,category,condition,imagename\n" + "\n".join(lines) + "\n")
     cue = {"subject-01": ["cat", "cat", "dog"], "subject-02": ["dog", "cat", "dog"]}
-    images = [("cat", "cat_00_cat1-dog2.png"), ("cat", "cat_00_cat2-clock1.png"), ("dog", "dog_00_dog1-dog3.png")]
+    images = [("cat", "cat1-dog2.png"), ("cat", "cat2-clock1.png"), ("dog", "dog1-dog3.png")]
     for subject, responses in cue.items():
         lines = [f"{subject},1,{i + 1},0.5,{r},{c},0,{i + 1:04d}_s5n_s{subject[-2:]}_0_{name}"
                  for i, ((c, name), r) in enumerate(zip(images, responses))]
@@ -48,14 +48,14 @@ def raw_folder(root):
 
 def model_folder(root, bw_decisions=("car", "cat")):
     """A model's decisions on the same source images, written in the benchmark's format."""
-    ids = ["oven_1.png", "bear_2.png"]
+    ids = ["oven-1.png", "bear-2.png"]
     cr = trial_table("toynet", "colour", "cr", ids, [CLASSES.index("oven"), CLASSES.index("bear")],
                      [CLASSES.index("cat"), CLASSES.index("bear")], CLASSES)
-    bw = trial_table("toynet", "colour", "bw", ["car_3.png", "dog_4.png"], [CLASSES.index("car"), CLASSES.index("dog")],
+    bw = trial_table("toynet", "colour", "bw", ["car-3.png", "dog-4.png"], [CLASSES.index("car"), CLASSES.index("dog")],
                      [CLASSES.index(d) for d in bw_decisions], CLASSES)
     table = pd.concat([cr, bw], ignore_index=True)
     write_trials(table, root / "colour" / "colour_toynet_session_1.csv")
-    cue = trial_table("toynet", "cue-conflict", "0", ["cat_00_cat1-dog2.png", "cat_00_cat2-clock1.png", "dog_00_dog1-dog3.png"],
+    cue = trial_table("toynet", "cue-conflict", "0", ["cat1-dog2.png", "cat2-clock1.png", "dog1-dog3.png"],
                       [CLASSES.index("cat")] * 2 + [CLASSES.index("dog")], [CLASSES.index(r) for r in ("dog", "clock", "dog")], CLASSES)
     write_trials(cue, root / "cue-conflict" / "cue-conflict_toynet_session_1.csv")
     return root
@@ -157,7 +157,7 @@ def test_an_experiment_with_one_human_keeps_its_accuracy_and_draws_no_matrix(tmp
 def test_a_model_without_every_condition_is_named_and_averaged_over_those_it_has(tmp_path):
     """halfnet decided colour's bw images alone: the models' benchmark failed at the end, after the old report was deleted."""
     root, models, out = raw_folder(tmp_path / "raw"), model_folder(tmp_path / "models"), tmp_path / "out"
-    _model_decisions(models, "halfnet", "colour", "cr", [("oven_1.png", "oven", "oven"), ("bear_2.png", "bear", "bear")])
+    _model_decisions(models, "halfnet", "colour", "cr", [("oven-1.png", "oven", "oven"), ("bear-2.png", "bear", "bear")])
     bench = analyse(root, out, models=str(models), experiments=["colour"], figures=False, benchmark_exclusions=False)["benchmark"]
     assert bench["missing_conditions"] == {"halfnet": {"colour": ["bw"]}}
     # halfnet's cr accuracy 1 against the humans' 1/2 and 1: ((1 - .5)² + 0) / 2
@@ -167,13 +167,13 @@ def test_a_model_without_every_condition_is_named_and_averaged_over_those_it_has
 
 def test_model_conditions_are_matched_in_the_humans_spelling_and_unknown_ones_refused(tmp_path):
     root = raw_folder(tmp_path / "raw")
-    images = [("cat_00_cat1-dog2.png", "cat", "dog"), ("cat_00_cat2-clock1.png", "cat", "cat"), ("dog_00_dog1-dog3.png", "dog", "dog")]
+    images = [("cat1-dog2.png", "cat", "dog"), ("cat2-clock1.png", "cat", "cat"), ("dog1-dog3.png", "dog", "dog")]
     _model_decisions(tmp_path / "models", "floatnet", "cue-conflict", "0.0", images)  # "0" after a trip through pandas
     data = analyse(root, tmp_path / "out", models=[tmp_path / "models"], figures=False)
     pairs = pd.read_csv(tmp_path / "out" / "tables" / "pairs.csv", dtype={"condition": str})
     assert set(pairs.loc[pairs["kind"] == "model-human", "condition"]) == {"0"}
     assert data["benchmark"]["values"]["floatnet"]["observed_consistency"] == pytest.approx((2 / 3 + 1) / 2)
-    _model_decisions(tmp_path / "other", "greynet", "colour", "grey", [("oven_1.png", "oven", "oven")])
+    _model_decisions(tmp_path / "other", "greynet", "colour", "grey", [("oven-1.png", "oven", "oven")])
     refusal = r"conditions the humans do not have \(greynet in colour: condition 'grey'\); the humans' conditions are \{'colour': \['cr', 'bw'\]\}"
     with pytest.raises(ValueError, match=refusal):
         analyse(root, tmp_path / "refused", models=[tmp_path / "other"])
@@ -184,9 +184,9 @@ def test_models_are_compared_on_the_experiments_they_all_have_and_an_undefined_o
     """The reference ranks every model (and the humans' row) on one list of experiments; a model with no trials left after
     the benchmark's exclusions (colour's control cr alone) has NaN and no rank, and the others are ranked."""
     root, models = raw_folder(tmp_path / "raw"), model_folder(tmp_path / "models")
-    _model_decisions(models, "colournet", "colour", "cr", [("oven_1.png", "oven", "oven"), ("bear_2.png", "bear", "bear")])
-    _model_decisions(models, "colournet", "colour", "bw", [("car_3.png", "car", "car"), ("dog_4.png", "dog", "cat")], session=2)
-    _model_decisions(models, "controlnet", "colour", "cr", [("oven_1.png", "oven", "oven"), ("bear_2.png", "bear", "cat")])
+    _model_decisions(models, "colournet", "colour", "cr", [("oven-1.png", "oven", "oven"), ("bear-2.png", "bear", "bear")])
+    _model_decisions(models, "colournet", "colour", "bw", [("car-3.png", "car", "car"), ("dog-4.png", "dog", "cat")], session=2)
+    _model_decisions(models, "controlnet", "colour", "cr", [("oven-1.png", "oven", "oven"), ("bear-2.png", "bear", "cat")])
     bench = analyse(root, tmp_path / "out", models=[models], figures=False)["benchmark"]
     assert bench["experiments"] == ["colour"] and bench["left_out"] == {"toynet": ["cue-conflict"]}
     assert all(v != v for v in bench["values"]["controlnet"].values()) and bench["mean_rank"]["controlnet"] != bench["mean_rank"]["controlnet"]
