@@ -159,12 +159,26 @@ def compare_on_trials(trials: pd.DataFrame, *, cles_variant: str = "paper", on_u
     ranks (consistencies on the images both observers saw, like the matrices); ``spearman_between_metrics`` over the
     distinct system pairs (Xu et al.). ``exclude`` ({experiment: [condition, ...]}, e.g.
     :func:`perceptual.metrics.mvh_exclusions`): conditions left out of everything but the per-condition entries.
+
+    As in the reference (one list of experiments for every model) and ``humans-mvh``, everything is computed on the
+    experiments every model has decisions for: a model's other experiments are named in ``left_out`` and human
+    experiments no model did in ``without_models``. Otherwise a model would be ranked on its own, perhaps easier, mix.
     """
     subjects = sorted(s for s in trials["subject"].unique() if s.startswith(HUMAN_PREFIX))
     models = sorted(s for s in trials["subject"].unique() if s.startswith(MODEL_PREFIX))
     if not subjects or not models:
         raise ValueError(f"need human and model trials, got {len(subjects)} human and {len(models)} model subject(s); subjects must be "
                          f"labelled {HUMAN_PREFIX!r}/{MODEL_PREFIX!r} (labelled_trials does that)")
+    covered = {m: set(trials.loc[trials["subject"] == m, "dataset"]) for m in models}
+    common = set.intersection(*covered.values())
+    left_out = {m: sorted(covered[m] - common) for m in models if covered[m] - common}
+    without_models = sorted(set(trials["dataset"]) - set.union(*covered.values()))
+    if not common:
+        raise ValueError(f"the models share no experiment ({ {m: sorted(c) for m, c in covered.items()} }): a ranking would compare "
+                         "each on different images; compare them separately, or give every model the same experiments")
+    if left_out:
+        log.warning("the models are compared on the experiments they all have, %s; left out: %s", sorted(common), left_out)
+    trials = trials[trials["dataset"].isin(common)]
     systems = models + subjects
     metrics = trial_pair_metrics()
     per_cell = pair_matrices_on_trials(trials, systems, metrics=metrics, cles_variant=cles_variant, on_undefined=on_undefined)
@@ -193,7 +207,7 @@ def compare_on_trials(trials: pd.DataFrame, *, cles_variant: str = "paper", on_u
     accuracy_mean = {s: nanmean([np.mean(v) for v in accuracy_by_experiment[s].values()]) for s in systems}
     return {
         "systems": systems, "models": models, "subjects": subjects,
-        "experiments": sorted({d for d, _ in per_cell}),
+        "experiments": sorted({d for d, _ in per_cell}), "left_out": left_out, "without_models": without_models,
         "excluded_conditions": {d: list(c) for d, c in (exclude or {}).items()},
         "accuracy": accuracy, "accuracy_mean": accuracy_mean,
         "per_condition": per_condition, "aggregated": aggregated,
@@ -212,6 +226,16 @@ def _exclusion_sentence(excluded: Mapping[str, Sequence[str]]) -> str:
             f"where humans score under 20 % ({cells}); the per-condition table below keeps them.")
 
 
+def _coverage_lines(data: Mapping) -> list[str]:
+    lines = []
+    if data.get("left_out"):
+        named = "; ".join(f"{m}: {', '.join(e)}" for m, e in data["left_out"].items())
+        lines.append(f"Every model is compared on the experiments all models have; left out: {named}.")
+    if data.get("without_models"):
+        lines.append(f"Human experiments without model decisions, left out: {', '.join(data['without_models'])}.")
+    return lines + [""] if lines else []
+
+
 def summary_markdown(data: Mapping, figures: Sequence[str] = ()) -> str:
     """The human section of the compare report."""
     from .compare_report import _fmt, metric_correlation_lines
@@ -226,7 +250,7 @@ def summary_markdown(data: Mapping, figures: Sequence[str] = ()) -> str:
              "## Models against the humans", "",
              "Every metric in model-vs-human's nesting: mean over an experiment's conditions, then over its humans, then over "
              "experiments; accuracy: mean over an experiment's conditions, then over experiments. Mean rank 1 is the most human-like.",
-             "", _exclusion_sentence(data.get("excluded_conditions") or {}), "",
+             "", _exclusion_sentence(data.get("excluded_conditions") or {}), "", *_coverage_lines(data),
              "| Model | accuracy | " + " | ".join(metrics) + " | mean rank (mvh) | mean rank (all) |", "|---" * (len(metrics) + 4) + "|"]
     for m in models:
         lines.append(f"| {m} | {_fmt(data['accuracy_mean'][m])} | " + " | ".join(_fmt(ranking["values"][m].get(k)) for k in metrics)

@@ -154,7 +154,7 @@ def rankings(trials: pd.DataFrame, aggregated: Mapping[str, np.ndarray], systems
     for metric in NESTED_METRICS:
         result = M.aggregate_trials(trials, metric, humans=list(subjects), on_undefined=on_undefined, images=images, exclude=exclude)
         for m in models:
-            values[m][metric] = result.models[m]
+            values[m][metric] = result.models.get(m, math.nan)  # absent: no trials left after the exclusions
         observers_among_themselves[metric] = result.humans
     rows = [systems.index(m) for m in models]
     columns = [systems.index(s) for s in subjects]
@@ -176,11 +176,17 @@ def rankings(trials: pd.DataFrame, aggregated: Mapping[str, np.ndarray], systems
 
 
 def _mean_rank(table: np.ndarray, higher_is_better: Sequence[bool]) -> list[float]:
-    """Mean rank per model; a metric column undefined (NaN) for some model is left out of the ranking."""
-    usable = ~np.isnan(table).any(axis=0)
-    if not usable.any():
-        return [math.nan] * table.shape[0]
-    return M.mean_rank(table[:, usable], list(np.asarray(higher_is_better)[usable])).tolist()
+    """Mean rank per model, as model-vs-human's pandas ``rank`` then ``mean``: each metric column ranks the models whose
+    value is defined (NaN stays unranked), and each model's mean is over its defined ranks (NaN when it has none).
+    So one model's undefined metric changes no other model's rank in that metric, and is not dropped for everyone."""
+    ranks = np.full(table.shape, math.nan)
+    for column, higher in enumerate(higher_is_better):
+        defined = ~np.isnan(table[:, column])
+        if defined.any():
+            ranks[defined, column] = M.mean_rank(table[defined, column:column + 1], [bool(higher)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a model with no defined metric: NaN is the answer
+        return np.nanmean(ranks, axis=1).tolist()
 
 
 __all__ = [

@@ -306,3 +306,57 @@ def test_cles_smooths_over_sixteen_classes_unless_a_trial_is_unanswered(trials):
 def test_excluding_every_condition_is_refused_with_the_way_out(trials):
     with pytest.raises(ValueError, match=r"every condition .* is excluded .*humans_benchmark_exclusions=false"):
         compare_on_trials(trials, exclude={"colour": ["bw"]})
+
+
+def _observer(subject, cells):
+    """A trial table from {(experiment, condition): [correct?, ...]} over the images oven-1.png, bear-2.png, ..."""
+    tables = []
+    for (dataset, condition), right in cells.items():
+        ids, categories = [i for i, _ in IMAGES[:len(right)]], [c for _, c in IMAGES[:len(right)]]
+        answers = [c if r else WRONG for c, r in zip(categories, right)]
+        tables.append(trial_table(subject, dataset, condition, ids, [CLASSES.index(c) for c in categories],
+                                  [CLASSES.index(a) for a in answers], CLASSES))
+    return pd.concat(tables, ignore_index=True)
+
+
+def test_models_are_ranked_on_the_experiments_they_all_have():
+    """One model with an extra (here easy) experiment would be averaged over a different mix than the other: as in
+    the reference and humans-mvh, every model is compared on the experiments all have, and the rest is named."""
+    humans = pd.concat([_observer(s, {("colour", "bw"): right, ("edge", "0"): [1, 1, 1, 1]})
+                        for s, right in (("subject-01", [1, 1, 0, 0]), ("subject-02", [1, 0, 1, 0]))])
+    models = pd.concat([_observer("wide", {("colour", "bw"): [1, 0, 0, 1], ("edge", "0"): [1, 1, 1, 1]}),
+                        _observer("narrow", {("colour", "bw"): [1, 1, 0, 0]})])
+    data = compare_on_trials(labelled_trials(humans, models))
+    assert data["experiments"] == ["colour"] and data["left_out"] == {"model:wide": ["edge"]} and data["without_models"] == []
+    assert list(data["accuracy"]) == ["colour/bw"]
+    only_colour = compare_on_trials(labelled_trials(humans[humans["dataset"] == "colour"], models[models["dataset"] == "colour"]))
+    assert json.dumps(data["ranking"]["values"], sort_keys=True) == json.dumps(only_colour["ranking"]["values"], sort_keys=True)
+    assert "left out: model:wide: edge." in human_summary_markdown(data)
+    with pytest.raises(ValueError, match="the models share no experiment"):
+        compare_on_trials(labelled_trials(humans, pd.concat([_observer("a", {("colour", "bw"): [1, 1, 0, 0]}),
+                                                             _observer("b", {("edge", "0"): [1, 1, 1, 1]})])))
+
+
+def test_a_model_with_only_excluded_conditions_is_not_ranked_and_stops_nothing():
+    """Its nested metrics are undefined (no trials left after the exclusions): NaN, not a KeyError after all the work."""
+    humans = pd.concat([_observer(s, {("colour", "cr"): [1, 1, 1, 0], ("colour", "bw"): right})
+                        for s, right in (("subject-01", [1, 1, 0, 0]), ("subject-02", [1, 0, 1, 0]))])
+    models = pd.concat([_observer("both", {("colour", "cr"): [1, 1, 1, 1], ("colour", "bw"): [1, 1, 0, 1]}),
+                        _observer("control-only", {("colour", "cr"): [1, 1, 1, 1]})])
+    data = compare_on_trials(labelled_trials(humans, models), exclude={"colour": ["cr"]})
+    values = data["ranking"]["values"]["model:control-only"]
+    assert all(math.isnan(values[m]) for m in ("accuracy_difference", "observed_consistency", "error_consistency"))
+    assert math.isnan(data["ranking"]["mean_rank_mvh"]["model:control-only"]) and data["ranking"]["mean_rank_mvh"]["model:both"] == 1.0
+
+
+def test_mean_rank_leaves_an_undefined_value_unranked_as_pandas_does():
+    """One model's NaN no longer drops that metric for every model: the reference ranks each column with pandas
+    (NaN unranked) and averages each model's defined ranks."""
+    from perceptual.pair_metrics import _mean_rank
+
+    table = np.array([[0.01, 0.80, 0.10], [0.02, 0.70, 0.30], [0.03, 0.60, np.nan]])  # A worst on EC, C's EC undefined
+    frame = pd.DataFrame(table, columns=["ad", "oc", "ec"])
+    expected = pd.concat([frame["ad"].rank(), frame["oc"].rank(ascending=False), frame["ec"].rank(ascending=False)], axis=1).mean(axis=1)
+    ranks = _mean_rank(table, [False, True, True])
+    assert ranks == pytest.approx(expected.tolist()) and ranks == pytest.approx([4 / 3, 5 / 3, 3.0])
+    assert math.isnan(_mean_rank(np.full((2, 3), np.nan), [False, True, True])[0])
