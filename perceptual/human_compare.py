@@ -59,6 +59,20 @@ def system_label(subject: str, is_human: bool) -> str:
     return (HUMAN_PREFIX if is_human else MODEL_PREFIX) + str(subject)
 
 
+def check_shared_images(humans: pd.DataFrame, models: pd.DataFrame) -> None:
+    """Refuse model trials that share no source image with the humans in some (experiment, condition) cell: their
+    consistencies would be undefined (NaN), and the run would look fine."""
+    human_images = humans.groupby(["dataset", "condition"])["image_id"].agg(set).to_dict()
+    unmatched = []
+    for (dataset, condition, subject), cell in models.groupby(["dataset", "condition", "subject"]):
+        if not set(cell["image_id"]) & human_images.get((dataset, condition), set()):
+            unmatched.append(f"{subject} in {dataset}/{condition}")
+    if unmatched:
+        raise ValueError(f"model decisions share no source image with the human trials in {len(unmatched)} cell(s): "
+                         + ", ".join(unmatched[:8]) + ". Trials are matched by the source image (the last '_' field of "
+                         "imagename, or ImageNet's n0…_… pair, as model-vs-human matches them): were the decisions made on the benchmark's images?")
+
+
 def labelled_trials(humans: pd.DataFrame, models: pd.DataFrame) -> pd.DataFrame:
     """Human and model trial tables as one, with subjects renamed by :func:`system_label`.
 
@@ -78,15 +92,7 @@ def labelled_trials(humans: pd.DataFrame, models: pd.DataFrame) -> pd.DataFrame:
         raise ValueError(f"model {first['subject']!r} decided image {first['image_id']!r} of {first['dataset']}/{first['condition']} more than "
                          f"once ({len(repeated)} such decisions): are two models labelled alike (give each a label), or one model_trials "
                          "file given twice?")
-    human_images = humans.groupby(["dataset", "condition"])["image_id"].agg(set).to_dict()
-    unmatched = []
-    for (dataset, condition, subject), cell in models.groupby(["dataset", "condition", "subject"]):
-        if not set(cell["image_id"]) & human_images.get((dataset, condition), set()):
-            unmatched.append(f"{subject} in {dataset}/{condition}")
-    if unmatched:
-        raise ValueError(f"model decisions share no source image with the human trials in {len(unmatched)} cell(s): "
-                         + ", ".join(unmatched[:8]) + ". Trials are matched by the source image (the last '_' field of "
-                         "imagename, or ImageNet's n0…_… pair, as model-vs-human matches them): were the decisions made on the benchmark's images?")
+    check_shared_images(humans, models)
     humans = humans.assign(subject=[system_label(s, True) for s in humans["subject"]])
     models = models.assign(subject=[system_label(s, False) for s in models["subject"]])
     return pd.concat([humans, models], ignore_index=True)
@@ -268,5 +274,5 @@ def summary_markdown(data: Mapping, figures: Sequence[str] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["FEATURE_METRICS", "HUMAN_PREFIX", "MODEL_PREFIX", "compare_on_trials", "labelled_trials", "pair_matrices_on_trials",
+__all__ = ["FEATURE_METRICS", "HUMAN_PREFIX", "MODEL_PREFIX", "check_shared_images", "compare_on_trials", "labelled_trials", "pair_matrices_on_trials",
            "summary_markdown", "system_label", "trial_pair_metrics"]

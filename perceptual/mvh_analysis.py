@@ -21,7 +21,8 @@ that condition (the benchmark asserts that they saw the same ones); the counts o
 columns of the result, so nothing is dropped unseen. Error consistency is NaN where it is undefined (both right on
 every trial or both wrong on every trial; the benchmark returns 1.0 whenever observed consistency is 1); pass
 ``on_undefined="one"`` for the benchmark's numbers. Means over pairs and conditions skip NaN, as pandas does in the
-benchmark, and the number of defined values is reported next to them.
+benchmark, and the number of defined values is reported next to them. :func:`consistency_matrix` averages the
+per-condition kappas where the benchmark's matrices pool every condition's trials into one kappa (see there).
 """
 from __future__ import annotations
 
@@ -138,7 +139,12 @@ def consistency_summary(pairs: pd.DataFrame, kind: str = "human-human") -> pd.Da
 
 def consistency_matrix(pairs: pd.DataFrame, dataset: str, metric: str = "error_consistency") -> pd.DataFrame:
     """(subjects × subjects) matrix of ``metric`` for one data set, averaged over its conditions (NaN skipped);
-    the diagonal is NaN (a subject is not compared with itself)."""
+    the diagonal is NaN (a subject is not compared with itself).
+
+    Deliberately not the benchmark's ``get_raw_matrix``, which computes one kappa over all of a pair's trials pooled
+    across conditions: pooling counts agreement that comes only from both finding the easy conditions easy and the
+    hard ones hard, and inflates kappa (subject-01 vs subject-02 on high-pass: 0.28 here, 0.58 pooled). These values
+    are therefore not comparable with the benchmark's published matrices; they are with its per-condition curves."""
     chosen = pairs.loc[pairs["dataset"] == dataset]
     if chosen.empty:
         raise ValueError(f"no pairs for data set {dataset!r}; found {sorted(pairs['dataset'].unique())}")

@@ -3,7 +3,8 @@
 After Geirhos et al. (NeurIPS 2021) and bethgelab/model-vs-human (``plotting/plot.py``): accuracy against condition
 per experiment (the human subjects as a band from the lowest to the highest subject, their mean as a line, models
 as lines), error consistency against condition (human-human pairs as a band and mean; each model's mean over the
-humans as a line), a subject × subject error-consistency matrix per experiment, and the shape-bias plot (shape
+humans as a line), a subject × subject error-consistency matrix per experiment (the mean of per-condition kappas, not
+the benchmark's pooled kappa: :func:`perceptual.mvh_analysis.consistency_matrix`), and the shape-bias plot (shape
 bias per category; the benchmark draws the fraction of shape decisions on the x axis, categories on the y axis).
 Each function writes its PNG atomically (:func:`perceptual.report.save_figure`) and returns the path. A model keeps one
 colour in every panel and the panels share one legend, as the benchmark gives each decision maker a fixed colour (a model

@@ -35,6 +35,7 @@ from training.config import as_list, expand_path
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 
+from ..human_compare import check_shared_images
 from ..human_trials import read_trials
 from ..metrics import aggregate_trials, condition_key, mean_rank, mvh_exclusions
 from ..mvh_analysis import (
@@ -176,6 +177,7 @@ def analyse(root: str | Path, out: str | Path, *, experiments: Sequence[str] | N
         if unknown:
             raise ValueError(f"model decisions for experiment(s) {unknown} that have no human trials under {root}")
         model_trials = _conditions_as_humans_spell_them(model_trials, humans)
+        check_shared_images(humans, model_trials)
         trials = pd.concat([humans, model_trials], ignore_index=True)
     # every number first, then the files: a failure leaves the previous run's report as it was
     per_subject = accuracy_per_subject(trials)

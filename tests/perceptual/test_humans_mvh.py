@@ -240,6 +240,11 @@ def test_bad_input_stops_before_any_output(tmp_path):
         analyse(model_folder(tmp_path / "models"), tmp_path / "x")
     with pytest.raises(SystemExit, match="rooot"):
         perceptual_main(["humans-mvh", "rooot=x"])
+    # decisions on other images (here .JPEG for the humans' .png) would give NaN consistencies and a run that looks fine
+    _model_decisions(tmp_path / "elsewhere", "jpegnet", "colour", "cr", [("oven-1.JPEG", "oven", "oven"), ("bear-2.JPEG", "bear", "bear")])
+    with pytest.raises(ValueError, match=r"share no source image with the human trials in 1 cell\(s\): jpegnet in colour/cr"):
+        analyse(root, tmp_path / "out2", models=[tmp_path / "elsewhere"], strict=False)
+    assert not (tmp_path / "out2").exists()
 
 
 @pytest.mark.skipif(not MVH_RAW.is_dir(), reason=f"model-vs-human raw trials not found at {MVH_RAW}")
