@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from training.config import as_list, dataset_from_config, model_from_config, representation_from_config, resolve_device
+from training.config import as_list, dataset_from_config, expand_path, expand_path_options, model_from_config, representation_from_config, resolve_device
 from training.io import atomic_write_text
 from training.sweeps import job_path
 
@@ -132,7 +132,7 @@ def trials_file_name(cfg: DictConfig) -> str:
     if cfg.task == "clustering_hard" and cfg.distance != "pixel_l2":
         distance = str(cfg.distance)
         if distance.startswith("human:"):
-            matrix = Path(distance[len("human:"):])
+            matrix = expand_path(distance[len("human:"):])  # as load_similarity_matrix reads it: ~/a.csv hashes its content
             content = sha256_file(matrix)[:8] if matrix.is_file() else None
             label = "-".join(["human", matrix.stem] + ([content] if content else []))
         else:
@@ -183,26 +183,31 @@ def survey_command(cfg: DictConfig) -> dict:
 
 @hydra.main(config_path="pkg://conf", config_name="stimuli_invert", version_base=None)
 def invert_main(cfg: DictConfig) -> None:
+    expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
     invert_command(cfg)
 
 
 @hydra.main(config_path="pkg://conf", config_name="stimuli_controversial", version_base=None)
 def controversial_main(cfg: DictConfig) -> None:
+    expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
     controversial_command(cfg)
 
 
 @hydra.main(config_path="pkg://conf", config_name="stimuli_trials", version_base=None)
 def trials_main(cfg: DictConfig) -> None:
+    expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
     trials_command(cfg)
 
 
 @hydra.main(config_path="pkg://conf", config_name="stimuli_merge", version_base=None)
 def merge_main(cfg: DictConfig) -> None:
+    expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
     merge_command(cfg)
 
 
 @hydra.main(config_path="pkg://conf", config_name="stimuli_survey", version_base=None)
 def survey_main(cfg: DictConfig) -> None:
+    expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
     survey_command(cfg)
 
 

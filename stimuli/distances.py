@@ -21,6 +21,8 @@ import numpy as np
 import pandas as pd
 from torch import Tensor
 
+from training.config import expand_path
+
 from .sets import StimulusSet
 from .trials import TASKS, make_trials
 
@@ -65,7 +67,7 @@ def load_similarity_matrix(path: str | Path) -> pd.DataFrame:
     """A square CSV of similarities (higher = more alike): the first row and the first column hold the same image
     ids in the same order. Refused with a message naming the problem: not square, ids that differ between rows
     and columns, duplicate ids, missing or non-numeric values."""
-    path = Path(path).expanduser()
+    path = expand_path(path)
     if not path.is_file():
         raise FileNotFoundError(f"similarity matrix not found: {path}")
     table = pd.read_csv(path, index_col=0, dtype=str)  # ids as written: 00012 stays 00012 (the header keeps it so)

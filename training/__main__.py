@@ -20,13 +20,14 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from .config import run_checked
+from .config import expand_path_options, run_checked
 from .sweeps import job_path
 from .trainer import format_summary, train
 
 
 @hydra.main(config_path="pkg://conf", config_name="train", version_base=None)
 def main(cfg: DictConfig) -> None:
+    expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
     cfg.run_dir = str(job_path(cfg.run_dir))  # a multirun's jobs train in folders of their own
     result = train(cfg)
     if result.completed and int(os.environ.get("RANK", "0")) == 0:  # one summary, from rank 0 under torchrun

@@ -95,6 +95,25 @@ def expand_path(value: str | os.PathLike | None) -> Path | None:
     return Path(os.path.expandvars(os.path.expanduser(os.fspath(value))))
 
 
+# The commands' top-level path options (``out``, ``set=``, ``sets=[...]``, ...): expanded once, before any work.
+PATH_OPTIONS = ("out", "set", "sets", "inputs", "package", "measure_report", "reference_dir", "runs_dir", "run_dir", "root")
+
+
+def expand_path_options(cfg: Any, keys: Sequence[str] = PATH_OPTIONS) -> Any:
+    """Expand ``~`` and ``$VARIABLES`` in a command's path options, in place, and return ``cfg``: ``out='~/sets/a'``
+    is the home folder's ``sets/a``, not a folder named ``~`` in the working directory. A text or a list of texts;
+    other values (None, numbers) are left as they are."""
+    for key in keys:
+        if key not in cfg:
+            continue
+        value = cfg[key]
+        if isinstance(value, str) and value:
+            cfg[key] = str(expand_path(value))
+        elif isinstance(value, Sequence) and not isinstance(value, str) and all(isinstance(v, str) for v in value):
+            cfg[key] = [str(expand_path(v)) for v in value]
+    return cfg
+
+
 def resolved_path_text(value: str | os.PathLike | None):
     """A path option as one text however it is spelt (``~/data``, ``$HOME/data``, ``./x/../data``): expanded and
     resolved; an unset value (None, "") is returned as it is. What caches and run folders key a data root by."""
@@ -502,6 +521,6 @@ def run_checked(config_name: str, arguments: Sequence[str]) -> None:
 
 __all__ = [
     "ConfigError", "as_list", "check_known_keys", "check_overrides", "check_train_config", "check_whole_number", "compose", "dataset_from_config",
-    "expand_path", "flat_items", "flat_keys", "get", "model_from_config", "representation_from_config", "resolve_device", "run_checked",
+    "expand_path", "expand_path_options", "flat_items", "flat_keys", "get", "model_from_config", "representation_from_config", "resolve_device", "run_checked",
     "unknown_key_message",
 ]

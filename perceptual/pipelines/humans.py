@@ -10,7 +10,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from training.config import resolve_device
+from training.config import expand_path_options, resolve_device
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 
@@ -72,6 +72,7 @@ def run(cfg: DictConfig) -> dict:
 
 @hydra.main(config_path="pkg://conf", config_name="humans", version_base=None)
 def main(cfg: DictConfig) -> None:
+    expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
     if cfg.out:
         cfg.out = str(job_path(cfg.out))  # a multirun's jobs report in folders of their own
     data = run(cfg)

@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from invert.config import load_preset
-from training.config import flat_items, resolve_device, resolved_path_text
+from training.config import expand_path_options, flat_items, resolve_device, resolved_path_text
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 from training.trainer import run_identity
@@ -230,6 +230,7 @@ def groups_in_out(cfg: DictConfig) -> tuple[str, ...]:
 
 @hydra.main(config_path="pkg://conf", config_name="reproduce", version_base=None)
 def main(cfg: DictConfig) -> None:
+    expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
     cfg.out = str(job_path(cfg.out, groups=groups_in_out(cfg)))
     run(cfg)
 

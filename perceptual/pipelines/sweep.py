@@ -9,7 +9,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from training.config import expand_path
+from training.config import expand_path, expand_path_options
 
 from ..sweep_summary import sweep_markdown, write_sweep_summary
 
@@ -28,6 +28,7 @@ def run(cfg: DictConfig) -> dict:
 
 @hydra.main(config_path="pkg://conf", config_name="sweep", version_base=None)
 def main(cfg: DictConfig) -> None:
+    expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
     tables = run(cfg)
     root, out = _folders(cfg)
     print(sweep_markdown(tables, root))

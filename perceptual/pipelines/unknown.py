@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import stimuli
 from training import build_model
-from training.config import as_list, expand_path, resolve_device
+from training.config import as_list, expand_path, expand_path_options, resolve_device
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 
@@ -155,6 +155,7 @@ def run(cfg: DictConfig | Mapping) -> dict:
 
 @hydra.main(config_path="pkg://conf", config_name="unknown", version_base=None)
 def main(cfg: DictConfig) -> None:
+    expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
     cfg.out = str(job_path(cfg.out))
     data = run(cfg)
     for row in data["table"]:

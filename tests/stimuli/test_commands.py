@@ -106,6 +106,27 @@ def test_trials_file_names_tell_apart_distances_that_share_a_file_or_function_na
     assert functions == ["clustering_hard-seed0-mypkg.dist.lpips.csv", "clustering_hard-seed0-otherpkg.dist.lpips.csv"]
 
 
+def test_paths_expand_home_and_variables_before_any_work(sharded_and_whole, tmp_path, monkeypatch):
+    """out='~/x' made a folder named '~' in the working directory, and a home-relative similarity matrix was read but
+    left out of the table's name, so two labs' tables shared one file."""
+    whole, _ = sharded_and_whole
+    home = tmp_path / "home"
+    (home / "sets").mkdir(parents=True)
+    (home / "sets" / "whole").symlink_to(whole.path)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("TABLES", str(tmp_path / "tables"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["stimuli"])
+    main(["trials", "set='~/sets/whole'", "task=2afc", "out='$TABLES/2afc.csv'"])
+    assert (tmp_path / "tables" / "2afc.csv").is_file() and not (tmp_path / "~").exists() and not (tmp_path / "$TABLES").exists()
+    for lab, value in (("lab-a", "1.0,0.2\n0.2,1.0\n"), ("lab-b", "1.0,0.7\n0.7,1.0\n")):
+        (home / lab).mkdir()
+        (home / lab / "sim.csv").write_text(value)
+    names = {lab: trials_file_name(config("stimuli_trials", ["set=x", "task=clustering_hard", f"distance='human:~/{lab}/sim.csv'"]))
+             for lab in ("lab-a", "lab-b")}
+    assert names["lab-a"] != names["lab-b"] and names["lab-a"].startswith("clustering_hard-seed0-human-sim-")
+
+
 def test_trials_command_refuses_n_trials_for_2afc(sharded_and_whole):
     whole, _ = sharded_and_whole
     with pytest.raises(ValueError, match="n_trials=5 applies to the clustering tasks: 2afc makes one trial per result"):

@@ -171,6 +171,21 @@ def test_paths_expand_home_and_environment_variables(monkeypatch, tmp_path):
         dataset_from_config(cfg.data, "test")
 
 
+def test_every_commands_path_options_expand_in_place(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from training.config import expand_path_options
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("REPALIGN_TEST_SETS", str(tmp_path / "sets"))
+    cfg = compose("stimuli_survey", ["sets=['~/a','$REPALIGN_TEST_SETS/b']", "out='~/package'"])
+    assert OmegaConf.is_missing(compose("stimuli_trials", []), "set")
+    expand_path_options(cfg)
+    assert list(cfg.sets) == [str(tmp_path / "a"), str(tmp_path / "sets" / "b")] and cfg.out == str(tmp_path / "package")
+    trials = expand_path_options(compose("stimuli_trials", []))  # a mandatory '???' and a null stay as they are
+    assert OmegaConf.is_missing(trials, "set") and trials.out is None
+
+
 def test_an_unknown_config_group_choice_is_refused_with_the_valid_choices():
     """Hydra raises these with a traceback and its search path; the pre-check names the close choice."""
     with pytest.raises(ConfigError, match=r"unknown invert config 'papr' .*Did you mean invert=paper\?.*Valid choices: default, fast, paper$"):
