@@ -23,8 +23,8 @@ Deliberate differences that apply throughout:
   Uniform noise is not scaled: one draw per pixel, so at 32 px its grain is coarser relative to the object than
   at 224 px.
 * Sets are built from whole data-set images (e.g. 32 px CIFAR), not from 224 px ImageNet crops.
-* Stored sets round to 8 bits (``stimuli.quantise``); the reference's ``save_img`` truncates, which makes its
-  images about half a grey level darker (visible only at the lowest contrasts).
+* Stored sets round to 8 bits (``stimuli.quantise``), as the reference's ``save_img`` does through
+  ``scipy.misc.toimage``/``bytescale`` (``+ 0.5`` then truncation: round half up); only exact ties may differ.
 * Parameters are numbers or the grid's words (``contrast=0.03``, ``colour=greyscale``), not the benchmark's
   condition names (``c03``, ``bw``), which are refused with the grid.
 

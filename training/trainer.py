@@ -10,8 +10,9 @@ run settings) and returns a :class:`TrainResult`. The loop is built for a GPU:
   tensors and are read once per epoch (and every ``progress_every`` steps for the progress bar);
   the step loop runs inside ``invert.validation.hot_loop()``, the data having been validated once;
 * bf16 autocast (``precision``), channels-last memory (``channels_last``) and ``torch.compile``
-  (``compile``) are options; under ``torchrun`` (``WORLD_SIZE`` > 1) every process trains its
-  share of each batch through ``DistributedDataParallel``;
+  (``compile``) are options; under ``torchrun`` (``WORLD_SIZE`` > 1) every process trains a batch of
+  ``batch_size`` through ``DistributedDataParallel``, so the global batch is ``batch_size × WORLD_SIZE`` at the
+  same learning rate (divide ``train.batch_size`` by the process count to keep a recipe's batch);
 * ``cuda_graph`` (false | true | auto) replays the whole step (attack, forward, backward, optimizer
   step) as one CUDA graph (``training.step``); an execution setting like ``compile``: it changes
   neither the result nor what a resumed run must match.
