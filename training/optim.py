@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch
 from torch import nn
@@ -122,7 +122,10 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg, epochs: int, steps_pe
     schedule = _get(cfg, "name", "step")
     if schedule not in SCHEDULES:
         raise ConfigError(f"unknown schedule {schedule!r}: use one of {SCHEDULES}")
-    milestones = [float(m) for m in (_get(cfg, "milestones") or [])]
+    milestones = _get(cfg, "milestones") or []
+    if isinstance(milestones, (str, bytes)) or not isinstance(milestones, Sequence):
+        raise ConfigError(f"schedule.milestones must be a list of epochs (train.schedule.milestones=[100,150]), got {milestones!r}")
+    milestones = [float(m) for m in milestones]
     gamma = float(_get(cfg, "gamma", 0.1))
     warmup = float(_get(cfg, "warmup_epochs", 0.0) or 0.0)
     peak = float(_get(cfg, "cyclic_peak", 0.5))

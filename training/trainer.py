@@ -269,6 +269,8 @@ def masking_settings(cfg, eval_threat: ThreatModel | None) -> dict | None:
                     limit=masking.get("limit", 256))
     if settings["steps"] < 1 or settings["unbounded_steps"] < 1:
         raise ConfigError(f"train.eval.masking.steps and unbounded_steps must be >= 1, got {settings['steps']} and {settings['unbounded_steps']}")
+    if settings["limit"] is not None:  # read only after the last epoch, by the report
+        check_whole_number(settings["limit"], "train.eval.masking.limit", hint=" test images (or null for all)")
     return settings
 
 
@@ -352,6 +354,8 @@ def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> Tr
     masking = masking_settings(eval_cfg.get("masking"), eval_threat)
     # Used only after the epochs (evaluation), or read as another count (0 epochs before stopping trained one).
     counts = {f"train.eval.{key}": eval_cfg.get(key) for key in ("batch_size", "restarts", "final_restarts")}
+    if eval_cfg.get("every") is not None:  # int(0.5) turned per-epoch evaluation off without a word
+        check_whole_number(eval_cfg.get("every"), "train.eval.every", least=0, hint=" epochs (0 = no per-epoch evaluation)")
     for key, value in {**counts, "stop_after_epochs": _get(cfg, "stop_after_epochs"), "save_every": _get(cfg, "save_every")}.items():
         if value is not None:
             check_whole_number(value, key, hint=" (or null for the default)")
@@ -365,7 +369,7 @@ def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> Tr
     # What a saved step count means: the scheduler counts steps, so a resumed run must take as many per epoch.
     layout = {"train_images": len(train_set), "processes": dist.world_size, "steps_per_epoch": steps_per_epoch}
     progress = _resume_or_start(run, cfg, recipe, optimizer, scheduler, device, dist, layout)
-    finished = _finished_run(run, recipe, progress, epochs)
+    finished = _finished_run(run, recipe, progress, epochs, tcfg.get("eval"))
     if finished is not None:
         return finished
 
@@ -426,13 +430,14 @@ def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> Tr
     summary = _summary(cfg, recipe, progress, device, dist, bf16, channels_last, train_step.mode, wall_start, status="completed")
     summary.update(clean_accuracy=final["test_clean_acc"], robust_accuracy=final.get("test_robust_acc"),
                    robust_images=final.get("robust_images"), robust_attack=eval_threat.to_dict() if eval_threat else None)
+    if dist.is_main:  # the model first: an optional report that fails must not cost the trained model
+        run.save_model(final_model, {"recipe": recipe.name, "clean_accuracy": summary["clean_accuracy"],
+                                     "robust_accuracy": summary["robust_accuracy"], "epochs": progress.epoch})
     if masking is not None and dist.is_main:
         report = gradient_masking_report(final_model, test_set, **masking, seed=seed)
         summary["gradient_masking"] = report.to_dict()
         logger.info("%s", report)
     if dist.is_main:
-        run.save_model(final_model, {"recipe": recipe.name, "clean_accuracy": summary["clean_accuracy"],
-                                     "robust_accuracy": summary["robust_accuracy"], "epochs": progress.epoch})
         run.write_summary(summary)
         logger.debug("%s", format_summary(summary))  # `python -m training` prints it; callers have the summary
     dist.barrier()
@@ -460,9 +465,11 @@ def _diverged(run: RunDirectory, record: dict, cfg: DictConfig, recipe: Recipe, 
                            f"{cfg.train.optimizer.get('lr')}) or train in fp32 (train.precision=fp32), and start a new run_dir")
 
 
-def _finished_run(run: RunDirectory, recipe: Recipe, progress: _Progress, epochs: int) -> TrainResult | None:
+def _finished_run(run: RunDirectory, recipe: Recipe, progress: _Progress, epochs: int, eval_cfg: Any = None) -> TrainResult | None:
     """A resumed run that already completed returns its saved model and summary: nothing is retrained, re-probed or
-    re-evaluated (commands that train what they need, such as ``reproduce``, call :func:`train` again on every run)."""
+    re-evaluated (commands that train what they need, such as ``reproduce``, call :func:`train` again on every run).
+    ``train.eval`` may differ from the saved run's (it is a resumable change); then the reused numbers are the saved
+    settings', and a warning says so."""
     summary = run.read_summary()
     model_path = run.path / "model.safetensors"
     done = progress.epoch >= epochs or progress.stopped is not None
@@ -470,6 +477,11 @@ def _finished_run(run: RunDirectory, recipe: Recipe, progress: _Progress, epochs
         return None
     load_into(recipe.model, model_path)
     logger.info("%s is complete: its model and summary are reused (delete the folder to train it again)", run.path)
+    saved_eval = OmegaConf.select(OmegaConf.create(run.read_config_text() or "{}"), "train.eval")
+    current = OmegaConf.to_container(eval_cfg, resolve=True) if isinstance(eval_cfg, DictConfig) else eval_cfg
+    if current is not None and saved_eval is not None and OmegaConf.to_container(saved_eval, resolve=True) != current:
+        logger.warning("%s was evaluated with other train.eval settings than these; its saved accuracies are those settings' "
+                       "(evaluate the saved model with python -m perceptual audit, or train into another run_dir)", run.path)
     return TrainResult(recipe.model, summary, run.path, completed=True)
 
 

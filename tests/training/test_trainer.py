@@ -115,6 +115,11 @@ def test_a_completed_run_without_its_checkpoints_is_reused_not_trained_over(make
         # a count of test images: 0.5 measured the final robust accuracy on one image, -1 dropped it, 'all' crashed after training
         (["train.eval.final_subset=0.5"], ConfigError, r"train.eval.final_subset must be a whole number >= 0 test images \(0 = none, null = all\)"),
         (["train.eval.subset=-5"], ConfigError, "train.eval.subset must be a whole number >= 0"),
+        # int(0.5) turned per-epoch evaluation off; the masking report's limit and a bare milestone failed after training or bare
+        (["train.eval.every=0.5"], ConfigError, r"train.eval.every must be a whole number >= 0 epochs \(0 = no per-epoch evaluation\), got 0.5"),
+        (["train.eval.masking.enabled=true", "train.eval.masking.limit=0"], ConfigError,
+         r"train.eval.masking.limit must be a whole number >= 1 test images \(or null for all\), got 0"),
+        (["train.schedule.milestones=50"], ConfigError, r"schedule.milestones must be a list of epochs \(train.schedule.milestones=\[100,150\]\), got 50"),
         (["train=simclr", "train.probe.lr=0"], ValueError, r"linear probe needs .*lr > 0.*got 100, 0.0, 256.*\(train.probe\)"),
         (["train=adv_simclr", "train.batch_size=1"], ConfigError, "gives SimCLR no negatives"),  # the loss is 0: nothing learnt
     ],
@@ -303,6 +308,29 @@ def test_one_process_at_a_time_trains_in_a_run_directory(tmp_path):
     assert json.loads(run.summary_path.read_text())["status"] == "completed"
     with open(run_dir / ".lock") as handle:  # released: a job that is killed releases it too (flock ends with the process)
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_a_failing_masking_report_does_not_cost_the_trained_model(make_config, tmp_path, monkeypatch):
+    import training.trainer as trainer
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("report failed")
+
+    monkeypatch.setattr(trainer, "gradient_masking_report", broken)
+    with pytest.raises(RuntimeError, match="report failed"):
+        train(make_config("train=standard", "train.epochs=1", "train.eval.masking.enabled=true", "train.eval.masking.limit=4"))
+    assert (tmp_path / "run" / "model.safetensors").is_file()
+
+
+def test_a_reused_run_says_when_its_evaluation_settings_differ(make_config, caplog):
+    """train.eval may change on resume; a finished run returns its saved accuracies, so it must say whose they are."""
+    first = train(make_config("train=standard", "train.epochs=1", "train.eval.subset=8"))
+    with caplog.at_level("WARNING", logger="training.trainer"):
+        again = train(make_config("train=standard", "train.epochs=1", "train.eval.subset=8", "resume=true"))
+    assert "other train.eval settings" not in caplog.text and again.summary == first.summary
+    with caplog.at_level("WARNING", logger="training.trainer"):
+        other = train(make_config("train=standard", "train.epochs=1", "train.eval.subset=16", "resume=true"))
+    assert "was evaluated with other train.eval settings than these" in caplog.text and other.summary == first.summary
 
 
 def test_the_masking_report_settings_are_read_before_the_first_epoch(make_config, tmp_path):
