@@ -47,6 +47,18 @@ def test_train_overrides_give_every_adversarial_recipe_the_scales_attack_and_let
     assert "attack.eps" not in train_overrides(variants["standard_noaug"], cfg.scale)
 
 
+def test_the_scale_keeps_each_recipes_own_attack_step():
+    """The scale's attack set step_size: null, so TRADES and MART trained with Madry's 2.5 eps/steps instead of their
+    reference inner step, and adversarial SimCLR with 0.83 instead of its 0.5."""
+    from training.config import reference_inner_step
+
+    for scale, steps in (("cpu", 3), ("paper", 7)):
+        cfg = compose("reproduce", ["experiment=fig5", f"scale={scale}"])
+        step_of = {c.train.name: c.train.attack.step_size for c in training_configs(cfg, expand_variants(cfg)).values() if "attack" in c.train}
+        reference = reference_inner_step("l2", 1.0, steps)
+        assert step_of == {"pgd": None, "trades": pytest.approx(reference), "mart": pytest.approx(reference)}  # PGD's None: 2.5 eps / steps
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["experiment.architectures=[cnn,transformer]"], "unknown architectures"),
     (["experiment.trainings=[standard,pdg]"], "unknown trainings"),
