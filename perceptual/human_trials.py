@@ -11,8 +11,8 @@ data: bethgelab/model-vs-human (``raw-data/<experiment>/<experiment>_<subject>_s
 across observers by it, keyed as the benchmark keys it (:func:`source_image`: ``n04111531_14126.png``). For
 cue-conflict, edge and silhouette, whose images the benchmark keeps in class folders without sessions, its model
 files name the bare file (``airplane1-bicycle2.png``) with condition ``NaN``: read as the humans' single condition
-``0``, and matched to them by that file name. ``object_response`` ``na`` is a trial the subject did not answer in time: the benchmark keeps it and
-counts it wrong, and so do we (the report counts them).
+``0``, and matched to them by that file name. ``object_response`` ``na`` is a trial the subject did not answer in
+time: the benchmark keeps it and counts it wrong, and so do we (the report counts them).
 
 :func:`read_trials` turns files into the toolkit's trial table (:data:`perceptual.decisions.TRIAL_TABLE_COLUMNS`,
 ``subject`` = ``subj``, ``dataset`` = the experiment, ``image_id`` = the source image) plus the raw ``session``,
@@ -25,8 +25,7 @@ are left out and the report says which and how many.
 :func:`write_trials` writes a trial table (e.g. a model's, :func:`perceptual.decisions.model_trials`) in the same
 format, so the benchmark's own code can read it. :func:`read_image_folder` and :func:`classify_image_folder` read
 the benchmark's released image folders (``<experiment>/dnn/session-1/*.png``, or ``<experiment>/<class>/*.png``
-for cue-conflict, edge and silhouette) and let an ImageNet classifier
-decide through the 16-class mapping (:func:`perceptual.metrics.imagenet_to_16_classes`).
+for cue-conflict, edge and silhouette) and let an ImageNet classifier decide through the 16-class mapping (:func:`perceptual.metrics.imagenet_to_16_classes`).
 """
 from __future__ import annotations
 

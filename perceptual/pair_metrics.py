@@ -184,9 +184,7 @@ def _mean_rank(table: np.ndarray, higher_is_better: Sequence[bool]) -> list[floa
         defined = ~np.isnan(table[:, column])
         if defined.any():
             ranks[defined, column] = M.mean_rank(table[defined, column:column + 1], [bool(higher)])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # a model with no defined metric: NaN is the answer
-        return np.nanmean(ranks, axis=1).tolist()
+    return [nanmean(row) for row in ranks]
 
 
 __all__ = [

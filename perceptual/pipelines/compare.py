@@ -50,7 +50,8 @@ Real human trials (``humans=PATH``): the model-vs-human benchmark's trial CSVs (
 matched by source image: either their decisions in the benchmark's CSV format (``model_trials=[PATH, ...]``, e.g. from
 the benchmark's own ``raw-data`` model files or :func:`perceptual.human_trials.write_trials`), or the benchmark's image
 folders (``humans_images=PATH``: ``<experiment>/dnn/session-1/*.png`` or ``<experiment>/<class>/*.png``) through which
-the ImageNet ``models`` decide via the 16-class mapping (their decisions are written to ``out/humans/decisions/`` in the benchmark's format). Alone
+the ImageNet ``models`` decide via the 16-class mapping (their decisions are written to ``out/humans/decisions/`` in
+the benchmark's format). Alone
 (default) no simulated observer runs; with ``humans_with_panel=true`` the panel run above
 is done as well and its report sits next to the human one (the panel classifies the data set's images, the humans the
 benchmark's: the two reference groups share no images, so each ranks the models on its own). The ranking leaves out
