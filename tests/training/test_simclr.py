@@ -1,10 +1,13 @@
 """SimCLR's encoder is the classifier's own network; the linear probe turns it into an ordinary Classifier."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 from training.checkpoints import save_checkpoint
+from training.config import ConfigError
 from training.data import load_dataset
 from training.evaluate import clean_accuracy
 from training.models import build_model
@@ -31,6 +34,18 @@ def test_simclr_settings_that_learn_nothing_are_refused(override, message):
     data = load_dataset("digits", "train").subset(torch.arange(4))
     with pytest.raises(ValueError, match=message):
         build_recipe(compose_train("train=simclr", override).train, build_model("small_cnn", "digits", width=4), data)
+
+
+@pytest.mark.parametrize("recipe", ["simclr", "adv_simclr"])
+@pytest.mark.parametrize("override, message", [("train.label_smoothing=0.1", "train.label_smoothing=0.1 has no effect"),
+                                               ("train.augment.enabled=true", "train.augment.enabled=True"),
+                                               ("train.augment.color_jitter=0.5", "train.augment.color_jitter=0.5")])
+def test_supervised_settings_that_simclr_would_ignore_are_refused(recipe, override, message):
+    """SimCLR inherits standard.yaml's keys; its loss has no labels and it draws its views with train.simclr.*, so a
+    label smoothing or a supervised augmentation used to be accepted and silently ignored."""
+    data = load_dataset("digits", "train").subset(torch.arange(4))
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        build_recipe(compose_train(f"train={recipe}", override).train, build_model("small_cnn", "digits", width=4), data)
 
 
 def test_simclr_step_trains_the_shared_encoder_and_projector_but_not_the_head():

@@ -101,7 +101,21 @@ def _fast_at(cfg, model, train_data, seed):
 PROBE_INT_KEYS = ("epochs", "batch_size", "seed", "feature_batch_size")  # linear_probe's counts; its other settings are floats
 
 
+def _refuse_supervised_settings(cfg) -> None:
+    """SimCLR's config inherits standard.yaml's keys, but its loss has no labels and it draws its views with
+    ``train.simclr.*``: a label smoothing or a supervised augmentation would be ignored, so it is refused."""
+    name = cfg.get("name")
+    smoothing = float(cfg.get("label_smoothing", 0.0) or 0.0)
+    if smoothing:
+        raise ConfigError(f"train.label_smoothing={smoothing} has no effect on {name}: the contrastive loss has no labels (remove the override)")
+    turned_on = [f"train.augment.{key}={value}" for key, value in (cfg.get("augment") or {}).items() if value]
+    if turned_on:
+        raise ConfigError(f"{', '.join(turned_on)}: train.augment is the supervised recipes' augmentation and {name} would ignore it; "
+                          "its two views come from train.simclr.{crop_scale,strength,jitter_p,grayscale_p}")
+
+
 def _simclr_kwargs(cfg, train_data: ImageSet) -> dict[str, Any]:
+    _refuse_supervised_settings(cfg)
     s = cfg.get("simclr") or {}
     augment = SimCLRAugment(
         size=train_data.image_size,
