@@ -10,6 +10,7 @@ from training.checkpoints import save_checkpoint
 from training.config import ConfigError
 from training.data import load_dataset
 from training.evaluate import clean_accuracy
+from training.losses import nt_xent
 from training.models import build_model
 from training.recipes import ProjectionHead, build_recipe, classifier_head, encoder_of, linear_probe
 
@@ -46,6 +47,34 @@ def test_supervised_settings_that_simclr_would_ignore_are_refused(recipe, overri
     data = load_dataset("digits", "train").subset(torch.arange(4))
     with pytest.raises(ConfigError, match=re.escape(message)):
         build_recipe(compose_train(f"train={recipe}", override).train, build_model("small_cnn", "digits", width=4), data)
+
+
+def _reference_contrastive_loss(z1, z2, temperature):
+    """google-research/simclr objective.py's add_contrastive_loss on one core, transcribed: loss_a + loss_b."""
+    large_num = 1e9
+    h1, h2 = torch.nn.functional.normalize(z1, dim=1), torch.nn.functional.normalize(z2, dim=1)
+    n = h1.shape[0]
+    masks = torch.eye(n)
+    logits_aa = h1 @ h1.T / temperature - masks * large_num
+    logits_bb = h2 @ h2.T / temperature - masks * large_num
+    logits_ab, logits_ba = h1 @ h2.T / temperature, h2 @ h1.T / temperature
+    labels = torch.arange(n)  # one_hot(range(n), 2n): the positive is column i of the first block
+    loss_a = torch.nn.functional.cross_entropy(torch.cat([logits_ab, logits_aa], 1), labels)
+    loss_b = torch.nn.functional.cross_entropy(torch.cat([logits_ba, logits_bb], 1), labels)
+    return loss_a + loss_b
+
+
+def test_simclr_trains_on_the_reference_codes_loss_scale():
+    """The reference trains on loss_a + loss_b, twice Eq. 1's mean; under LARS the scale sets the weight decay's
+    weight and the untrusted bias/BN steps, so the config's lr and weight decay are the reference's only on its scale."""
+    torch.manual_seed(0)
+    data = load_dataset("digits", "train").subset(torch.arange(12))
+    recipe = build_recipe(compose_train("train=simclr").train, build_model("small_cnn", "digits", width=4), data).train()
+    views = recipe.prepare(data.images)
+    loss, _ = recipe(views, data.labels)
+    z1, z2 = recipe.project(views)
+    assert loss.item() == pytest.approx(_reference_contrastive_loss(z1.detach(), z2.detach(), 0.5).item(), rel=1e-5)
+    assert loss.item() == pytest.approx(2 * nt_xent(z1, z2, 0.5).item(), rel=1e-6)
 
 
 def test_simclr_step_trains_the_shared_encoder_and_projector_but_not_the_head():

@@ -16,10 +16,17 @@ trained network is the classifier's own ``net``: after pre-training, :func:`line
 classifier's last linear layer on frozen features and the result is an ordinary
 :class:`~training.models.Classifier` (loadable with ``build_model(arch, dataset, checkpoint=...)``).
 
-Differences from the reference: with several processes the negatives are the local batch's (the
-reference gathers across TPU cores); the probe is trained on features of un-augmented images
-computed once (the reference trains it with crop and flip), with the features standardised during
-fitting and the standardisation folded into the layer's weights afterwards.
+The training loss is the reference code's ``loss_a + loss_b`` (objective.py: one mean per direction), twice the
+average over the 2N anchors of the paper's Eq. 1 that :func:`~training.losses.nt_xent` returns. The scale matters
+under LARS: the trust ratio cancels it for the weights, but not against the weight decay, and the biases and
+batch-norm parameters (no trust ratio) step by lr × gradient. With it, ``conf/train/simclr.yaml``'s lr and weight
+decay are the reference's CIFAR-10 command's.
+
+Differences from the reference: the projection head has batch norm on its hidden layer only and biases on both
+linear layers (the reference code drops the biases and adds a batch norm without shift on the output); with
+several processes the negatives are the local batch's (the reference gathers across TPU cores); the probe is
+trained on features of un-augmented images computed once (the reference trains it with crop and flip), with the
+features standardised during fitting and the standardisation folded into the layer's weights afterwards.
 """
 from __future__ import annotations
 
@@ -40,6 +47,9 @@ from ..models import Classifier
 from ..optim import lr_factor
 from ..representation import Representation
 from .base import Recipe
+
+# google-research/simclr trains on loss_a + loss_b, twice Eq. 1's mean (see the module docstring).
+REFERENCE_LOSS_SCALE = 2.0
 
 
 class ProjectionHead(nn.Sequential):
@@ -107,14 +117,14 @@ class SimCLRRecipe(Recipe):
         return z.chunk(2)
 
     def contrastive_loss(self, views: Tensor) -> Tensor:
-        return nt_xent(*self.project(views), self.temperature)
+        return REFERENCE_LOSS_SCALE * nt_xent(*self.project(views), self.temperature)
 
     def forward(self, inputs: Tensor, labels: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         if self.threat is not None:
             with bn_mode(self, self.attack_bn):
                 inputs = maximize(self.contrastive_loss, inputs, self.threat)
         z1, z2 = self.project(inputs)
-        return nt_xent(z1, z2, self.temperature), {"acc": contrastive_accuracy(z1.detach(), z2.detach())}
+        return REFERENCE_LOSS_SCALE * nt_xent(z1, z2, self.temperature), {"acc": contrastive_accuracy(z1.detach(), z2.detach())}
 
     def hot_modules(self) -> list[nn.Module]:
         return [self.encoder, self.projector]
