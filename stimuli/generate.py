@@ -33,6 +33,9 @@ How a run is organised
     measurement pipelines do with the sets they keep as caches, so a rerun after a settings or code
     change measures afresh instead of stopping).
 
+    One process at a time: a run holds ``.<out>.lock`` beside its folder (:func:`training.io.exclusive_lock`) from
+    checking ``out`` until the set is written, so a second process asking for the same set waits and then reuses it.
+
 Deliberate differences from the paper's code: seeds are per target (one shared noise seed on
 request), and controversial starts are uniform noise keyed by (origin, restart) and shared by
 both directions, so A/B and B/A are compared from the same starts.
@@ -65,7 +68,7 @@ from invert import (
     resolve_engine,
 )
 from training.checkpoints import weights_hash
-from training.io import atomic_save, atomic_write_json
+from training.io import atomic_save, atomic_write_json, exclusive_lock
 
 from .sets import (
     PARTS_DIR,
@@ -629,6 +632,44 @@ def _prepare(out: Path, fingerprint: str, shard_info: dict | None, n_chunks: int
     return False, replacing
 
 
+def set_lock_file(out: str | Path) -> Path:
+    """The lock file of the stimulus set at ``out``: a hidden file beside the folder (``.<name>.lock``), not in it, so
+    that archiving, replacing or removing the set never moves the lock a waiting process holds open."""
+    out = Path(out).expanduser().resolve()
+    return out.parent / f".{out.name}.lock"
+
+
+def _assemble(plan: _Plan, out: Path, mine: list[_Chunk], done: dict[int, dict], keep_all_static: bool) -> tuple[list[dict], Tensor, Tensor, list[int]]:
+    """This shard's results and the static images they refer to (all of them for an unsharded run), in complete-set
+    order: (manifest rows, images, loss curves with NaN rows for static images, curve steps)."""
+    curve_steps = done[mine[0].index]["record"]["curve_steps"]
+    result_rows, result_images, result_curves = [], [], []
+    for chunk in mine:
+        part = done[chunk.index]
+        if part["record"]["curve_steps"] != curve_steps:
+            raise StimulusSetError(f"chunk {chunk.index} in {out / PARTS_DIR} has other curve steps: rerun with overwrite=true")
+        for offset, item in enumerate(range(chunk.start, chunk.stop)):
+            row = dict(plan.result_rows[item])
+            row.update(
+                steps_used=int(part["steps_used"][offset]),
+                initial_loss=float(part["initial_loss"][offset]),
+                final_loss=float(part["best_loss"][offset]),
+                final_task_loss=float(part["task_loss"][offset]) if "task_loss" in part else math.nan,  # parts saved before it
+                last_loss=float(part["last_loss"][offset]) if "last_loss" in part else math.nan,
+            )
+            result_rows.append(row)
+        result_images.append(part["images"])
+        result_curves.append(part["loss_curve"])
+    referenced = {row[link] for row in result_rows for link in ("target_id", "seed_id", "origin_id") if row.get(link)}
+    static = [(i, row) for i, row in enumerate(plan.static_rows) if keep_all_static or row["id"] in referenced]
+    static_index = torch.tensor([i for i, _ in static], dtype=torch.long)
+    rows = [row for _, row in static] + result_rows
+    images = torch.cat([plan.static_images[static_index]] + result_images)
+    curves = torch.cat([torch.full((len(static), len(curve_steps)), math.nan)] + result_curves)
+    order = sorted(range(len(rows)), key=lambda i: rows[i]["position"])
+    return [rows[i] for i in order], images[order], curves[order], curve_steps
+
+
 def _run_plan(
     plan: _Plan,
     out: str | Path,
@@ -661,72 +702,50 @@ def _run_plan(
         plan.parameters["engine"]["precision"] = "bf16"
     fingerprint = fingerprint_of(plan.parameters)
     config_record = _config_record(config, plan.parameters)  # before the engine runs: a config JSON cannot hold is named now
-    done_already, replacing = _prepare(out, fingerprint, shard_info, len(mine), overwrite)
-    if done_already:
-        logger.info("%s already holds this set: nothing to do", out)
-        return load_set(out, allow_shard=shard_info is not None)
-    parts = _Parts(out / PARTS_DIR, fingerprint)
-    done: dict[int, dict] = {}
-    for chunk in mine:
-        previous = parts.load(chunk)
-        if previous is not None:
-            done[chunk.index] = previous
-    if done:
-        logger.info("resuming %s: %d of %d chunks already done", out, len(done), len(mine))
-    for chunk in mine:
-        if chunk.index in done:
-            continue
-        items = torch.arange(chunk.start, chunk.stop)
-        objective = chunk.group.objective(items, device)
-        init = plan.static_images[plan.init_index[items]].to(device)
-        result = engine.run(objective, init, item_offset=chunk.start, desc=f"{plan.kind} chunk {chunk.index + 1}/{len(chunks)}")
-        done[chunk.index] = parts.save(chunk, result)
-        logger.info("chunk %d/%d done (items %d-%d)", chunk.index + 1, len(chunks), chunk.start, chunk.stop - 1)
+    # Two jobs of a sweep that need the same set (reproduce's presets share their measurements) make it once: the
+    # second waits here, then finds it complete and reuses it.
+    with exclusive_lock(set_lock_file(out), what=str(out), activity="being made"):
+        done_already, replacing = _prepare(out, fingerprint, shard_info, len(mine), overwrite)
+        if done_already:
+            logger.info("%s already holds this set: nothing to do", out)
+            return load_set(out, allow_shard=shard_info is not None)
+        parts = _Parts(out / PARTS_DIR, fingerprint)
+        done: dict[int, dict] = {}
+        for chunk in mine:
+            previous = parts.load(chunk)
+            if previous is not None:
+                done[chunk.index] = previous
+        if done:
+            logger.info("resuming %s: %d of %d chunks already done", out, len(done), len(mine))
+        for chunk in mine:
+            if chunk.index in done:
+                continue
+            items = torch.arange(chunk.start, chunk.stop)
+            objective = chunk.group.objective(items, device)
+            init = plan.static_images[plan.init_index[items]].to(device)
+            result = engine.run(objective, init, item_offset=chunk.start, desc=f"{plan.kind} chunk {chunk.index + 1}/{len(chunks)}")
+            done[chunk.index] = parts.save(chunk, result)
+            logger.info("chunk %d/%d done (items %d-%d)", chunk.index + 1, len(chunks), chunk.start, chunk.stop - 1)
 
-    # Assemble: this shard's results and the static images they refer to, in complete-set order.
-    curve_steps = done[mine[0].index]["record"]["curve_steps"]
-    result_rows, result_images, result_curves = [], [], []
-    for chunk in mine:
-        part = done[chunk.index]
-        if part["record"]["curve_steps"] != curve_steps:
-            raise StimulusSetError(f"chunk {chunk.index} in {out / PARTS_DIR} has other curve steps: rerun with overwrite=true")
-        for offset, item in enumerate(range(chunk.start, chunk.stop)):
-            row = dict(plan.result_rows[item])
-            row.update(
-                steps_used=int(part["steps_used"][offset]),
-                initial_loss=float(part["initial_loss"][offset]),
-                final_loss=float(part["best_loss"][offset]),
-                final_task_loss=float(part["task_loss"][offset]) if "task_loss" in part else math.nan,  # parts saved before it
-                last_loss=float(part["last_loss"][offset]) if "last_loss" in part else math.nan,
-            )
-            result_rows.append(row)
-        result_images.append(part["images"])
-        result_curves.append(part["loss_curve"])
-    referenced = {row[link] for row in result_rows for link in ("target_id", "seed_id", "origin_id") if row.get(link)}
-    static = [(i, row) for i, row in enumerate(plan.static_rows) if n_shards == 1 or row["id"] in referenced]
-    static_index = torch.tensor([i for i, _ in static], dtype=torch.long)
-    rows = [row for _, row in static] + result_rows
-    images = torch.cat([plan.static_images[static_index]] + result_images)
-    curves = torch.cat([torch.full((len(static), len(curve_steps)), math.nan)] + result_curves)
-    order = sorted(range(len(rows)), key=lambda i: rows[i]["position"])
-    if replacing:  # the replaced set goes only now, with the trial tables that name its images
-        remove_set(out, keep_parts=True)
-    write_set(
-        out,
-        images[order],
-        manifest_table([rows[i] for i in order]),
-        kind=plan.kind,
-        parameters=plan.parameters,
-        config=config_record,
-        fingerprint=fingerprint,
-        curve_steps=curve_steps,
-        loss_curve=curves[order],
-        shard=shard_info,
-        preview=preview,
-    )
-    if not keep_parts:
-        shutil.rmtree(out / PARTS_DIR, ignore_errors=True)
-    return load_set(out, allow_shard=shard_info is not None)
+        rows, images, curves, curve_steps = _assemble(plan, out, mine, done, keep_all_static=n_shards == 1)
+        if replacing:  # the replaced set goes only now, with the trial tables that name its images
+            remove_set(out, keep_parts=True)
+        write_set(
+            out,
+            images,
+            manifest_table(rows),
+            kind=plan.kind,
+            parameters=plan.parameters,
+            config=config_record,
+            fingerprint=fingerprint,
+            curve_steps=curve_steps,
+            loss_curve=curves,
+            shard=shard_info,
+            preview=preview,
+        )
+        if not keep_parts:
+            shutil.rmtree(out / PARTS_DIR, ignore_errors=True)
+        return load_set(out, allow_shard=shard_info is not None)
 
 
 def _device(device: str | torch.device | None, *models: ModelRef) -> torch.device:

@@ -1,17 +1,83 @@
-"""Atomic file writes: a crash never leaves a half-written file where a complete one was expected.
+"""Atomic file writes, and one process at a time in a folder.
 
 Every writer goes through a temporary file in the same directory followed by ``os.replace``, which
-is atomic on POSIX and Windows file systems. Used by checkpoints, run directories and stimulus sets.
+is atomic on POSIX and Windows file systems: a crash never leaves a half-written file where a complete
+one was expected. :func:`exclusive_lock` lets two jobs of a sweep that need the same output (a training
+run, a stimulus set) make it once: the second waits and then reuses it. Used by checkpoints, run
+directories and stimulus sets.
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
+import socket
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks, one process per output folder is up to the user
+    fcntl = None
+
+LOCK_WAIT_LOG_S = 600  # while waiting for another process, say so again this often
+
+logger = logging.getLogger(__name__)
+
+
+class LockBusyError(RuntimeError):
+    """Another process holds the lock (``holder``: what its lock file says: pid, host and since when)."""
+
+    def __init__(self, holder: str):
+        super().__init__(holder)
+        self.holder = holder
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_file: str | os.PathLike, *, what: str, activity: str, wait: bool = True, poll_s: float = 2.0) -> Iterator[None]:
+    """Hold ``lock_file`` (``flock``) for this process: released when the process ends, however it ends, so a killed
+    job never leaves a stale lock. While another process holds it, wait (logging "``what`` is ``activity`` by another
+    process (holder): waiting for it" every :data:`LOCK_WAIT_LOG_S`) or, with ``wait=False``, raise
+    :class:`LockBusyError`. Advisory, like every ``flock``: on a shared file system it holds across nodes where the
+    file system supports ``flock`` (NFSv4, Lustre and GPFS with their lock options)."""
+    # A plain flock, not the filelock package: the lock file itself names its holder for the waiting message.
+    if fcntl is None:
+        yield
+        return
+    lock_file = Path(lock_file)
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "a+", encoding="utf-8") as handle:
+        waited_since = last_log = None
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "holder unknown"
+                if not wait:
+                    raise LockBusyError(holder) from None
+                now = time.monotonic()
+                if last_log is None or now - last_log >= LOCK_WAIT_LOG_S:
+                    waited = "" if waited_since is None else f" (waiting {(now - waited_since) / 60:.0f} min)"
+                    logger.warning("%s is %s by another process (%s): waiting for it%s", what, activity, holder, waited)
+                    waited_since, last_log = waited_since or now, now
+                time.sleep(poll_s)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            handle.seek(0)
+            handle.truncate()
+            handle.flush()
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager

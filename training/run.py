@@ -27,27 +27,18 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import shutil
-import socket
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
-
-try:
-    import fcntl
-except ImportError:  # Windows: no advisory locks, one process per run directory is up to the user
-    fcntl = None
 
 import torch
 from torch import nn
 
 from .checkpoints import save_checkpoint
-from .io import append_jsonl, atomic_save, atomic_write_json, atomic_write_text
+from .io import LockBusyError, append_jsonl, atomic_save, atomic_write_json, atomic_write_text, exclusive_lock
 
 STATE_FORMAT = 1
-LOCK_WAIT_LOG_S = 600  # while waiting for another process's run, say so again this often
 
 logger = logging.getLogger(__name__)
 
@@ -78,49 +69,15 @@ class RunDirectory:
     # one process at a time -------------------------------------------------------------------------
     @contextlib.contextmanager
     def held(self, wait: bool = True, poll_s: float = 2.0) -> Iterator[None]:
-        """Hold the run directory for this process while training in it (``flock`` on ``RUN_DIR/.lock``; released when the
-        process ends, however it ends, so a killed job never leaves a stale lock). Another process training here makes
-        this wait for it (``wait``; the waiter then finds the run complete and reuses it, or resumes it) or raise
-        :class:`RunDirectoryError` naming the holder. Advisory, like every ``flock``: on a shared file system it holds
-        across nodes where the file system supports ``flock`` (NFSv4, Lustre and GPFS with their lock options)."""
-        # A plain flock, not the filelock package: the lock file itself names its holder for the waiting message.
-        if fcntl is None:
-            yield
-            return
-        self.path.mkdir(parents=True, exist_ok=True)
-        with open(self.path / ".lock", "a+", encoding="utf-8") as handle:
-            waited_since = last_log = None
-            while True:
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    holder = self._lock_holder(handle)
-                    if not wait:
-                        raise RunDirectoryError(f"{self.path} is being trained by another process ({holder}); wait for it to finish "
-                                                "and run again (a finished run is reused), or choose another run_dir") from None
-                    now = time.monotonic()
-                    if last_log is None or now - last_log >= LOCK_WAIT_LOG_S:
-                        waited = "" if waited_since is None else f" (waiting {(now - waited_since) / 60:.0f} min)"
-                        logger.warning("%s is being trained by another process (%s): waiting for it%s", self.path, holder, waited)
-                        waited_since, last_log = waited_since or now, now
-                    time.sleep(poll_s)
-            handle.seek(0)
-            handle.truncate()
-            handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-            handle.flush()
-            try:
+        """Hold the run directory for this process while training in it (:func:`~training.io.exclusive_lock` on
+        ``RUN_DIR/.lock``). Another process training here makes this wait for it (``wait``; the waiter then finds the run
+        complete and reuses it, or resumes it) or raise :class:`RunDirectoryError` naming the holder."""
+        try:
+            with exclusive_lock(self.path / ".lock", what=str(self.path), activity="being trained", wait=wait, poll_s=poll_s):
                 yield
-            finally:
-                handle.seek(0)
-                handle.truncate()
-                handle.flush()
-                fcntl.flock(handle, fcntl.LOCK_UN)
-
-    @staticmethod
-    def _lock_holder(handle) -> str:
-        handle.seek(0)
-        return handle.read().strip() or "holder unknown"
+        except LockBusyError as busy:
+            raise RunDirectoryError(f"{self.path} is being trained by another process ({busy.holder}); wait for it to finish "
+                                    "and run again (a finished run is reused), or choose another run_dir") from None
 
     # config -----------------------------------------------------------------------------------------
     def write_config(self, yaml_text: str) -> None:

@@ -2,6 +2,7 @@
 the embedded digits, with few engine steps."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -62,7 +63,7 @@ def test_merge_command_equals_the_unsharded_command(sharded_and_whole):
     whole, merged = sharded_and_whole
     for name in ("manifest.json", "tensors.safetensors"):
         assert (merged.path / name).read_bytes() == (whole.path / name).read_bytes()
-    assert sorted(p.name for p in (merged.path / "shards").iterdir()) == ["shard-000-of-002", "shard-001-of-002"]
+    assert sorted(p.name for p in (merged.path / "shards").iterdir() if p.is_dir()) == ["shard-000-of-002", "shard-001-of-002"]
 
 
 @pytest.mark.parametrize("task", ["2afc", "clustering", "clustering_hard"])
@@ -179,6 +180,33 @@ def test_python_dash_m_stimuli_end_to_end(tmp_path):
     assert "controversial set at" in run.stdout + run.stderr
     s = load_set(out)
     assert s.config["lambda_"] == 0.2 and set(s.role("result")[0]["direction"]) == {"AB", "BA"}
+
+
+def test_two_jobs_asking_for_one_set_make_it_once(tmp_path):
+    """reproduce's presets share their measurements, so two jobs of a sweep could make one set in one folder at once:
+    both ran every chunk, and one job's write_set removed the manifest the other was about to read. The second job now
+    waits for the first and reuses its set."""
+    import time
+
+    from stimuli.generate import set_lock_file
+    from training.io import exclusive_lock
+
+    out = tmp_path / "shared-set"
+    command = [sys.executable, "-m", "stimuli", "invert", "model=small_cnn", "n_targets=1", "seeds=[noise]", "preview=false", *FAST, f"out={out}"]
+    logs = [tmp_path / f"job{k}.log" for k in range(2)]
+    with exclusive_lock(set_lock_file(out), what=str(out), activity="held by the test"):
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        jobs = [subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT) for log in logs]
+        deadline = time.monotonic() + 240
+        while not all("is being made by another process" in log.read_text() for log in logs):
+            assert time.monotonic() < deadline and all(job.poll() is None for job in jobs), [log.read_text()[-1500:] for log in logs]
+            time.sleep(0.5)
+    for job, log in zip(jobs, logs):
+        assert job.wait(timeout=300) == 0, log.read_text()[-2000:]
+    texts = [log.read_text() for log in logs]
+    assert sum("chunk 1/1 done" in text for text in texts) == 1
+    assert sum("already holds this set: nothing to do" in text for text in texts) == 1
+    assert len(load_set(out).role("result")[0]) == 1
 
 
 def test_command_errors_are_reported_with_their_message(tmp_path, capsys, monkeypatch):
