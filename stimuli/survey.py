@@ -20,9 +20,11 @@ A package is a folder::
     surveys/<survey_id>/index.html   a self-contained page (Jinja2 template, inline dependency-free JS)
     surveys/<survey_id>/images/*.png the 8-bit PNGs it shows, under opaque names, one per appearance
 
-The page carries only what a respondent sees: each appearance of an image has a name of its own (a salted hash), so
-neither a name nor the page's data says which option is the target (a target recurs across trials, a seed does not)
-or which trial is a check (its query is one of the options); the pixels show that much to a person, as in the paper.
+The page carries only what a respondent sees: each appearance of an image has a name of its own (a salted hash) and
+bytes of its own (:func:`_png_with_nonce`), and a clustering check has as many rows as a real trial, so neither a
+name, nor a file's hash, nor the page's data says which option is the target (a target recurs across trials, a seed
+does not) or which trial is a check (its query is one of the options). The pixels show that much to a person, as in
+the paper, and so to a script that decodes the images and compares them: screen for bots by other means too.
 Deliberate differences from the paper: each survey holds one task (the instructions differ), and the trials of all
 models are dealt into surveys in an even mix so that no worker sees only one model.
 """
@@ -34,6 +36,8 @@ import io
 import json
 import logging
 import math
+import struct
+import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -261,9 +265,13 @@ def _deal(records: list[dict], n_surveys: int, rng: np.random.Generator) -> list
     for hand, piece in zip(hands, np.array_split(np.arange(len(real)), n_surveys)):
         hand.extend(real[i] for i in piece)
     # Each check to the shortest hand, of those the one with fewest checks: splitting checks on their own could put one
-    # trial too many in a hand, and a tie broken by position alone could give one hand two checks and another none.
+    # trial too many in a hand, and a tie broken by position alone could give one hand two checks and another none. The
+    # remaining ties are broken at random: by position, the checks (interleaved by model) all went model by model to
+    # the same hands, every standard check to survey 0 and every robust one to survey 1.
     for check in interleaved(checks=True):
-        min(hands, key=lambda hand: (len(hand), sum(r["attention_check"] for r in hand))).append(check)
+        tie_break = rng.permutation(n_surveys)
+        k = min(range(n_surveys), key=lambda k: (len(hands[k]), sum(r["attention_check"] for r in hands[k]), tie_break[k]))
+        hands[k].append(check)
     return [[hand[i] for i in rng.permutation(len(hand))] for hand in hands]
 
 
@@ -314,6 +322,21 @@ def announced_minutes(minutes: float, n_judgements: int, trials_per_survey: int)
 
 def _image_name(png: bytes) -> str:
     return hashlib.sha256(png).hexdigest()[:20] + ".png"
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _png_with_nonce(png: bytes, nonce: str) -> bytes:
+    """``png`` with a ``tEXt`` chunk (keyword ``Comment``, text ``nonce``) after its header: the same pixels, bit for
+    bit, in a file whose hash no other appearance shares. Written by hand rather than re-encoded by Pillow, so that the
+    image data stays the stimulus set's own (PNG specification, section 5.3: length, type, data, CRC-32 of type and data)."""
+    header_end = len(PNG_SIGNATURE) + 8 + 13 + 4  # IHDR: length, type, 13 bytes of data, CRC
+    if not png.startswith(PNG_SIGNATURE) or png[12:16] != b"IHDR":
+        raise ValueError("not a PNG file (no signature and header): the stimulus set's images are corrupt; make the set again")
+    data = b"Comment\0" + nonce.encode("latin-1")
+    chunk = struct.pack(">I", len(data)) + b"tEXt" + data + struct.pack(">I", zlib.crc32(b"tEXt" + data))
+    return png[:header_end] + chunk + png[header_end:]
 
 
 def build_survey(
@@ -384,15 +407,15 @@ def _write_package(root: Path, loaded: Mapping[str, StimulusSet], surveys: list[
     salt = rng.bytes(16)  # names no page can predict
 
     def png(label: str, image_id: str, appearance: str) -> str:
-        """A name of its own for each appearance of an image: a shared name would tell a script which option is the
-        target (it recurs across trials, seeds do not) and which trials are checks (the query among the options)."""
+        """A name and bytes of its own for each appearance of an image: a shared name or file would tell a script which
+        option is the target (it recurs across trials, seeds do not) and which trials are checks (the query among the options)."""
         key = (label, image_id)
         if key not in pngs:
             stimulus_set = loaded[label]
             relative = stimulus_set.manifest.set_index("id").loc[image_id, "png"]
             pngs[key] = (Path(stimulus_set.path) / relative).read_bytes()
         name = _image_name(salt + appearance.encode() + pngs[key])
-        files[name] = pngs[key]
+        files[name] = _png_with_nonce(pngs[key], name.removesuffix(".png"))
         return name
 
     truth, pages = [], []

@@ -179,8 +179,8 @@ def clustering_trials(
     for trial_number, index in enumerate(order):
         triplet, is_check = trials[index]
         columns = list(rng.permutation(triplet))
-        if is_check:  # rows are the column targets themselves
-            queries = [(t, t, "target") for t in triplet]
+        if is_check:  # rows are the column targets themselves, each as often as its results are rows in a real trial
+            queries = [(t, t, "target") for t in triplet for _ in range(len(by_target[t]))]
         else:
             queries = [(r.id, t, r.seed_type) for t in triplet for r in by_target[t].itertuples()]
         for row_number, q in enumerate(rng.permutation(len(queries))):

@@ -112,12 +112,16 @@ def test_clustering_structure_three_targets_as_columns_and_their_results_as_rows
 
 
 def test_clustering_attention_checks_exact_rate_and_rows_are_the_columns():
+    """A check showed each column once (3 rows) where a real trial shows each target's results (6 rows with two seed
+    types), so a survey page's row count alone told a script which trials were checks. Each column now appears as
+    often as its target's results do."""
     table = clustering_trials(inversion_manifest(10), seed=2, attention_rate=1 / 6)
     per_trial = table.drop_duplicates("trial")
     assert per_trial["attention_check"].sum() == 2 and len(per_trial) == 12
+    assert set(table.groupby("trial").size()) == {6}  # checks and real trials alike
     for group in _trials(table[table["attention_check"]]):
         columns = list(group[["column_0", "column_1", "column_2"]].iloc[0])
-        assert len(group) == 3 and sorted(group["query_id"]) == sorted(columns)
+        assert len(group) == 6 and sorted(group["query_id"]) == sorted(columns * 2)
         assert all(columns[r.answer] == r.query_id for r in group.itertuples())
 
 

@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import hashlib
 import json
 import logging
 import math
 import re
+from collections import Counter
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 from hydra import compose, initialize_config_module
+from PIL import Image
 
 from perceptual.humans import load_package
 from perceptual.measure import load_report, write_report
@@ -23,6 +26,15 @@ from perceptual.pipelines.humans import run as humans_run
 from stimuli.commands import COMMANDS as STIMULI_COMMANDS
 from stimuli.commands import survey_command
 from stimuli.survey import build_survey
+
+from .conftest import MODELS
+
+
+def decoded(path) -> bytes:
+    """A served image's pixels, what a person sees (each served file's bytes are its own)."""
+    with Image.open(path) as image:
+        return np.asarray(image).tobytes()
+
 
 FIRST = {"2afc": "left", "clustering": "0", "clustering_hard": "0"}
 
@@ -72,17 +84,26 @@ def test_trials_counterbalanced_checks_and_mixed_models(package_dir):
     real = truth[(truth["task"] == "2afc") & ~truth["attention_check"]]
     assert abs((real["answer"] == "left").mean() - 0.5) <= 0.05  # sides balanced per model within one trial
 
-    def pixels(t, name):  # the served bytes: names never repeat, so a script cannot find the checks or targets by name
-        return (package_dir / "surveys" / t["survey_id"] / "images" / name).read_bytes()
+    def pixels(t, name):
+        return decoded(package_dir / "surveys" / t["survey_id"] / "images" / name)
 
     for t in package.manifest["trials"]:
         if t["attention_check"] and t["task"] == "2afc":
             assert pixels(t, t["images"]["query"]) in [pixels(t, o) for o in t["images"]["options"]]  # the query IS one option
         elif t["attention_check"]:
-            rows = sorted(pixels(t, t["rows"][k]["query_file"]) for k in range(3))
-            assert rows == sorted(pixels(t, c) for c in t["images"]["columns"])  # the rows ARE the columns
+            rows = {pixels(t, row["query_file"]) for row in t["rows"]}
+            assert len(t["rows"]) == 6 and rows == {pixels(t, c) for c in t["images"]["columns"]}  # the rows ARE the columns
         elif t["task"] == "2afc":
             assert pixels(t, t["images"]["query"]) not in [pixels(t, o) for o in t["images"]["options"]]
+    # No two served files share their bytes: a script hashing the files found every check (the query's file equal to
+    # an option's) and every target (its file recurring across trials) although the names never repeat.
+    served = list((package_dir / "surveys").glob("*/images/*.png"))
+    assert len({hashlib.sha256(path.read_bytes()).digest() for path in served}) == len(served)
+    checks_by_model = Counter((t["survey_id"], t["model"]) for t in package.manifest["trials"] if t["attention_check"] and t["task"] == "2afc")
+    surveys_2afc = sorted(s["survey_id"] for s in package.manifest["surveys"] if s["task"] == "2afc")
+    # each model's checks spread over the surveys (ties went by position: every standard check to survey 0)
+    assert all(any((sid, model) in checks_by_model for sid in surveys_2afc) for model in MODELS)
+    assert any(len({m for (sid, m) in checks_by_model if sid == survey}) == 2 for survey in surveys_2afc)
     for survey in package.manifest["surveys"]:
         shown = [name for t in package.manifest["trials"] if t["survey_id"] == survey["survey_id"]
                  for name in ([t["images"].get("query")] + t["images"].get("options", []) + t["images"].get("columns", [])
@@ -284,7 +305,7 @@ def test_controversial_survey_asks_which_direction_looks_closer_to_the_origin(co
     for t in trials:
         if t["attention_check"]:
             served = out / "surveys" / t["survey_id"] / "images"
-            assert (served / t["images"]["query"]).read_bytes() in [(served / o).read_bytes() for o in t["images"]["options"]]
+            assert decoded(served / t["images"]["query"]) in [decoded(served / o) for o in t["images"]["options"]]
     page = (out / "surveys" / "controversial-000" / "index.html").read_text()
     assert ".AB." not in page and ".BA." not in page and "Which option is perceptually closer to the query?" in page
     # a worker who always picks model A's stimulus (and passes the checks) prefers A every time
