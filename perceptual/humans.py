@@ -289,6 +289,18 @@ def _answer_signature(submission: Mapping) -> tuple:
     return tuple(sorted((str(a.get("trial_id")), str(a.get("row")), str(a.get("choice"))) for a in submission.get("answers") or []))
 
 
+def _row_number(value) -> int:
+    """An answer's row as a whole number (``1``, ``"1"``, ``1.0`` from a spreadsheet column with blanks), or -1, which
+    no trial has: ``int()`` alone read ``0.9`` as row 0 and ``True`` as row 1."""
+    if isinstance(value, bool):
+        return -1
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return -1
+    return int(number) if number.is_integer() else -1
+
+
 def _earliest_attempts(submissions: Sequence[Mapping], exclude: Callable[[str, Mapping, int], None]) -> list[Mapping]:
     """One submission per worker and survey: copies of an attempt (the same answers) collapse into one, and of several
     attempts the earliest by the page's ``started_at`` (ISO time, so text order is time order) is kept, an attempt
@@ -377,11 +389,7 @@ def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Respo
         submission = f"{worker}@{sub['survey_id']}"
         kept, answered, attempted = 0, set(), set()
         for a in answers:
-            trial_id, row, choice = str(a.get("trial_id")), a.get("row"), str(a.get("choice"))
-            try:
-                row = int(row)
-            except (TypeError, ValueError):
-                row = -1
+            trial_id, row, choice = str(a.get("trial_id")), _row_number(a.get("row")), str(a.get("choice"))
             if (trial_id, row) not in truth.index or truth.loc[(trial_id, row), "survey_id"] != sub["survey_id"]:
                 exclude(f"unknown trial id or row for survey {sub['survey_id']}", sub, 1)
                 continue

@@ -491,6 +491,23 @@ def test_an_invalid_answer_is_counted_once(package, tmp_path):
     assert counts == {f"invalid choice (expected one of {valid})": len(sub["answers"]), "missing answer": 1}
 
 
+def test_a_row_that_is_not_a_whole_number_is_no_row(package, tmp_path):
+    """int() read a hand-edited row 0.9 as row 0 and True as row 1; 1.0 (a spreadsheet's column with blanks) and "1"
+    are still row 1."""
+    sid = next(s["survey_id"] for s in package.manifest["surveys"] if s["task"] == "clustering")
+    sub = _submission(package, sid, "W1", lambda u: u.answer)
+    rows = [a["row"] for a in sub["answers"]]
+    assert rows[:3] == [0, 1, 2]
+    for answer, row in zip(sub["answers"][:5], [0.9, True, 2.0, "0", "x"]):
+        answer["row"] = row
+    (tmp_path / "a.json").write_text(json.dumps(sub))
+    responses = read_responses([tmp_path / "a.json"], package)
+    unknown = f"unknown trial id or row for survey {sid}"
+    counts = responses.exclusion_counts()
+    assert counts[unknown] == 3  # 0.9, True and "x"; 2.0 is row 2 and "0" is row 0 of their trials
+    assert counts.get("repeated answer within a submission", 0) == 0
+
+
 @pytest.mark.parametrize("content", ["null", '["a", "b"]', "3"])
 def test_json_that_is_not_a_page_download_names_its_file(package, tmp_path, content):
     (tmp_path / "odd.json").write_text(content)
