@@ -95,8 +95,11 @@ class Sigmoid:
         return param
 
 
-# Lucid's square root of the ImageNet colour correlation matrix (``to_valid_rgb``).
-_COLOR_CORRELATION_SQRT = torch.tensor([[0.26, 0.09, 0.02], [0.27, 0.00, -0.05], [0.27, -0.09, 0.03]])
+# Lucid's square root of the ImageNet colour correlation matrix (``to_valid_rgb``), scaled so that its largest column
+# norm is 1, and its inverse: both computed once on the host, where inverting needs no device sync.
+_COLOR_CORRELATION_SQRT = torch.tensor([[0.26, 0.09, 0.02], [0.27, 0.00, -0.05], [0.27, -0.09, 0.03]], dtype=torch.float64)
+_COLOR = _COLOR_CORRELATION_SQRT / torch.linalg.vector_norm(_COLOR_CORRELATION_SQRT, dim=0).max()
+_COLOR_INVERSE = torch.linalg.inv(_COLOR)
 
 
 class Fourier:
@@ -118,6 +121,9 @@ class Fourier:
         self.decay_power = decay_power
         self.decorrelate_colors = decorrelate_colors
         self.image_size: tuple[int, int] | None = None
+        # The colour matrices on each (device, dtype), copied there at the first from_image (before the engine's loop):
+        # a host-to-device copy, or torch.linalg.inv's error check, inside a step synchronises it and breaks a CUDA graph.
+        self._colors: dict[tuple, Tensor] = {}
 
     def _scale(self, height: int, width: int, like: Tensor) -> Tensor:
         fy = torch.fft.fftfreq(height, device=like.device, dtype=torch.float32)[:, None]
@@ -126,19 +132,22 @@ class Fourier:
         scale = 1.0 / freqs.clamp_min(1.0 / max(height, width)) ** self.decay_power
         return (scale / scale.max()).to(like.dtype)
 
-    def _color(self, channels: int, like: Tensor) -> Tensor | None:
+    def _color(self, channels: int, like: Tensor, inverse: bool = False) -> Tensor | None:
         if not self.decorrelate_colors or channels != 3:
             return None
-        matrix = _COLOR_CORRELATION_SQRT / torch.linalg.vector_norm(_COLOR_CORRELATION_SQRT, dim=0).max()
-        return matrix.to(device=like.device, dtype=like.dtype)
+        key = (like.device, like.dtype, inverse)
+        if key not in self._colors:
+            self._colors[key] = (_COLOR_INVERSE if inverse else _COLOR).to(device=like.device, dtype=like.dtype)
+        return self._colors[key]
 
     def from_image(self, x: Tensor) -> Tensor:
         height, width = x.shape[-2:]
         self.image_size = (height, width)
         centred = x.detach() - 0.5
-        color = self._color(x.shape[1], x)
-        if color is not None:
-            centred = torch.einsum("ij,njhw->nihw", torch.linalg.inv(color), centred)
+        inverse = self._color(x.shape[1], x, inverse=True)
+        self._color(x.shape[1], x)  # to_image's matrix too, while outside the loop
+        if inverse is not None:
+            centred = torch.einsum("ij,njhw->nihw", inverse, centred)
         spectrum = torch.fft.rfft2(centred, norm="ortho") / self._scale(height, width, x)
         return torch.view_as_real(spectrum).contiguous()
 

@@ -40,12 +40,13 @@ def pytest_collection_modifyitems(config, items):
 
 
 # What a CUDA graph cannot hold, caught on the CPU: a Python read of a tensor's value (a host sync on CUDA), at the
-# Tensor methods and at the dispatcher (aten._local_scalar_dense is what every scalar read becomes), and operators whose
-# output shape depends on the values (nonzero, masked_select, unique, boolean-mask indexing). Only a real capture on a
-# GPU is the full check (the gpu tests); this proxy runs everywhere.
+# Tensor methods and at the dispatcher (aten._local_scalar_dense is what every scalar read becomes), operators whose
+# output shape depends on the values (nonzero, masked_select, unique, boolean-mask indexing), and the error check of
+# torch.linalg's inv, cholesky, solve... (aten._linalg_check_errors reads their info tensor on the host). Only a real
+# capture on a GPU is the full check (the gpu tests); this proxy runs everywhere.
 HOST_READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__", "__index__")
 _DATA_DEPENDENT = ("_local_scalar_dense", "nonzero", "nonzero_static", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
-                   "argwhere", "repeat_interleave", "bincount")
+                   "argwhere", "repeat_interleave", "bincount", "_linalg_check_errors")
 
 
 class _RefuseDataDependentOps(torch.utils._python_dispatch.TorchDispatchMode):

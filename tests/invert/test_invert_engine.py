@@ -636,8 +636,9 @@ def test_compiled_objective_on_cuda_gives_the_same_result(inversion):
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "settings",
-    [dict(), dict(precision="bf16", channels_last=True), dict(stepper="adam", step_size=0.05, transform_robust=True, transform_samples=2)],
-    ids=["fp32", "bf16-channels-last", "adam-transform-robust"],
+    [dict(), dict(precision="bf16", channels_last=True), dict(stepper="adam", step_size=0.05, transform_robust=True, transform_samples=2),
+     dict(stepper="linf", step_size=0.01, parametrization="fourier")],  # its colour matrices once, not inverted in every step
+    ids=["fp32", "bf16-channels-last", "adam-transform-robust", "linf-fourier"],
 )
 def test_the_captured_step_equals_the_uncaptured_step(inversion, settings):
     objective, seeds = inversion
