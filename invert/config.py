@@ -23,6 +23,7 @@ CUDA_GRAPH_MODES = (False, True, "auto")
 
 
 BOOLEAN_FIELDS = ("stop_at_bounds", "keep_best", "transform_robust", "channels_last", "compile", "deterministic", "progress")
+FLOAT_FIELDS = ("step_size", "adam_eps", "rtol", "tv_weight", "tv_beta", "lp_weight", "lp_p", "memory_fraction")
 
 
 @dataclass
@@ -134,6 +135,12 @@ class InvertConfig:
                 setattr(self, name, bool(value))
             elif not isinstance(value, bool):
                 raise ValueError(f"{name} must be true or false, got {value!r}")
+        for name in FLOAT_FIELDS:  # a text value ('1e-3 ' from a shell) failed later in math.isfinite with an unnamed TypeError
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ValueError(f"{name} must be a number, got {value!r}")
+        if not all(isinstance(beta, numbers.Real) and not isinstance(beta, bool) for beta in self.adam_betas):
+            raise ValueError(f"adam_betas must be two numbers, got {list(self.adam_betas)!r}")
         if self.loss_threshold is not None and (isinstance(self.loss_threshold, bool) or not isinstance(self.loss_threshold, numbers.Real)
                                                 or not math.isfinite(self.loss_threshold)):
             raise ValueError(f"loss_threshold must be a finite number (or null for none), got {self.loss_threshold!r}: NaN switched it off")

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import numbers
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, Optional
 
@@ -218,6 +219,10 @@ class Engine:
         """
         cfg = self.config
         check_images(init, "init")
+        if isinstance(item_offset, bool) or not isinstance(item_offset, numbers.Integral) or item_offset < 0:
+            # a float offset (1.5) keyed every item's random draws as item_offset 1: shards drew alike without a word
+            raise ValueError(f"item_offset must be a whole number >= 0 (the first item's global number), got {item_offset!r}")
+        item_offset = int(item_offset)
         # A bf16 or fp16 iterate would round every step away and saturate the steppers' step counts at 256.
         caller_dtype, init = init.dtype, init.float()
         if not callable(objective):

@@ -268,10 +268,12 @@ class TwoWayControversialLoss(Objective):
 
 
 def _class_buffer(classes: Union[int, Sequence[int], Tensor], name: str) -> Tensor:
-    tensor = torch.as_tensor(classes, dtype=torch.long)
+    tensor = torch.as_tensor(classes)
+    if tensor.dtype == torch.bool or tensor.is_floating_point() or tensor.is_complex():  # 0.9 was class 0, without a word
+        raise ValueError(f"{name} must be whole class indices, got {tensor.dtype} values {[round(float(v), 6) for v in tensor.flatten()[:5]]}")
     if tensor.ndim > 1:
         raise ValueError(f"{name} must be an int or a 1-D sequence of class indices, got shape {tuple(tensor.shape)}")
-    return tensor
+    return tensor.long()
 
 
 class ClassControversialLoss(Objective):
@@ -364,7 +366,7 @@ class LpPrior(Objective):
 
 
 # The authors' CIFAR transforms (Lucid's standard set): jitter 8, scale 0.9..1.1, rotate -10..10
-# degrees (0 five times more likely), jitter 4.
+# degrees (0 six times as likely as any other angle), jitter 4.
 LUCID_SCALES = tuple(1 + (i - 5) / 50.0 for i in range(11))
 LUCID_ANGLES = tuple(float(a) for a in list(range(-10, 11)) + 5 * [0])
 

@@ -77,7 +77,9 @@ class L2Step:
 
     Differs from ``robustness`` in one detail: it divides by ``max(||g||, 1e-12)`` instead of
     ``||g|| + 1e-10``, so a step is exactly ``step_size`` long for any gradient above 1e-12, where the
-    library's falls short once ``||g||`` nears 1e-10 (a zero gradient gives a zero step in both).
+    library's falls short once ``||g||`` nears 1e-10 (a zero gradient gives a zero step in both). In float16 the
+    floor is the dtype's smallest normal number, 6.1e-5, instead (1e-12 is 0 there): a float16 gradient below it takes
+    a shorter step. The engine steps in float32.
     """
 
     step_size: Radius = 1.0

@@ -537,6 +537,9 @@ def test_bad_inputs_have_clear_messages(inversion):
     elsewhere = InversionLoss.from_features(objective.representation, torch.zeros(4, 8, device="meta"))
     with pytest.raises(ValueError, match="objective holds tensors on meta but init is on cpu: move one with .to"):
         invert_batch(elsewhere, seeds, steps=1, **QUICK)
+    for offset in (1.5, -1, True):  # 1.5 keyed every item's draws as offset 1 without a word
+        with pytest.raises(ValueError, match="item_offset must be a whole number >= 0"):
+            Engine(steps=1, **QUICK).run(objective, seeds, item_offset=offset)
 
 
 @pytest.mark.parametrize(
@@ -555,6 +558,10 @@ def test_bad_inputs_have_clear_messages(inversion):
         (dict(cuda_graph="always"), "cuda_graph must be one of \\[False, True, 'auto'\\], got 'always'"),
         (dict(cuda_graph=True, compile=True), "cuda_graph=True and compile=True both want.*compile_mode='reduce-overhead'"),
         (dict(iterations=10), "unknown invert config keys \\['iterations'\\]; valid keys are"),
+        (dict(step_size="0.5"), "step_size must be a number, got '0.5'"),  # was an unnamed TypeError from math.isfinite
+        (dict(rtol="1e-3"), "rtol must be a number, got '1e-3'"),
+        (dict(memory_fraction="0.5"), "memory_fraction must be a number"),
+        (dict(adam_betas=("0.9", 0.999)), "adam_betas must be two numbers"),
     ],
 )
 def test_bad_settings_have_clear_messages(settings, message):

@@ -251,6 +251,17 @@ def test_controversial_weights_that_reverse_the_objective_are_refused(tiny_repre
             ClassControversialLoss(model, model, 0, 1, alpha=alpha)
 
 
+def test_class_labels_that_are_not_whole_numbers_are_refused(tiny_classifier):
+    """torch.as_tensor(..., dtype=long) read the classes [0.9, 2.7] as [0, 2] without a word."""
+    model = tiny_classifier()
+    with pytest.raises(ValueError, match=r"class1 must be whole class indices, got torch.float32 values \[0.9"):
+        ClassControversialLoss(model, model, [0.9, 2.7], [1, 0])
+    with pytest.raises(ValueError, match="class2 must be whole class indices, got torch.bool"):
+        ClassControversialLoss(model, model, [0, 2], [True, False])
+    loss = ClassControversialLoss(model, model, torch.tensor([0, 2], dtype=torch.int32), [1, 0])
+    assert loss.class1.dtype == torch.long and loss.class1.tolist() == [0, 2]
+
+
 def test_seeded_rng_seeds_only_the_generators_it_restores(monkeypatch):
     """torch.manual_seed inside fork_rng(devices=[]) reseeded every CUDA generator and restored none: an observer built
     with seed 0 left the process's CUDA draws at seed 0. seeded_rng touches the CPU generator (and one given CUDA
