@@ -16,7 +16,7 @@ import logging
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -66,7 +66,8 @@ Verdict rule (thresholds in accuracy points of the audited images):
    clustering, panel means): position = where the defence lies on the line from the standard (0) to the
    robust (1) reference, projected over the measures together: sum (d - s)(r - s) / sum (r - s)^2 (for one
    measure (d - s) / (r - s); a measure the references barely differ on counts for little). Below
-   {LOW_ALIGNMENT} the defence is "at the standard model's level", otherwise "near the robust model's level".
+   {LOW_ALIGNMENT} the defence is "at the standard model's level", otherwise "near the robust model's level". Where the
+   robust reference is not the more aligned (sum (r - s) <= 0) there is no position: the audit warns instead.
    That is stated as supporting evidence next to a masking verdict, or as a warning (low alignment predicts
    later breaks, Nanda et al. Fig. 4) next to a clean one. It never flips the verdict alone.
 4. Controversial stimuli of the defence against the robust reference (Table 2 score): which model the
@@ -481,6 +482,13 @@ def masking_checks(accuracy: dict[str, float], report_checks: dict[str, bool], u
     return checks
 
 
+def references_ordered(standard: dict[str, float], robust: dict[str, float], measures: Optional[Sequence[str]] = None) -> bool:
+    """Whether the robust reference is the more aligned over ``measures`` (default: those both have finite): sum (r - s) > 0."""
+    measures = [k for k in standard if k in robust] if measures is None else list(measures)
+    gaps = [robust[k] - standard[k] for k in measures if math.isfinite(robust[k]) and math.isfinite(standard[k])]
+    return sum(gaps) > 0
+
+
 def alignment_position(defence: dict[str, float], standard: dict[str, float], robust: dict[str, float]) -> Optional[float]:
     """Where the defence's alignment lies on the line from the standard (0) to the robust (1) reference: the least-squares
     projection over the measures all three share with a finite value, sum (d - s)(r - s) / sum (r - s)^2; None where
@@ -492,11 +500,16 @@ def alignment_position(defence: dict[str, float], standard: dict[str, float], ro
     +3.7, near the robust reference, where the projection gives -0.25). The projection
     weighs each measure by its reference gap, so such a measure counts for little, and a measure on which the robust
     reference is the less aligned one still counts with the right sign.
+
+    None too where the references are not ordered: the robust reference is not the more aligned over the shared
+    measures (sum (r - s) <= 0, small or under-trained references). The line then runs from the more aligned model to
+    the less aligned one, "at the standard model's level" would mean the more aligned end, and rule 5 would flag the
+    best-aligned defence and pass the worst.
     """
     shared = [k for k in defence if k in standard and k in robust and all(math.isfinite(m[k]) for m in (defence, standard, robust))]
     gaps = {k: robust[k] - standard[k] for k in shared}
     scale = sum(gap * gap for gap in gaps.values())
-    if scale < 1e-12:
+    if scale < 1e-12 or not references_ordered(standard, robust, shared):
         return None
     return sum((defence[k] - standard[k]) * gap for k, gap in gaps.items()) / scale
 
@@ -554,4 +567,5 @@ def is_flagged(text: str) -> bool:
 
 __all__ = ["Check", "DECISION_RULE", "JsonAttackStore", "RobustnessAudit", "alignment_position", "attack_suite", "audit_robustness",
            "chance_agreement", "chance_message", "check_budgets", "check_classifier", "check_smoothing", "clean_predictions", "controversial_summary",
-           "is_above_chance", "is_flagged", "is_randomised", "masking_checks", "noise_floor", "randomness_warning", "reference_accuracy", "verdict"]
+           "is_above_chance", "is_flagged", "is_randomised", "masking_checks", "noise_floor", "randomness_warning", "reference_accuracy",
+           "references_ordered", "verdict"]

@@ -51,6 +51,7 @@ from ..audit import (
     is_randomised,
     randomness_warning,
     reference_accuracy,
+    references_ordered,
     verdict,
 )
 from ..audit_report import accuracy_bars_figure, accuracy_vs_eps_figure, alignment_figures, audit_html, audit_markdown, masking_checks_figure
@@ -235,6 +236,11 @@ def run(cfg: DictConfig) -> dict:
                           "converged": result["converged"]} for label, result in data["models"].items()}
         means = {label: {t: models[label][t]["mean"] for t in ALIGNMENT_TASKS if models[label].get(t)} for label in models}
         position = alignment_position(means[defence_spec.label], means["standard"], means["robust"])
+        if not references_ordered(means["standard"], means["robust"]):
+            warnings.append("the robust reference is not more aligned than the standard one (" + ", ".join(
+                f"{t} {means['robust'][t]:.2f} vs {means['standard'][t]:.2f}" for t in means["standard"] if t in means["robust"])
+                + "): the alignment gives no position and cannot flag the defence; train the references longer "
+                "(references.schedule.epochs) or give your own (reference.standard, reference.robust)")
         alignment = {"models": models, "position": position, "report": str(report_dir / "report.md"),
                      "converged": {label: bool(m["converged"]) for label, m in models.items()}}
         if "controversial" in data:

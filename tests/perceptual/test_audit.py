@@ -23,6 +23,7 @@ from perceptual.audit import (
     is_flagged,
     masking_checks,
     noise_floor,
+    references_ordered,
     verdict,
 )
 from perceptual.audit_report import audit_html, audit_markdown
@@ -90,6 +91,18 @@ def test_alignment_position_projects_on_the_reference_line():
     # Only the measures all three share count; none usable gives None.
     assert alignment_position({"a": 0.9, "c": 0.0}, {"a": 0.5, "b": 0.0}, {"a": 0.9, "b": 1.0, "c": 5.0}) == pytest.approx(1.0)
     assert alignment_position({"c": 0.1}, {"a": 0.5}, {"a": 0.9}) is None
+
+
+def test_references_in_the_wrong_order_give_no_position_and_no_flag():
+    """With the robust reference the less aligned one, the position line ran the other way: a defence as aligned as the
+    standard model (the best) sat at 0, "at the standard model's level", and was flagged; one below both passed."""
+    standard, robust = {"2afc": 0.80, "clustering": 0.70, "clustering_hard": 0.50}, {"2afc": 0.60, "clustering": 0.55, "clustering_hard": 0.40}
+    assert not references_ordered(standard, robust) and references_ordered(robust, standard)
+    assert alignment_position(standard, standard, robust) is None
+    assert alignment_position({"2afc": 0.3, "clustering": 0.3, "clustering_hard": 0.3}, standard, robust) is None
+    clean = audit_module.RobustnessAudit("linf", 0.03, 10, {"clean": 0.9, "pgd": 0.5, "fgsm": 0.5, "worst_case": 0.5}, False, 1, {})
+    text = verdict(clean, alignment_position(standard, standard, robust))
+    assert not is_flagged(text) and text.endswith("no sign of gradient masking")
 
 
 def test_check_classifier_rejects_non_classifiers():
