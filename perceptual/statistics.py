@@ -82,7 +82,10 @@ def paired_difference(a: PerTarget, b: PerTarget, *, n_boot: int = 2000, seed: i
     """Mean of ``a - b`` over observers and targets with a paired percentile-bootstrap interval.
 
     ``a`` and ``b`` map observer -> target -> score (e.g. a model's per-target 2AFC credit). Each bootstrap draw
-    resamples observers (when there are several) and targets with replacement, keeping pairs intact.
+    resamples observers (when there are several) and targets with replacement, keeping pairs intact. ``separated``
+    (the interval excludes 0) needs at least :data:`SIGN_FLIP_MIN_N` targets: below that the percentile bootstrap is
+    far too narrow (one target gives a zero-width interval; with two models alike, 5 targets separated them 14 % of
+    the time instead of 5 %). The interval is still given, for what it shows.
     """
     check_level(level)
     check_n_boot(n_boot)
@@ -94,7 +97,8 @@ def paired_difference(a: PerTarget, b: PerTarget, *, n_boot: int = 2000, seed: i
     boots = np.array([diff[np.ix_(o, t)].mean() for o, t in zip(obs_draw, tgt_draw)])
     low, high = percentile_interval(boots, level)
     return {"difference": float(diff.mean()), "ci_low": low, "ci_high": high, "level": level,
-            "separated": bool(low > 0 or high < 0), "n_targets": len(targets), "n_observers": len(observers)}
+            "separated": bool((low > 0 or high < 0) and len(targets) >= SIGN_FLIP_MIN_N), "n_targets": len(targets),
+            "n_observers": len(observers)}
 
 
 def ranking_agreement(first: Mapping[str, Mapping[str, float]], second: Mapping[str, Mapping[str, float]], *,

@@ -29,7 +29,7 @@ def _variant(arch: str, training: str) -> Variant:
 
 
 def test_paired_difference_against_the_baseline_is_exact_on_a_constant_shift():
-    base = {"a": [0.0, 1.0, 0.0, 1.0], "b": [1.0, 1.0, 0.0, 0.0]}
+    base = {"a": [0.0, 1.0, 0.0, 1.0, 0.5, 0.5], "b": [1.0, 1.0, 0.0, 0.0, 0.5, 0.5]}  # 6 targets: fewer never separate
     shifted = {o: [v + 0.25 for v in values] for o, values in base.items()}
     models = {"cnn-standard": _model({"2afc": base}), "cnn-pgd": _model({"2afc": shifted})}
     diff = paired_against(models, [("cnn-pgd", "cnn-standard")], ["2afc", "clustering"], n_boot=200)

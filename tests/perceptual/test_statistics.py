@@ -19,6 +19,17 @@ def test_a_constant_paired_difference_has_a_zero_width_interval():
     assert r["separated"] and r["n_targets"] == 10 and r["n_observers"] == 1
 
 
+def test_fewer_targets_than_a_test_can_decide_on_never_separate():
+    """One target gave a zero-width interval that 'separated' the models; a handful of targets separates two alike models
+    far more often than 5 % (the percentile bootstrap is too narrow at that size)."""
+    for n in (1, 5):
+        a, b = {"obs": {f"t{i}": 1.0 for i in range(n)}}, {"obs": {f"t{i}": 0.5 for i in range(n)}}
+        r = paired_difference(a, b)
+        assert r["ci_low"] == pytest.approx(0.5) and not r["separated"] and r["n_targets"] == n
+    six = paired_difference({"obs": {f"t{i}": 1.0 for i in range(6)}}, {"obs": {f"t{i}": 0.5 for i in range(6)}})
+    assert six["separated"]
+
+
 def test_pairing_removes_the_variation_shared_by_both_models():
     # targets differ a lot in difficulty, but model a is always exactly 0.1 above b: the paired interval is tight
     easy_hard = [0.1, 0.9, 0.2, 0.8, 0.3, 0.7, 0.4, 0.6]
