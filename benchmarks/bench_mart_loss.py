@@ -25,7 +25,7 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from results_io import args_config, environment, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
+from results_io import comparison_report, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
 from timing import interleaved_timings  # noqa: E402
 
 from training.config import resolve_device  # noqa: E402
@@ -79,14 +79,13 @@ def main(argv=None) -> dict:
     # What a training step pays per batch: the loss's forward and backward (gradients with respect to both logits).
     passes = {name: (lambda fn=fn: fn(logits_natural, logits_adversarial).backward()) for name, fn in contenders.items()}
     median, seconds = interleaved_timings(passes, args.iterations, args.repeats, device, warmup=min(args.iterations, 50))
-    report = {
-        **environment(device),
-        "config": args_config(args),
-        "results": {name: {"microseconds_per_pass": 1e6 * median[name], "all_repeats_us": [1e6 * s for s in seconds[name]],
-                           "loss": values[name]} for name in contenders},
-        "agreement": {"abs_difference": abs(values["ours"] - values["reference"])},
-        "ratios": {"ours / reference (speed)": median["reference"] / median["ours"]},
-    }
+    report = comparison_report(
+        device, args, median,
+        {name: {"microseconds_per_pass": 1e6 * median[name], "all_repeats_us": [1e6 * s for s in seconds[name]], "loss": values[name]}
+         for name in contenders},
+        {"abs_difference": abs(values["ours"] - values["reference"])},
+        reference="reference",
+    )
     for name in contenders:
         print(f"{name:>9}: {1e6 * median[name]:8.1f} us per forward + backward (loss {values[name]:.6f})")
     print(f"ours is {report['ratios']['ours / reference (speed)']:.2f}x the reference's speed; "

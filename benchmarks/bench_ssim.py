@@ -25,7 +25,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from results_io import args_config, environment, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
+from results_io import comparison_report, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
 from timing import interleaved_timings  # noqa: E402
 
 from perceptual.observers import SSIMObserver  # noqa: E402
@@ -63,14 +63,12 @@ def main(argv=None) -> dict:
     }
     values = {name: fn() for name, fn in contenders.items()}
     median, seconds = interleaved_timings(contenders, args.iterations, args.repeats, device, warmup=min(args.iterations, 3))
-    report = {
-        **environment(device),
-        "config": args_config(args),
-        "results": {name: {"pairs_per_second": args.pairs / median[name], "all_repeats_ms": [1e3 * s for s in seconds[name]]}
-                    for name in contenders},
-        "agreement": {"max_abs_difference": float((values["ours"] - values["kornia"]).abs().max())},
-        "ratios": {"ours / kornia (speed)": median["kornia"] / median["ours"]},
-    }
+    report = comparison_report(
+        device, args, median,
+        {name: {"pairs_per_second": args.pairs / median[name], "all_repeats_ms": [1e3 * s for s in seconds[name]]} for name in contenders},
+        {"max_abs_difference": float((values["ours"] - values["kornia"]).abs().max())},
+        reference="kornia",
+    )
     for name in contenders:
         print(f"{name:>7}: {report['results'][name]['pairs_per_second']:10.0f} pairs/s")
     print(f"ours is {report['ratios']['ours / kornia (speed)']:.2f}x kornia's speed; "

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from results_io import args_config, environment, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
+from results_io import comparison_report, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
 from timing import interleaved_timings  # noqa: E402
 
 from invert.objectives import TotalVariation  # noqa: E402
@@ -74,15 +74,12 @@ def main(argv=None) -> dict:
     median, seconds = interleaved_timings(contenders, args.iterations, args.repeats, device, warmup=min(args.iterations, 3))
     with torch.no_grad():
         value_difference = float((prior(x) - replicate_pad_tv(x, args.beta)).abs().max())
-    report = {
-        **environment(device),
-        "config": args_config(args),
-        "results": {name: {"items_per_second": args.items / median[name], "all_repeats_ms": [1e3 * s for s in seconds[name]]}
-                    for name in contenders},
-        "agreement": {"max_abs_value_difference": value_difference,
-                      "max_abs_gradient_difference": float((grads["ours"] - grads["replicate-pad"]).abs().max())},
-        "ratios": {"ours / replicate-pad (speed)": median["replicate-pad"] / median["ours"]},
-    }
+    report = comparison_report(
+        device, args, median,
+        {name: {"items_per_second": args.items / median[name], "all_repeats_ms": [1e3 * s for s in seconds[name]]} for name in contenders},
+        {"max_abs_value_difference": value_difference, "max_abs_gradient_difference": float((grads["ours"] - grads["replicate-pad"]).abs().max())},
+        reference="replicate-pad",
+    )
     for name in contenders:
         print(f"{name:>13}: {report['results'][name]['items_per_second']:12.0f} items/s (forward and backward)")
     print(f"ours is {report['ratios']['ours / replicate-pad (speed)']:.2f}x the replicate pad's speed; values differ by at most "

@@ -41,6 +41,15 @@ def args_config(args) -> dict:
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
 
 
+def comparison_report(device: torch.device, args, median: dict[str, float], results: dict, agreement: dict, *,
+                      reference: str) -> dict:
+    """The report of a benchmark that times ``ours`` against ``reference`` on the same work: the environment, the
+    arguments, each contender's ``results``, how far their outputs ``agreement``, and the speed ratio (``median``
+    seconds per call: the reference's over ours)."""
+    return {**environment(device), "config": args_config(args), "results": results, "agreement": agreement,
+            "ratios": {f"ours / {reference} (speed)": median[reference] / median["ours"]}}
+
+
 def write_result(report: dict, name: str, device: torch.device, out: Path | None = None) -> Path:
     """Write ``report`` atomically (to ``out``, or the default file for ``name`` and ``device``) and say where."""
     path = Path(out) if out else RESULTS / f"{name}_{device_slug(device)}.json"

@@ -121,9 +121,9 @@ class Fourier:
         self.decay_power = decay_power
         self.decorrelate_colors = decorrelate_colors
         self.image_size: tuple[int, int] | None = None
-        # The colour matrices on each (device, dtype), copied there at the first from_image (before the engine's loop):
+        # (matrix, inverse) on each (device, dtype), copied there at the first from_image (before the engine's loop):
         # a host-to-device copy, or torch.linalg.inv's error check, inside a step synchronises it and breaks a CUDA graph.
-        self._colors: dict[tuple, Tensor] = {}
+        self._colors: dict[tuple, tuple[Tensor, Tensor]] = {}
 
     def _scale(self, height: int, width: int, like: Tensor) -> Tensor:
         fy = torch.fft.fftfreq(height, device=like.device, dtype=torch.float32)[:, None]
@@ -132,22 +132,22 @@ class Fourier:
         scale = 1.0 / freqs.clamp_min(1.0 / max(height, width)) ** self.decay_power
         return (scale / scale.max()).to(like.dtype)
 
-    def _color(self, channels: int, like: Tensor, inverse: bool = False) -> Tensor | None:
+    def _color(self, channels: int, like: Tensor) -> tuple[Tensor, Tensor] | None:
+        """The colour matrix and its inverse on ``like``'s device and dtype (None: no decorrelation)."""
         if not self.decorrelate_colors or channels != 3:
             return None
-        key = (like.device, like.dtype, inverse)
+        key = (like.device, like.dtype)
         if key not in self._colors:
-            self._colors[key] = (_COLOR_INVERSE if inverse else _COLOR).to(device=like.device, dtype=like.dtype)
+            self._colors[key] = (_COLOR.to(device=like.device, dtype=like.dtype), _COLOR_INVERSE.to(device=like.device, dtype=like.dtype))
         return self._colors[key]
 
     def from_image(self, x: Tensor) -> Tensor:
         height, width = x.shape[-2:]
         self.image_size = (height, width)
         centred = x.detach() - 0.5
-        inverse = self._color(x.shape[1], x, inverse=True)
-        self._color(x.shape[1], x)  # to_image's matrix too, while outside the loop
-        if inverse is not None:
-            centred = torch.einsum("ij,njhw->nihw", inverse, centred)
+        color = self._color(x.shape[1], x)
+        if color is not None:
+            centred = torch.einsum("ij,njhw->nihw", color[1], centred)
         spectrum = torch.fft.rfft2(centred, norm="ortho") / self._scale(height, width, x)
         return torch.view_as_real(spectrum).contiguous()
 
@@ -159,7 +159,7 @@ class Fourier:
         image = torch.fft.irfft2(spectrum, s=(height, width), norm="ortho")
         color = self._color(image.shape[1], image)
         if color is not None:
-            image = torch.einsum("ij,njhw->nihw", color, image)
+            image = torch.einsum("ij,njhw->nihw", color[0], image)
         return image + 0.5
 
     def project(self, param: Tensor) -> Tensor:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import time
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -62,6 +64,25 @@ class _RefuseDataDependentOps(torch.utils._python_dispatch.TorchDispatchMode):
             raise AssertionError(f"{self.what} ran aten.{name}{' with a boolean mask' if boolean_index else ''}, which reads tensor "
                                  "values on the host (a sync on CUDA, which a CUDA graph cannot hold)")
         return func(*args, **(kwargs or {}))
+
+
+def start_two_waiting_jobs(command: list[str], logs: list[Path], waiting: str, cwd: Path | None = None) -> list[subprocess.Popen]:
+    """Start ``command`` as two processes (output to ``logs``, one thread each) and return once both have logged
+    ``waiting``: two jobs of a sweep held by a lock the caller holds."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    jobs = [subprocess.Popen(command, cwd=cwd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT) for log in logs]
+    deadline = time.monotonic() + 240
+    while not all(waiting in log.read_text() for log in logs):
+        assert time.monotonic() < deadline and all(job.poll() is None for job in jobs), [log.read_text()[-1500:] for log in logs]
+        time.sleep(0.5)
+    return jobs
+
+
+def finished_job_logs(jobs: list[subprocess.Popen], logs: list[Path]) -> list[str]:
+    """Wait for ``jobs`` to succeed and return their logs."""
+    for job, log in zip(jobs, logs):
+        assert job.wait(timeout=300) == 0, log.read_text()[-2000:]
+    return [log.read_text() for log in logs]
 
 
 @contextlib.contextmanager

@@ -2,7 +2,6 @@
 the embedded digits, with few engine steps."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -13,6 +12,8 @@ from hydra import compose, initialize_config_module
 from stimuli import load_set
 from stimuli.__main__ import main, translate
 from stimuli.commands import controversial_command, invert_command, merge_command, trials_command, trials_file_name
+
+from ..conftest import finished_job_logs, start_two_waiting_jobs
 
 FAST = ["invert.steps=2", "invert.log_every=1", "invert.progress=false"]
 
@@ -186,8 +187,6 @@ def test_two_jobs_asking_for_one_set_make_it_once(tmp_path):
     """reproduce's presets share their measurements, so two jobs of a sweep could make one set in one folder at once:
     both ran every chunk, and one job's write_set removed the manifest the other was about to read. The second job now
     waits for the first and reuses its set."""
-    import time
-
     from stimuli.generate import set_lock_file
     from training.io import exclusive_lock
 
@@ -195,15 +194,8 @@ def test_two_jobs_asking_for_one_set_make_it_once(tmp_path):
     command = [sys.executable, "-m", "stimuli", "invert", "model=small_cnn", "n_targets=1", "seeds=[noise]", "preview=false", *FAST, f"out={out}"]
     logs = [tmp_path / f"job{k}.log" for k in range(2)]
     with exclusive_lock(set_lock_file(out), what=str(out), activity="held by the test"):
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        jobs = [subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT) for log in logs]
-        deadline = time.monotonic() + 240
-        while not all("is being made by another process" in log.read_text() for log in logs):
-            assert time.monotonic() < deadline and all(job.poll() is None for job in jobs), [log.read_text()[-1500:] for log in logs]
-            time.sleep(0.5)
-    for job, log in zip(jobs, logs):
-        assert job.wait(timeout=300) == 0, log.read_text()[-2000:]
-    texts = [log.read_text() for log in logs]
+        jobs = start_two_waiting_jobs(command, logs, "is being made by another process")
+    texts = finished_job_logs(jobs, logs)
     assert sum("chunk 1/1 done" in text for text in texts) == 1
     assert sum("already holds this set: nothing to do" in text for text in texts) == 1
     assert len(load_set(out).role("result")[0]) == 1

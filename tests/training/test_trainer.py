@@ -19,6 +19,7 @@ from training.recipes import build_recipe
 from training.run import RunDirectory, RunDirectoryError
 from training.trainer import Distributed, _epoch_batches, train
 
+from ..conftest import finished_job_logs, start_two_waiting_jobs
 from .conftest import REPO_ROOT_FOR_CLI, compose_train
 
 QUICK = ["train.epochs=2", "train.schedule.name=cosine", "train.eval.attack.steps=2", "train.attack.steps=2"]
@@ -280,7 +281,6 @@ def test_one_process_at_a_time_trains_in_a_run_directory(tmp_path):
     each epoch was appended to the metrics twice and each job resumed from the other's checkpoints. The second
     now waits for the first and reuses its finished run."""
     import fcntl
-    import time
 
     run_dir = tmp_path / "shared-run"
     holder = RunDirectory(run_dir)
@@ -292,16 +292,9 @@ def test_one_process_at_a_time_trains_in_a_run_directory(tmp_path):
         command = [sys.executable, "-m", "training", "model=small_cnn", "+model.kwargs.width=8", "data=digits", "train=standard",
                    "train.epochs=2", "train.batch_size=32", "data_limit.train=64", "data_limit.test=32", f"run_dir={run_dir}",
                    "resume=true", "progress=false"]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
         logs = [tmp_path / f"job{k}.log" for k in range(2)]
-        jobs = [subprocess.Popen(command, cwd=REPO_ROOT_FOR_CLI, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT) for log in logs]
-        deadline = time.monotonic() + 240
-        while not all("waiting for it" in log.read_text() for log in logs):
-            assert time.monotonic() < deadline and all(job.poll() is None for job in jobs), [log.read_text()[-1500:] for log in logs]
-            time.sleep(0.5)
-    for job, log in zip(jobs, logs):
-        assert job.wait(timeout=300) == 0, log.read_text()[-2000:]
-    texts = [log.read_text() for log in logs]
+        jobs = start_two_waiting_jobs(command, logs, "waiting for it", cwd=REPO_ROOT_FOR_CLI)
+    texts = finished_job_logs(jobs, logs)
     assert sum("is complete: its model and summary are reused" in text for text in texts) == 1
     run = RunDirectory(run_dir)
     assert [r["epoch"] for r in run.read_metrics()] == [1, 2]
