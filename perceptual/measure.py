@@ -35,7 +35,7 @@ import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -95,6 +95,7 @@ class ModelSpec:
     kwargs: dict = field(default_factory=dict)
     factory: str | None = None
     module: torch.nn.Module | None = field(default=None, repr=False, compare=False)  # already built (e.g. the audited defence)
+    KEYS: ClassVar[tuple[str, ...]] = ("name", "factory", "checkpoint", "label", "layer", "fake_relu", "trust_pickle", "pretrained", "kwargs")
 
     def __post_init__(self) -> None:
         if bool(self.name) == bool(self.factory):
@@ -128,7 +129,7 @@ class ModelSpec:
         if isinstance(entry, str):
             return cls(name=entry)
         values = OmegaConf.to_container(entry, resolve=True) if isinstance(entry, DictConfig) else dict(entry)
-        unknown = set(values) - {"name", "factory", "checkpoint", "label", "layer", "fake_relu", "trust_pickle", "kwargs", "pretrained"}
+        unknown = set(values) - set(cls.KEYS)
         if unknown or not (values.get("name") or values.get("factory")):
             raise ValueError(
                 "a model entry needs 'name' (or 'factory') and may have checkpoint, label, layer, fake_relu, trust_pickle, pretrained, kwargs; "

@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from training import Representation
 from training.attacks import ThreatModel, config_number
-from training.config import as_list, dataset_from_config, expand_path_options, resolve_device
+from training.config import as_list, dataset_from_config, expand_path, expand_path_options, resolve_device
 from training.data import NUM_CLASSES
 from training.io import atomic_write_json, atomic_write_text
 from training.models.defences import load_factory  # noqa: F401  (re-exported: the factory loader the audit documents)
@@ -66,15 +66,23 @@ ALIGNMENT_TASKS = ("2afc", "clustering", "clustering_hard")
 
 
 def model_spec(node: DictConfig, label: str, what: str) -> ModelSpec:
-    """A ModelSpec from a ``{name | factory, checkpoint, kwargs, layer}`` config node, with errors that name the node."""
-    values = OmegaConf.to_container(node, resolve=True)
+    """A ModelSpec from a ``{name | factory, checkpoint, kwargs, layer, trust_pickle, fake_relu, pretrained}`` config
+    node, with errors that name the node: an unknown key (``+defence.trust_pikle=true``) is refused, not ignored."""
+    values = {key: value for key, value in OmegaConf.to_container(node, resolve=True).items() if value is not None}
+    unknown = sorted(set(values) - set(ModelSpec.KEYS))
+    if unknown:
+        raise ValueError(f"{what} has unknown keys {unknown}: it takes {', '.join(ModelSpec.KEYS)}")
     if bool(values.get("name")) == bool(values.get("factory")):
         raise ValueError(f"give exactly one of {what}.name (a zoo model) or {what}.factory (module:function)")
+    if values.setdefault("label", label) != label:
+        raise ValueError(f"{what}.label={values['label']!r}: this command labels it {label!r}; leave {what}.label out")
     checkpoint = values.get("checkpoint")
-    if checkpoint and not Path(checkpoint).expanduser().is_file():
-        raise FileNotFoundError(f"{what}.checkpoint not found: {checkpoint}")
-    return ModelSpec(name=values.get("name"), factory=values.get("factory"), checkpoint=checkpoint, label=label, layer=values.get("layer"),
-                     kwargs=dict(values.get("kwargs") or {}))
+    if checkpoint and not expand_path(checkpoint).is_file():  # '$RUNS/x.safetensors' as ModelSpec and measure read it
+        raise FileNotFoundError(f"{what}.checkpoint not found: {checkpoint} ({expand_path(checkpoint)})")
+    try:
+        return ModelSpec(**{**values, "kwargs": dict(values.get("kwargs") or {})})
+    except ValueError as err:
+        raise ValueError(f"{what}: {err}") from err
 
 
 def load_defence(spec: ModelSpec | DictConfig, dataset: str, what: str = "defence") -> torch.nn.Module:
@@ -187,7 +195,8 @@ def run(cfg: DictConfig) -> dict:
     if alignment_on:
         placeholder = [ModelSpec(name="small_cnn", label=label) for label in ("standard", "robust")]
         controversial = _check_alignment_inputs(cfg, [defence_spec, *(references.values() if references else placeholder)], defence)
-        panel = make_panel(cfg.alignment.observers, cfg.alignment.observer_net, device=device)  # a misspelt observer is named now
+        # a misspelt observer or a missing weights file is named now
+        panel = make_panel(cfg.alignment.observers, cfg.alignment.observer_net, cfg.alignment.get("lpips_weights"), device=device)
 
     # 2. Reference models (trained here and cached when not given).
     if references is None:

@@ -20,7 +20,6 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import stimuli
-from training import build_model
 from training.config import as_list, expand_path, expand_path_options, resolve_device
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
@@ -29,7 +28,7 @@ from ..compare_report import _fmt
 from ..report import plain, save_figure
 from ..scores import make_score
 from ..unknown_benchmark import cifar_benchmark, evaluate_scores, read_far_unknown, unknown_table
-from .audit import load_defence
+from .audit import load_defence, model_spec
 
 NEAR = "cifar-near"
 
@@ -46,11 +45,11 @@ def known_class_names(value) -> list[str]:
     return [str(v) for v in value]
 
 
-def load_model(spec: DictConfig, n_classes: int) -> torch.nn.Module:
+def load_model(node: DictConfig, n_classes: int) -> torch.nn.Module:
     """The zoo model for CIFAR with ``n_classes`` outputs, or the factory's model."""
-    if spec.get("name") and not spec.get("factory"):
-        kwargs = OmegaConf.to_container(spec.kwargs, resolve=True) if spec.get("kwargs") else {}
-        return build_model(spec.name, "cifar100", num_classes=n_classes, checkpoint=spec.get("checkpoint"), **kwargs)
+    spec = model_spec(node, "model", "model")  # unknown keys, a missing checkpoint: named before anything is built
+    if spec.name:  # the zoo's CIFAR model with one output per known class
+        spec.kwargs = {**spec.kwargs, "num_classes": n_classes}
     return load_defence(spec, "cifar100", what="model")
 
 

@@ -16,7 +16,8 @@ import perceptual.measure as measure_module
 import perceptual.pipelines.training_runs as references_module
 from invert import Engine
 from perceptual.pipelines import COMMANDS
-from perceptual.pipelines.audit import load_factory, run, sweep_eps
+from perceptual.pipelines.audit import load_defence, load_factory, model_spec, run, sweep_eps
+from perceptual.pipelines.unknown import load_model
 from training.attacks import config_number
 
 # The untrained CNNs these tests audit do not classify: rule 0 would stop them (tested on its own below).
@@ -221,6 +222,49 @@ def test_bad_configs_are_explained(tmp_path):
             run(_cfg(tmp_path, "defence.name=small_cnn", setting, *RANDOM_REFERENCES))
         assert not (tmp_path / "cache").exists()
     assert not (tmp_path / "audit.json").exists()
+
+
+def test_model_nodes_take_every_model_spec_key_and_refuse_unknown_ones(tmp_path, monkeypatch):
+    """The audit's (and visalign's, unknown's) model nodes dropped trust_pickle, fake_relu and any misspelt key without a
+    word, and looked for '$RUNS/x.pt' literally while measure's models=[...] expands it."""
+    from argparse import Namespace
+
+    from omegaconf import OmegaConf
+
+    from training import build_model
+
+    checkpoint = tmp_path / "runs" / "robustness_style.pt"  # a library checkpoint with its argparse options: needs trust
+    checkpoint.parent.mkdir()
+    torch.save({"model": build_model("small_cnn", "digits", width=4).state_dict(), "args": Namespace(arch="small_cnn")}, checkpoint)
+    monkeypatch.setenv("RUNS", str(checkpoint.parent))
+    node = OmegaConf.create({"name": "small_cnn", "factory": None, "checkpoint": "$RUNS/robustness_style.pt", "kwargs": {"width": 4},
+                             "layer": None, "trust_pickle": True, "fake_relu": False})
+    spec = model_spec(node, "robust", "reference.robust")
+    assert (spec.checkpoint, spec.trust_pickle, spec.fake_relu, spec.label) == (str(checkpoint), True, False, "robust")
+    assert load_defence(spec, "digits")(torch.rand(2, 3, 32, 32)).shape == (2, 10)
+    node.trust_pickle = False
+    with pytest.raises(ValueError, match="reference.robust: .*contains Python objects .* trust_pickle"):
+        load_defence(model_spec(node, "robust", "reference.robust"), "digits", "reference.robust")
+    with pytest.raises(ValueError, match=r"model: .*contains Python objects"):  # unknown's zoo path read it the same way
+        load_model(node, 10)
+    node.trust_pickle = True
+    assert load_model(OmegaConf.merge(node, {"checkpoint": None}), 7)(torch.rand(1, 3, 32, 32)).shape == (1, 7)
+    with pytest.raises(ValueError, match=r"defence has unknown keys \['trust_pikle'\]: it takes name, factory, checkpoint"):
+        model_spec(OmegaConf.merge(node, {"trust_pikle": True}), "defence", "defence")
+    with pytest.raises(ValueError, match="reference.robust.label='mine': this command labels it 'robust'"):
+        model_spec(OmegaConf.merge(node, {"label": "mine"}), "robust", "reference.robust")
+    with pytest.raises(FileNotFoundError, match="reference.robust.checkpoint not found: \\$RUNS/gone.pt"):
+        model_spec(OmegaConf.merge(node, {"checkpoint": "$RUNS/gone.pt"}), "robust", "reference.robust")
+
+
+def test_a_misspelt_defence_key_and_a_missing_lpips_weights_file_stop_the_audit_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.setattr(references_module, "train", _refuse)
+    monkeypatch.setattr(audit_module, "worst_case", _refuse)
+    with pytest.raises(ValueError, match=r"defence has unknown keys \['chekpoint'\]"):
+        run(_cfg(tmp_path, "defence.name=small_cnn", "+defence.chekpoint=model.safetensors"))
+    with pytest.raises(FileNotFoundError, match=r"LPIPS-alex weights file not found: .*missing-alex\.pth"):  # the error's advice now works
+        run(_cfg(tmp_path, "defence.name=small_cnn", "+defence.kwargs.width=4", "alignment.observers=[lpips]",
+                 f"alignment.lpips_weights={tmp_path / 'missing-alex.pth'}"))
 
 
 def test_the_default_eps_sweep_follows_the_threat(tmp_path):
