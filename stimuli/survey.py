@@ -47,6 +47,7 @@ import jinja2
 import numpy as np
 import pandas as pd
 
+from training.config import check_whole_number
 from training.io import atomic_directory
 
 from .distances import set_trials
@@ -139,8 +140,7 @@ def _check_options(sets: Mapping, tasks: Sequence[str], trials_per_survey: int, 
     repeated = sorted(t for t, n in Counter(tasks).items() if n > 1)
     if repeated:
         raise ValueError(f"tasks {repeated} are listed more than once: name each task once")
-    if trials_per_survey < 1:
-        raise ValueError(f"trials_per_survey must be >= 1, got {trials_per_survey}")
+    check_whole_number(trials_per_survey, "trials_per_survey")
     if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not minutes > 0:
         raise ValueError(f"minutes (the duration of a full survey of trials_per_survey trials) must be a number > 0, got {minutes!r}")
     check_attention_rate(attention_rate)

@@ -168,6 +168,9 @@ def test_refusals_before_work(inversion_sets, package_dir, tmp_path):
         build_survey(sets, tmp_path / "p", tasks=["3afc"])
     with pytest.raises(ValueError, match="attention_rate"):
         build_survey(sets, tmp_path / "p", attention_rate=1.0)
+    for bad in (0, 2.5, "40", True):  # 2.5 was taken: surveys of 2.5 trials made a fractional slice fail mid-build
+        with pytest.raises(ValueError, match=f"trials_per_survey must be a whole number >= 1, got {bad!r}"):
+            build_survey(sets, tmp_path / "p", trials_per_survey=bad)
     with pytest.raises(ValueError, match="labels"):
         paths = ",".join(str(s.path) for s in inversion_sets.values())
         survey_command(_compose("stimuli_survey", [f"sets=[{paths}]", "labels=[a,a]", f"out={tmp_path / 'q'}"]))
