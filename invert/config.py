@@ -15,8 +15,10 @@ from typing import Any, Mapping, Optional, Union
 
 from omegaconf import OmegaConf
 
+from .objectives import LP_BELOW_ONE, NEGATIVE_PRIOR
 from .params import PARAMETRIZATIONS
 from .steps import STEP_SCHEDULES, STEPPERS
+from .validation import check_number
 
 PRECISIONS = ("fp32", "bf16", "auto")
 CUDA_GRAPH_MODES = (False, True, "auto")
@@ -66,8 +68,9 @@ class InvertConfig:
             and early-stopping bookkeeping) once per micro-batch as a CUDA graph and replay it: one launch per
             step instead of hundreds, for small batches where the step is bound by kernel launches. Finished
             samples are masked, not removed, so the graph is never captured again. ``True``: capture, or fail with
-            the reason; ``'auto'``: capture where possible (CUDA, no ``compile``), else the eager loop; ``False``:
-            eager. Off CUDA, ``True`` runs the captured loop's structure eagerly (the same results; a test checks).
+            the reason; ``'auto'``: capture where possible (CUDA, no ``compile``), else the eager loop (where a
+            capture on CUDA fails, the captured loop's masked structure, run eagerly); ``False``: eager. Off CUDA,
+            ``True`` runs the captured loop's structure eagerly (the same results; a test checks).
         deterministic: on CUDA, run with deterministic cuDNN algorithms (``torch.backends.cudnn.deterministic``,
             no autotuning), so that an item's result does not depend on the run: a sharded set then equals
             the unsharded one bit for bit, provided each chunk gets the same micro-batches (a fixed
@@ -155,13 +158,11 @@ class InvertConfig:
         if (len(self.adam_betas) != 2 or not all(0 <= beta < 1 for beta in self.adam_betas)
                 or not (math.isfinite(self.adam_eps) and self.adam_eps > 0)):
             raise ValueError(f"adam_betas must be two numbers in [0, 1) and adam_eps positive and finite, got {list(self.adam_betas)}, {self.adam_eps}")
-        for name in ("rtol", "tv_weight", "lp_weight"):  # a negative prior weight would reward rough or saturated images
-            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)}")
-        if not (math.isfinite(self.tv_beta) and self.tv_beta > 0):
-            raise ValueError(f"tv_beta must be a positive finite number, got {self.tv_beta}")
-        if not (math.isfinite(self.lp_p) and self.lp_p >= 1):  # |t|^p has an infinite slope at t = 0 for p < 1
-            raise ValueError(f"lp_p must be a finite number >= 1 (below 1 the prior's gradient is infinite at a mid-grey pixel), got {self.lp_p}")
+        check_number(self.rtol, "rtol", least=0)
+        check_number(self.tv_weight, "tv_weight", least=0, why=NEGATIVE_PRIOR)
+        check_number(self.lp_weight, "lp_weight", least=0, why=NEGATIVE_PRIOR)
+        check_number(self.tv_beta, "tv_beta", positive=True)
+        check_number(self.lp_p, "lp_p", least=1, why=LP_BELOW_ONE)
         if self.stop_at_bounds and self.parametrization != "pixel":
             raise ValueError(f"stop_at_bounds applies to parametrization=pixel only (a {self.parametrization} image never sits at a clamp); "
                              "set stop_at_bounds=false")

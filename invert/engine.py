@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import numbers
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, Optional
 
@@ -57,7 +56,7 @@ from .modules import evaluation, memory_format
 from .objectives import LpPrior, Objective, TotalVariation, TransformRobust
 from .params import Parametrization, make_parametrization
 from .steps import Stepper, make_stepper, select_state
-from .validation import check_images, hot_loop
+from .validation import check_images, check_whole, hot_loop
 
 logger = logging.getLogger(__name__)
 
@@ -219,9 +218,8 @@ class Engine:
         """
         cfg = self.config
         check_images(init, "init")
-        if isinstance(item_offset, bool) or not isinstance(item_offset, numbers.Integral) or item_offset < 0:
-            # a float offset (1.5) keyed every item's random draws as item_offset 1: shards drew alike without a word
-            raise ValueError(f"item_offset must be a whole number >= 0 (the first item's global number), got {item_offset!r}")
+        # a float offset (1.5) keyed every item's random draws as item_offset 1: shards drew alike without a word
+        check_whole(item_offset, "item_offset", least=0, why=" (the first item's global number)")
         item_offset = int(item_offset)
         # A bf16 or fp16 iterate would round every step away and saturate the steppers' step counts at 256.
         caller_dtype, init = init.dtype, init.float()
@@ -389,7 +387,8 @@ class _Runner:
 
     ``graphs``: ``off`` (eager, frozen samples compacted away at reports), ``capture`` (the step replayed as a CUDA
     graph, frozen samples masked) or ``masked`` (the captured loop's structure run eagerly: the graph-free fallback
-    of ``cuda_graph=True`` off CUDA; it gives the same results as ``off``).
+    of ``cuda_graph=True`` off CUDA; it gives the same results as ``off``). A capture that fails under
+    ``cuda_graph='auto'`` runs the ``capture`` loop without a graph, i.e. masked.
     """
 
     def __init__(

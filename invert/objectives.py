@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from .modules import evaluation
 from .rng import hashed_uniform
-from .validation import check_images
+from .validation import check_images, check_number, check_whole
 
 Step = Union[int, Tensor]
 
@@ -322,6 +322,10 @@ class ClassControversialLoss(Objective):
         return torch.logsumexp(-self.alpha * self.log_probs(x, items), dim=1) / self.alpha
 
 
+NEGATIVE_PRIOR = " (a negative prior weight rewards rough or saturated images)"
+LP_BELOW_ONE = " (below 1 the prior's gradient is infinite at a mid-grey pixel)"
+
+
 class TotalVariation(Objective):
     """``weight * mean((dx^2 + dy^2) ** (beta / 2))`` per sample: the TV^beta prior of Mahendran & Vedaldi (2015), with
     ``dx``, ``dy`` the differences to the right and lower neighbours at every pixel, 0 past the last column and row
@@ -336,6 +340,8 @@ class TotalVariation(Objective):
 
     def __init__(self, weight: float = 1.0, beta: float = 2.0):
         super().__init__()
+        check_number(weight, "weight", least=0, why=NEGATIVE_PRIOR)
+        check_number(beta, "beta", positive=True)
         self.weight, self.beta = weight, beta
 
     def forward(self, x: Tensor, items: Tensor | None = None, step: Step = 0) -> Tensor:
@@ -357,8 +363,8 @@ class LpPrior(Objective):
 
     def __init__(self, weight: float = 1.0, p: float = 6.0):
         super().__init__()
-        if not p >= 1:
-            raise ValueError(f"p must be >= 1 (below 1 the prior's gradient is infinite at a mid-grey pixel), got {p}")
+        check_number(weight, "weight", least=0, why=NEGATIVE_PRIOR)
+        check_number(p, "p", least=1, why=LP_BELOW_ONE)
         self.weight, self.p = weight, p
 
     def forward(self, x: Tensor, items: Tensor | None = None, step: Step = 0) -> Tensor:
@@ -369,6 +375,7 @@ class LpPrior(Objective):
 # degrees (0 six times as likely as any other angle), jitter 4.
 LUCID_SCALES = tuple(1 + (i - 5) / 50.0 for i in range(11))
 LUCID_ANGLES = tuple(float(a) for a in list(range(-10, 11)) + 5 * [0])
+PADDING_MODES = ("reflection", "border", "zeros")  # grid_sample's
 
 
 class TransformRobust(Objective):
@@ -398,9 +405,23 @@ class TransformRobust(Objective):
         padding_mode: str = "reflection",
     ):
         super().__init__()
-        if samples < 1:
-            raise ValueError(f"samples must be at least 1, got {samples}")
-        self.objective, self.samples, self.jitter = objective, samples, tuple(jitter)
+        check_whole(samples, "samples", least=1)
+        jitter, scales, angles = tuple(jitter), tuple(scales), tuple(angles)
+        if len(jitter) != 2:
+            raise ValueError(f"jitter must be two shifts in pixels (before and after the scale and rotation), got {jitter!r}")
+        for shift in jitter:
+            check_whole(shift, "jitter", least=0, why=" pixels")
+        if not scales or not angles:
+            raise ValueError(f"scales and angles must each list at least one choice (1.0 and 0.0 for none), got {scales!r}, {angles!r}")
+        for scale in scales:
+            check_number(scale, "scales", positive=True)
+        for angle in angles:
+            check_number(angle, "angles")
+        if padding_mode not in PADDING_MODES:
+            raise ValueError(f"unknown padding_mode {padding_mode!r}: use one of {PADDING_MODES}")
+        check_whole(seed, "seed")
+        check_whole(item_offset, "item_offset", least=0)
+        self.objective, self.samples, self.jitter = objective, samples, jitter
         self.seed, self.item_offset, self.padding_mode = seed, item_offset, padding_mode
         self.register_buffer("scales", torch.tensor(list(scales), dtype=torch.float32), persistent=False)
         self.register_buffer("angles", torch.tensor(list(angles), dtype=torch.float32), persistent=False)

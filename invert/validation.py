@@ -1,4 +1,5 @@
-"""Input checks for [0, 1] NCHW image batches, with a switch for the engine's hot loop.
+"""Input checks for [0, 1] NCHW image batches, with a switch for the engine's hot loop, and for the settings of
+the engine's objectives (numbers that must be finite, whole numbers).
 
 A range check needs the tensor's min and max on the host, i.e. a device synchronisation. Public
 entry points check once; inside the optimisation loop the engine enters :func:`hot_loop` and the
@@ -8,6 +9,8 @@ loop never waits on the GPU.
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
 import threading
 from typing import Iterator
 
@@ -33,6 +36,23 @@ def hot_loop() -> Iterator[None]:
 def in_hot_loop() -> bool:
     """True inside :func:`hot_loop`: callers should avoid host synchronisation."""
     return getattr(_state, "hot", False)
+
+
+def check_number(value: object, name: str, *, least: float | None = None, positive: bool = False, why: str = "") -> None:
+    """Refuse anything but a finite real number (a bool, a text, NaN, inf) that is ``>= least`` or, with ``positive``,
+    ``> 0``; the message names the setting and adds ``why`` after the bound."""
+    bound = " >= " + format(least, "g") if least is not None else ""
+    kind = "a positive finite number" if positive else "a finite number"
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or (positive and value <= 0)
+            or (least is not None and value < least)):
+        raise ValueError(f"{name} must be {kind}{bound}{why}, got {value!r}")
+
+
+def check_whole(value: object, name: str, *, least: int | None = None, why: str = "") -> None:
+    """Refuse anything but an integer (a bool, a float such as 1.5 or 1e3, a text) that is ``>= least``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or (least is not None and value < least):
+        bound = f" >= {least}" if least is not None else ""
+        raise ValueError(f"{name} must be a whole number{bound}{why}, got {value!r}")
 
 
 def check_images(x: object, name: str = "images", channels: int | None = None) -> torch.Tensor:

@@ -141,8 +141,32 @@ def test_priors():
     assert torch.allclose(TotalVariation(1.0, beta=1.0)(flat), torch.zeros(2), atol=1e-3)
     assert torch.equal(LpPrior(1.0, 6.0)(torch.full((2, 3, 8, 8), 0.5)), torch.zeros(2))
     torch.testing.assert_close(LpPrior(2.0, 2.0)(flat), torch.full((2,), 2 * 0.2**2))
-    with pytest.raises(ValueError, match="p must be >= 1"):  # |t|^0.5 has an infinite slope at a mid-grey pixel: NaN gradients
+    with pytest.raises(ValueError, match="p must be a finite number >= 1"):  # |t|^0.5 has an infinite slope at mid-grey: NaN gradients
         LpPrior(1.0, 0.5)
+
+
+@pytest.mark.parametrize("build,match", [
+    # Used directly (InversionLoss(...) + TotalVariation(w)), the priors and the transformations took these without a word:
+    (lambda: TotalVariation(-1e-3), r"weight must be a finite number >= 0 \(a negative prior weight rewards rough"),
+    (lambda: TotalVariation(float("nan")), "weight must be a finite number >= 0"),  # a NaN loss blamed on the objective
+    (lambda: TotalVariation(1.0, beta=0), "beta must be a positive finite number, got 0"),  # (0 + 1e-8) ** 0: a constant
+    (lambda: TotalVariation("1e-3"), "weight must be a finite number >= 0.*got '1e-3'"),
+    (lambda: LpPrior(-1.0), "weight must be a finite number >= 0"),
+    (lambda: LpPrior(1.0, float("inf")), "p must be a finite number >= 1"),
+    (lambda: TransformRobust(TotalVariation(), samples=1.5), "samples must be a whole number >= 1, got 1.5"),
+    (lambda: TransformRobust(TotalVariation(), jitter=(8,)), r"jitter must be two shifts in pixels .*got \(8,\)"),
+    (lambda: TransformRobust(TotalVariation(), jitter=(-2, 4)), "jitter must be a whole number >= 0 pixels, got -2"),
+    (lambda: TransformRobust(TotalVariation(), jitter=(2.5, 4)), "jitter must be a whole number >= 0 pixels, got 2.5"),
+    (lambda: TransformRobust(TotalVariation(), scales=()), "scales and angles must each list at least one choice"),
+    (lambda: TransformRobust(TotalVariation(), scales=(1.0, 0.0)), "scales must be a positive finite number, got 0.0"),
+    (lambda: TransformRobust(TotalVariation(), angles=(float("nan"),)), "angles must be a finite number, got nan"),
+    (lambda: TransformRobust(TotalVariation(), padding_mode="reflect"), "unknown padding_mode 'reflect': use one of"),
+    (lambda: TransformRobust(TotalVariation(), item_offset=1.5), "item_offset must be a whole number >= 0, got 1.5"),
+    (lambda: TransformRobust(TotalVariation(), seed="0"), "seed must be a whole number, got '0'"),
+])
+def test_priors_and_transformations_refuse_settings_they_cannot_use(build, match):
+    with pytest.raises(ValueError, match=match):
+        build()
 
 
 def test_the_engine_puts_priors_on_the_image_and_transformations_on_the_representation_term_only():
@@ -232,7 +256,7 @@ def test_error_messages(tiny_representation, wave_images):
     loss = InversionLoss(rep, wave_images(3))
     with pytest.raises(ValueError, match="the batch has 2 rows but the objective holds 3 targets; pass items="):
         loss(wave_images(2))
-    with pytest.raises(ValueError, match="samples must be at least 1"):
+    with pytest.raises(ValueError, match="samples must be a whole number >= 1"):
         TransformRobust(loss, samples=0)
 
 
