@@ -122,6 +122,13 @@ def write_outputs(data: dict, unknown: dict | None, out: Path, conditions: Seque
     atomic_write_json(out / "metrics.json", plain(data))
     if unknown is not None:
         atomic_write_json(out / "unknown.json", plain(unknown))
+    else:  # an earlier run's unknown report would describe other models next to this run's metrics
+        for stale in (out / "unknown.json", figures_dir / "unknown_auroc.png"):
+            stale.unlink(missing_ok=True)
+    generators = dict.fromkeys(c.generator for c in conditions)
+    for figure in figures_dir.glob("accuracy_*.png"):  # generators an earlier run into this folder had and this one has not
+        if figure.stem.removeprefix("accuracy_") not in generators:
+            figure.unlink()
     figures = []
     ranges = {name: metric.value_range for name, metric in PAIR_METRIC_REGISTRY.items()}
     for metric, matrix in data["aggregated"].items():
@@ -132,7 +139,7 @@ def write_outputs(data: dict, unknown: dict | None, out: Path, conditions: Seque
             for metric, matrix in matrices.items():
                 lo, hi = ranges.get(metric, (0, 1))
                 heatmap(matrix, systems, figures_dir / "conditions" / condition / f"heatmap_{metric}.png", f"{metric}, {condition}", vmin=lo, vmax=hi)
-    for generator in dict.fromkeys(c.generator for c in conditions):
+    for generator in generators:
         figures.append(accuracy_figure(data["accuracy"], conditions, models, subjects, figures_dir / f"accuracy_{generator}.png", generator))
     spearman = data["spearman_between_metrics"]
     figures.append(heatmap(spearman["rho"], spearman["metrics"], figures_dir / "spearman_between_metrics.png",
@@ -223,7 +230,8 @@ def summary_markdown(data: dict, unknown: dict | None, figures: Sequence[str]) -
         if not_applicable:
             lines += ["", "Not applicable:", ""] + not_applicable
         if any("odin" in scores for scores in unknown["systems"].values()):
-            lines += ["", "ODIN's calibration is that of its tempered softmax (temperature T), not the model's."]
+            lines += ["", "ODIN has no calibration numbers: its tempered softmax of a perturbed input is a score, not the model's "
+                      "predictive distribution."]
     lines += ["", "## Figures", ""] + [f"- ![{f}]({f})" for f in figures]
     return "\n".join(lines) + "\n"
 

@@ -431,6 +431,18 @@ def make_score(name: str, **params: Any) -> ScoreFunction:
         raise TypeError(f"bad parameters for score function {name!r}: {err}") from None
 
 
+def check_score_settings(scores: Sequence[str], score_params: Mapping[str, Any] | None, where: str = "") -> None:
+    """Build every score of ``scores`` with its ``score_params`` entry (a bad name or parameter is named), and refuse a
+    ``score_params`` entry for a score function that does not exist (``enrgy``): it would be dropped without a word.
+    ``where``: the config prefix of the names in the messages (``unknown.``)."""
+    params = dict(score_params or {})
+    misspelt = sorted(set(params) - set(SCORE_FUNCTIONS))
+    if misspelt:
+        raise ValueError(f"{where}score_params names unknown score functions {misspelt}: use some of {SCORE_NAMES}")
+    for name in scores:
+        make_score(name, **dict(params.get(name) or {}))
+
+
 def _labels(labels, n: int) -> Tensor:
     labels = torch.as_tensor(labels, dtype=torch.long).cpu()
     if labels.shape != (n,):
@@ -448,5 +460,5 @@ def _positive(value: float, name: str) -> float:
 __all__ = [
     "DeepEnsemble", "Energy", "KNNDistance", "MCDropout", "Mahalanobis", "MaxSoftmax", "ModelOutputs", "NegativeEntropy",
     "ODIN", "ReAct", "SCORE_FUNCTIONS", "SCORE_NAMES", "ScoreFunction", "Scores", "energy_score", "final_linear",
-    "feature_representation", "make_score", "model_outputs",
+    "check_score_settings", "feature_representation", "make_score", "model_outputs",
 ]

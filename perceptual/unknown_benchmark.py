@@ -67,18 +67,24 @@ def cifar_benchmark(root: str | Path, known_classes: Sequence[str], split: str =
     return known_unknown_split(load_dataset("cifar100", split, root=root), known_classes)
 
 
-def read_far_unknown(folder: str | Path, size: int = 32, limit: int | None = None) -> torch.Tensor:
+def read_far_unknown(folder: str | Path, size: int = 32, limit: int | None = None, seed: int = 0) -> torch.Tensor:
     """uint8 (N, 3, size, size) images of every image file under ``folder`` (recursively, sorted by path), resized
-    (bilinear) where they differ. The benchmark's far-unknown sets are image folders the user provides."""
+    (bilinear) where they differ. The benchmark's far-unknown sets are image folders the user provides. ``limit``: a
+    seeded random draw of that many files (in path order), not the first ones, which in a folder per class (DTD's
+    textures) would be a few classes only."""
     from PIL import Image
 
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit (far_limit) must be a whole number >= 1 (or None for every image), got {limit!r}")
     root = Path(folder).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"no far-unknown image folder at {root}")
     files = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
         raise FileNotFoundError(f"{root} holds no images ({', '.join(IMAGE_SUFFIXES)})")
-    files = files[:limit] if limit else files
+    if limit is not None and limit < len(files):
+        picks = np.random.default_rng(seed).choice(len(files), size=limit, replace=False)
+        files = [files[i] for i in sorted(picks)]
     images, unreadable = [], []
     for path in files:
         try:

@@ -85,6 +85,16 @@ def model_spec(node: DictConfig, label: str, what: str) -> ModelSpec:
         raise ValueError(f"{what}: {err}") from err
 
 
+def scoring_model_spec(node: DictConfig, command: str) -> ModelSpec:
+    """The ``model`` node of a command that scores with the penultimate layer (``visalign``, ``unknown``: Mahalanobis
+    and k-NN on its features, ReAct through the final layer), so ``model.layer`` is refused rather than ignored."""
+    spec = model_spec(node, "model", "model")
+    if spec.layer:
+        raise ValueError(f"model.layer={spec.layer!r}: {command} scores with the penultimate layer's features (Mahalanobis, k-NN, "
+                         "ReAct applies the final layer to them); drop model.layer")
+    return spec
+
+
 def load_defence(spec: ModelSpec | DictConfig, dataset: str, what: str = "defence") -> torch.nn.Module:
     """Build a model from its spec (or a ``{name | factory, checkpoint, kwargs}`` config node), naming the config
     node in the error when the build fails. Also the model loader of ``visalign`` and ``unknown``."""

@@ -95,7 +95,7 @@ from ..metrics import mvh_exclusions
 from ..observers import observer_names
 from ..pair_metrics import PAIR_METRIC_REGISTRY, Responses, metric_correlations, nanmean_matrices, pairwise_matrices, rankings
 from ..report import plain
-from ..scores import SCORE_FUNCTIONS, DeepEnsemble, ModelOutputs, make_score, model_outputs
+from ..scores import DeepEnsemble, ModelOutputs, check_score_settings, make_score, model_outputs
 
 log = logging.getLogger(__name__)
 NOISE_SETS = ("noise:gaussian", "noise:uniform")
@@ -179,14 +179,9 @@ class ComparePipeline:
         if n_fit is not None and (isinstance(n_fit, bool) or not isinstance(n_fit, int) or n_fit < 1):
             raise ValueError(f"unknown.n_fit must be a positive number of training images (or null for all), got {n_fit!r}")
         cfg["scores"], cfg["ood"] = as_list(cfg["scores"], "unknown.scores") or [], as_list(cfg["ood"], "unknown.ood") or []
-        params = dict(cfg.get("score_params") or {})
-        unused = set(params) - set(cfg["scores"])
-        if unused - set(SCORE_FUNCTIONS):
-            raise ValueError(f"unknown.score_params names unknown score functions {sorted(unused - set(SCORE_FUNCTIONS))}")
-        for name in cfg["scores"]:
-            if name == "ensemble":
-                raise ValueError("the deep ensemble is switched on by unknown.ensemble=true, not listed in unknown.scores")
-            make_score(name, **dict(params.get(name) or {}))
+        if "ensemble" in cfg["scores"]:
+            raise ValueError("the deep ensemble is switched on by unknown.ensemble=true, not listed in unknown.scores")
+        check_score_settings(cfg["scores"], cfg.get("score_params"), where="unknown.")
         if not cfg["ood"]:
             raise ValueError("unknown.ood is empty: name at least one OOD set (noise:gaussian, noise:uniform or a condition)")
         canonical: dict[str, str] = {}  # the condition's own name -> as given: uniform_noise=0.90 is uniform_noise=0.9
@@ -241,16 +236,28 @@ class ComparePipeline:
     def _outputs(self, label: str, set_key: str, images: torch.Tensor, what: str) -> ModelOutputs:
         key = cache_key(self.identities[label], set_key, "penultimate")
         path = self.out / "cache" / "models" / label / f"{_file_name(what)}.safetensors"
-        tensors = cached_tensors(path, key, lambda: vars(model_outputs(self.models[label], images, batch_size=self.batch_size,
-                                                                        representation=self._representation(label))))
-        return ModelOutputs(tensors["logits"], tensors["features"])
+        representation = self._representation(label)
 
-    def _representation(self, label: str) -> torch.nn.Module:
-        """The model's penultimate-layer Representation, built (traced) once."""
+        def compute() -> dict[str, torch.Tensor]:
+            outputs = model_outputs(self.models[label], images, batch_size=self.batch_size, features=representation is not None,
+                                    representation=representation)
+            return {name: value for name, value in vars(outputs).items() if value is not None}
+
+        tensors = cached_tensors(path, key, compute)
+        return ModelOutputs(tensors["logits"], tensors.get("features"))
+
+    def _representation(self, label: str) -> torch.nn.Module | None:
+        """The model's penultimate-layer Representation, built (traced) once; None where the model names no penultimate
+        layer (a factory's torchvision or Sequential network): its logits are still compared, CKA and the feature
+        scores (Mahalanobis, k-NN, ReAct) do not apply to it."""
         if label not in self.representations:
             from training import Representation
 
-            self.representations[label] = Representation(self.models[label])
+            try:
+                self.representations[label] = Representation(self.models[label])
+            except ValueError as err:
+                log.warning("model %r: %s; CKA and the unknown report's feature scores leave it out", label, err)
+                self.representations[label] = None
         return self.representations[label]
 
     # -------------------------------------------------------------------------------- behaviour
@@ -273,7 +280,8 @@ class ComparePipeline:
             for label in self.models:
                 outputs = self._outputs(label, stimulus_set.fingerprint, images, f"condition-{distortion.name}")
                 tables.append(model_trials(label, outputs.logits, self.labels, self.image_ids, self.classes, self.dataset, distortion.name))
-                per_system[label] = Responses(outputs.logits.argmax(1).numpy(), outputs.logits.double().softmax(1).numpy(), outputs.features.double().numpy())
+                features = outputs.features.double().numpy() if outputs.features is not None else None
+                per_system[label] = Responses(outputs.logits.argmax(1).numpy(), outputs.logits.double().softmax(1).numpy(), features)
             distances = {}
             for observer in panel:
                 key = cache_key(observer_keys[observer.name], getattr(observer, "seed", None), stimulus_set.fingerprint)

@@ -20,15 +20,15 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import stimuli
-from training.config import as_list, expand_path, expand_path_options, resolve_device
+from training.config import as_list, check_whole_number, expand_path, expand_path_options, resolve_device
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 
 from ..compare_report import _fmt
 from ..report import plain, save_figure
-from ..scores import make_score
+from ..scores import check_score_settings
 from ..unknown_benchmark import cifar_benchmark, evaluate_scores, read_far_unknown, unknown_table
-from .audit import load_defence, model_spec
+from .audit import load_defence, scoring_model_spec
 
 NEAR = "cifar-near"
 
@@ -47,7 +47,7 @@ def known_class_names(value) -> list[str]:
 
 def load_model(node: DictConfig, n_classes: int) -> torch.nn.Module:
     """The zoo model for CIFAR with ``n_classes`` outputs, or the factory's model."""
-    spec = model_spec(node, "model", "model")  # unknown keys, a missing checkpoint: named before anything is built
+    spec = scoring_model_spec(node, "unknown")  # unknown keys, a missing checkpoint: named before anything is built
     if spec.name:  # the zoo's CIFAR model with one output per known class
         spec.kwargs = {**spec.kwargs, "num_classes": n_classes}
     return load_defence(spec, "cifar100", what="model")
@@ -110,8 +110,11 @@ def run(cfg: DictConfig | Mapping) -> dict:
     if not (cfg.model.get("name") or cfg.model.get("factory")):
         raise ValueError("no model: pass model.name=<zoo name> (+ model.checkpoint=...) or model.factory=module:function")
     cfg.scores = as_list(cfg.scores, "scores")  # scores=energy is one score
-    for name in cfg.scores:
-        make_score(name, **dict((OmegaConf.to_container(cfg.score_params, resolve=True) or {}).get(name) or {}))  # a bad name fails here
+    check_score_settings(cfg.scores, OmegaConf.to_container(cfg.score_params, resolve=True) if cfg.get("score_params") else None)
+    check_whole_number(cfg.n_fit, "n_fit", least=0, hint=" (0: no fitting)")
+    if cfg.get("far_limit") is not None:
+        check_whole_number(cfg.far_limit, "far_limit", hint=" (or null for every image)")
+    scoring_model_spec(cfg.model, "unknown")  # before the data sets are read
     if cfg.baseline not in cfg.scores:
         raise ValueError(f"baseline={cfg.baseline!r} is not among scores={list(cfg.scores)}")
     known_names = known_class_names(OmegaConf.to_container(cfg.known_classes) if OmegaConf.is_list(cfg.known_classes) else cfg.known_classes)
@@ -123,9 +126,10 @@ def run(cfg: DictConfig | Mapping) -> dict:
         raise ValueError(f"far_unknown may not use the name {NEAR!r}: it is the near-unknown classes")
     root = expand_path(cfg.root)
     known, near = cifar_benchmark(root, known_names)
-    far_images = {name: read_far_unknown(folder, size=int(cfg.far_size), limit=cfg.get("far_limit")) for name, folder in far.items()}
+    far_images = {name: read_far_unknown(folder, size=int(cfg.far_size), limit=cfg.get("far_limit"), seed=int(cfg.seed))
+                  for name, folder in far.items()}
     fit = None
-    if int(cfg.n_fit or 0) > 0:
+    if cfg.n_fit > 0:
         train_known, _ = cifar_benchmark(root, known_names, split="train")
         fit = stimuli.select_targets(train_known, n=min(int(cfg.n_fit), len(train_known)), seed=int(cfg.seed))
     device = resolve_device(cfg.device)

@@ -19,7 +19,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 import stimuli
-from training.config import as_list, dataset_from_config, expand_path, expand_path_options, resolve_device
+from training.config import as_list, check_whole_number, dataset_from_config, expand_path, expand_path_options, resolve_device
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 
@@ -27,8 +27,9 @@ from ..compare_report import _fmt
 from ..human_trials import load_images
 from ..metrics import GROUPS, check_reliability_settings
 from ..report import plain, save_figure
+from ..scores import check_score_settings
 from ..visalign_report import category_order, model_visalign_table, read_human_labels
-from .audit import load_defence
+from .audit import load_defence, scoring_model_spec
 
 IMAGE_SUFFIXES = ("", ".png", ".jpg", ".jpeg")
 
@@ -108,10 +109,13 @@ def run(cfg: DictConfig | Mapping) -> dict:
     if not (cfg.model.get("name") or cfg.model.get("factory")):
         raise ValueError("no model: pass model.name=<zoo name> (+ model.checkpoint=...) or model.factory=module:function")
     scores = as_list(cfg.scores, "scores")  # scores=energy is one score
+    check_score_settings(scores, OmegaConf.to_container(cfg.score_params, resolve=True) if cfg.get("score_params") else None)
+    check_whole_number(cfg.n_fit, "n_fit", least=0, hint=" (0: no fitting)")
+    spec = scoring_model_spec(cfg.model, "visalign")
     _, _, costs = check_reliability_settings(cfg.gamma, cfg.lam, as_list(cfg.costs, "costs"))  # before any image is read or model run
     classes = [str(c) for c in as_list(cfg.classes, "classes")] if cfg.get("classes") else None  # classes=[0,1] come as ints; the CSV's are text
     train = None
-    if classes is None or int(cfg.n_fit or 0) > 0:
+    if classes is None or cfg.n_fit > 0:
         train = dataset_from_config(OmegaConf.to_container(cfg.data, resolve=True), "train")
         if classes is not None and classes != [str(c) for c in train.classes]:
             raise ValueError(f"classes={classes} are not the classes of data={cfg.data.name} ({list(train.classes)}), whose training images "
@@ -121,10 +125,10 @@ def run(cfg: DictConfig | Mapping) -> dict:
     human = read_human_labels(expand_path(cfg.labels), classes)
     paths = image_paths(expand_path(cfg.images), human["image_id"].tolist())
     device = resolve_device(cfg.device)
-    model = load_defence(cfg.model, cfg.data.name, what="model").to(device).eval()
+    model = load_defence(spec, cfg.data.name, what="model").to(device).eval()
     images = load_images(paths, cfg.get("image_size")).to(device)
     fit_images = fit_labels = None
-    if train is not None and int(cfg.n_fit or 0) > 0:
+    if train is not None and cfg.n_fit > 0:
         fit = stimuli.select_targets(train, n=min(int(cfg.n_fit), len(train)), seed=int(cfg.seed))  # a seeded draw, as compare's
         fit_images, fit_labels = fit.images.to(device), fit.labels
     params = OmegaConf.to_container(cfg.score_params, resolve=True) if cfg.get("score_params") else {}

@@ -375,3 +375,34 @@ def test_compare_figures_have_titles_and_labelled_axes(tmp_path, monkeypatch):
     unknown = {"ood_sets": ["noise:uniform"], "systems": {"m": {"energy": {"auroc": {"noise:uniform": 0.7}}}}}
     report_module._unknown_figure(unknown, tmp_path / "u.png")
     assert len(drawn) == 3 and all(title and xlabel and ylabel for title, xlabel, ylabel in drawn), drawn
+
+
+def test_a_model_without_a_penultimate_layer_is_compared_on_its_logits(tmp_path, monkeypatch):
+    """A factory's nn.Sequential names no penultimate layer: compare stopped with "pass layer=", which it refuses. Its
+    logits are compared now; CKA with it is undefined and the feature scores do not apply to it. A rerun without the
+    unknown report left the first run's unknown.json beside the new metrics."""
+    from perceptual.measure import ModelSpec
+    from perceptual.pipelines.compare import ComparePipeline
+
+    (tmp_path / "plain_models.py").write_text(
+        "import torch\n\ndef sequential():\n    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 10))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    specs = [ModelSpec(factory="plain_models:sequential", label="plain"), ModelSpec("small_cnn", label="cnn", kwargs={"width": 4})]
+    torch.manual_seed(0)
+    data = ComparePipeline(specs, {"name": "digits", "root": None}, tmp_path / "out", conditions=["colour=greyscale"], n_images=12,
+                           device="cpu", observers=["pixel-l2"], progress=False,
+                           unknown={"scores": ["max_softmax", "mahalanobis"], "ood": ["noise:uniform"], "n_fit": 20, "ensemble": False}).run()
+    systems = data["systems"]
+    cka = data["aggregated"]["cka"]
+    assert np.isnan(cka[systems.index("plain"), systems.index("cnn")]) and np.isfinite(cka[systems.index("cnn"), systems.index("cnn")])
+    assert np.isfinite(data["aggregated"]["error_consistency"][systems.index("plain"), systems.index("cnn")])
+    scores = data["unknown"]["systems"]
+    assert "auroc" in str(scores["plain"]["max_softmax"]) and "penultimate" in scores["plain"]["mahalanobis"]["error"]
+    assert "error" not in scores["cnn"]["mahalanobis"]
+    # a rerun into the folder without the unknown report and with other conditions leaves none of the first run's files
+    figures = tmp_path / "out" / "figures"
+    assert (tmp_path / "out" / "unknown.json").is_file() and (figures / "unknown_auroc.png").is_file() and (figures / "accuracy_colour.png").is_file()
+    ComparePipeline(specs, {"name": "digits", "root": None}, tmp_path / "out", conditions=["contrast=0.5"], n_images=12, device="cpu",
+                    observers=["pixel-l2"], progress=False, unknown={"enabled": False}).run()
+    assert sorted(p.name for p in figures.glob("*unknown*")) == [] and not (tmp_path / "out" / "unknown.json").exists()
+    assert (figures / "accuracy_contrast.png").is_file() and not (figures / "accuracy_colour.png").exists()

@@ -62,6 +62,21 @@ def test_far_unknown_folder_is_read_and_resized(tmp_path):
         read_far_unknown(tmp_path / "lsun")
 
 
+def test_a_far_unknown_limit_is_a_seeded_draw_over_the_whole_folder(tmp_path):
+    """far_limit took the first files by path: of a folder per class (DTD's textures), the first classes only."""
+    for k, texture in enumerate(["banded", "zigzagged"]):
+        (tmp_path / texture).mkdir()
+        for i in range(20):
+            Image.fromarray(np.full((8, 8, 3), 100 * k + i, dtype=np.uint8)).save(tmp_path / texture / f"{i:02d}.png")
+    levels = [read_far_unknown(tmp_path, size=8, limit=10, seed=seed)[:, 0, 0, 0].tolist() for seed in range(3)]
+    # both classes in every draw (a draw of 10 of 40 misses one with probability 4e-4), in path order
+    assert all(len(drawn) == 10 and min(drawn) < 100 <= max(drawn) and drawn == sorted(drawn) for drawn in levels)
+    assert levels[0] == read_far_unknown(tmp_path, size=8, limit=10, seed=0)[:, 0, 0, 0].tolist() and levels[0] != levels[1]
+    assert len(read_far_unknown(tmp_path, size=8, limit=100)) == 40
+    with pytest.raises(ValueError, match="must be a whole number >= 1"):
+        read_far_unknown(tmp_path, size=8, limit=0)
+
+
 def test_the_table_and_its_improvement_ratio():
     results = {
         "max_softmax": {"aurc": 0.2, "eaurc": 0.1, "ece": 0.05, "auroc": {"near": 0.8}, "fpr_at_95_tpr": {"near": 0.5}},

@@ -79,7 +79,12 @@ def test_bad_settings_are_refused_before_the_model_runs(benchmark):
     with initialize_config_module(config_module="conf", version_base=None):
         for extra, error in ((["known_classes=[girl,zebra]"], "zebra"), (["baseline=odin"], "baseline"),
                              (["scores=[max_softmax,nonsense]"], "nonsense"), ([f"far_unknown={{white: {benchmark / 'nowhere'}}}"], "no far-unknown"),
-                             (["known_classes=[girl,apple,bear]"], "3 known classes")):
+                             (["known_classes=[girl,apple,bear]"], "3 known classes"),
+                             # accepted and ignored before: a misspelt score's settings, a layer, n_fit -5 as "no fitting", far_limit 0 as all
+                             (["+score_params.enrgy.temperature=5"], r"score_params names unknown score functions \['enrgy'\]"),
+                             (["+model.layer=features.0"], r"model.layer='features.0': unknown scores with the penultimate layer"),
+                             (["n_fit=-5"], "n_fit must be a whole number >= 0"), (["n_fit=2.5"], "n_fit must be a whole number >= 0"),
+                             (["far_limit=0"], "far_limit must be a whole number >= 1")):
             with pytest.raises((ValueError, FileNotFoundError), match=error):
                 run(compose(config_name="unknown", overrides=_overrides(benchmark, *extra)))
     (benchmark / "known.txt").write_text("# CIFAR-40 names\ngirl\n\napple\n")

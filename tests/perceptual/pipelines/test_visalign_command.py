@@ -145,7 +145,10 @@ def test_settings_and_the_models_classes_are_checked_before_the_whole_set_runs(v
     calls = []
     forward = greymodel.Grey.forward
     monkeypatch.setattr(greymodel.Grey, "forward", lambda self, x: calls.append(len(x)) or forward(self, x))
-    for extra, message in ((["gamma=1.5"], "gamma"), (["lam=-0.2"], "lam"), (["costs=[-450]"], "each cost")):
+    for extra, message in ((["gamma=1.5"], "gamma"), (["lam=-0.2"], "lam"), (["costs=[-450]"], "each cost"),
+                           (["+score_params.enrgy.temperature=5"], r"score_params names unknown score functions \['enrgy'\]"),
+                           (["+model.layer=inner"], "model.layer='inner': visalign scores with the penultimate layer"),
+                           (["n_fit=-5"], "n_fit must be a whole number >= 0")):
         with pytest.raises(ValueError, match=message):
             run(_compose(visalign_set, *extra))
     assert calls == []  # refused before the model was built
