@@ -73,12 +73,11 @@ def run(cfg: DictConfig) -> dict:
 @hydra.main(config_path="pkg://conf", config_name="humans", version_base=None)
 def main(cfg: DictConfig) -> None:
     expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
-    if cfg.out:
-        cfg.out = str(job_path(cfg.out))  # a multirun's jobs report in folders of their own
+    # a multirun's jobs report in folders of their own, the default <package>/results too (every job wrote there)
+    cfg.out = str(job_path(cfg.out or Path(cfg.package) / "results"))
     data = run(cfg)
     print(humans.markdown_summary(data))
-    out = Path(cfg.out) if cfg.out else Path(cfg.package) / "results"
-    print(f"results: {out.resolve() / 'humans.md'}")
+    print(f"results: {Path(cfg.out).resolve() / 'humans.md'}")
     if cfg.measure_report:
         print(f"report with the Human columns: {Path(cfg.measure_report).resolve() / 'report.md'}")
 

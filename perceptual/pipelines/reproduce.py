@@ -230,8 +230,9 @@ def groups_in_out(cfg: DictConfig) -> tuple[str, ...]:
 
 @hydra.main(config_path="pkg://conf", config_name="reproduce", version_base=None)
 def main(cfg: DictConfig) -> None:
+    groups = groups_in_out(cfg)  # read from the template, which expanding the path replaces by its value
     expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
-    cfg.out = str(job_path(cfg.out, groups=groups_in_out(cfg)))
+    cfg.out = str(job_path(cfg.out, groups=groups))
     run(cfg)
 
 

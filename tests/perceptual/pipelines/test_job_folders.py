@@ -32,6 +32,32 @@ def test_humans_jobs_report_apart(monkeypatch, tmp_path):
     assert seen["out"] == str(tmp_path / "humans" / "eot=2")
 
 
+def test_humans_jobs_with_the_default_out_report_apart(monkeypatch, tmp_path):
+    """out=null (<package>/results) got no job folder: every job of a sweep wrote the same humans.json."""
+    seen = {}
+    monkeypatch.setattr(humans_command, "job_path", _job_path)
+    monkeypatch.setattr(humans_command, "run", lambda cfg: seen.update(out=cfg.out) or {})
+    monkeypatch.setattr(humans_command.humans, "markdown_summary", lambda data: "")
+    humans_command.main.__wrapped__(OmegaConf.create({"out": None, "package": str(tmp_path / "pilot"), "measure_report": None}))
+    assert seen["out"] == str(tmp_path / "pilot" / "results" / "eot=2")
+
+
+def test_reproduce_jobs_of_a_preset_sweep_need_no_level_named_after_the_preset(monkeypatch):
+    """The out template names ${experiment.name}: expanding the path first replaced the template by its value, so a
+    sweep over presets gave table1-cpu-digits/experiment=table1 instead of table1-cpu-digits."""
+    from hydra import compose, initialize_config_module
+
+    import perceptual.pipelines.reproduce as reproduce_command
+
+    seen = {}
+    monkeypatch.setattr(reproduce_command, "job_path", lambda base, groups=(): seen.update(groups=groups) or Path(base))
+    monkeypatch.setattr(reproduce_command, "run", lambda cfg: seen.update(out=cfg.out))
+    with initialize_config_module(config_module="conf", version_base=None):
+        cfg = compose(config_name="reproduce", overrides=["experiment=table1"])
+    reproduce_command.main.__wrapped__(cfg)
+    assert {"experiment", "scale", "data"} <= set(seen["groups"]) and seen["out"].endswith("table1-cpu-digits")
+
+
 def test_survey_jobs_build_packages_apart(monkeypatch, tmp_path):
     seen = {}
     monkeypatch.setattr(stimuli_commands, "job_path", _job_path)
