@@ -88,7 +88,12 @@ def expand_variants(cfg: DictConfig) -> list[Variant]:
 def train_overrides(variant: Variant, scale: DictConfig) -> dict:
     """The scale's schedule, then the recipe's own schedule at this scale, the scale's attack for an adversarial
     recipe, then the catalogue entry's overrides (which win); as dotted keys of ``conf/train/<recipe>.yaml``."""
-    recipe_schedules = OmegaConf.to_container(scale.recipe_schedule, resolve=True)
+    from training.recipes import RECIPES
+
+    recipe_schedules = OmegaConf.to_container(scale.recipe_schedule, resolve=True) or {}
+    misspelt = sorted(set(recipe_schedules) - set(RECIPES))
+    if misspelt:  # its schedule would reach no model: the recipe's models would train on the scale's schedule unnoticed
+        raise ValueError(f"scale.recipe_schedule names no recipe: {misspelt}; the recipes are {sorted(RECIPES)}")
     overrides = flat_items(scale.schedule)
     overrides.update(flat_items(recipe_schedules.get(variant.recipe) or {}))
     if variant.adversarial:

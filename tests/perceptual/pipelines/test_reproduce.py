@@ -74,6 +74,7 @@ def test_the_scale_keeps_each_recipes_own_attack_step():
     (["scale.measure.accuracy_limit=0"], "accuracy_limit must be a positive number of test images"),
     (["n_boot=0"], "n_boot is the number of bootstrap draws"),  # NaN intervals
     (["n_boot=-1"], "n_boot is the number of bootstrap draws"),  # every paired difference silently left out
+    (["experiment=fig4", "+scale.recipe_schedule.trade.epochs=3"], r"scale.recipe_schedule names no recipe: \['trade'\]"),  # TRADES kept 10
 ])
 def test_bad_presets_are_refused_before_anything_trains(tmp_path, overrides, message):
     cfg = compose("reproduce", [f"out={tmp_path / 'out'}", f"runs_dir={tmp_path / 'runs'}", "progress=false", *overrides])
