@@ -82,6 +82,10 @@ class ThreatModel:
 
     def __post_init__(self) -> None:
         check_norm(self.norm)
+        if isinstance(self.random_start, int) and not isinstance(self.random_start, bool) and self.random_start in (0, 1):
+            object.__setattr__(self, "random_start", bool(self.random_start))  # YAML's 0 and 1
+        if not isinstance(self.random_start, bool):  # Hydra reads random_start=no as the text 'no', which bool() made True
+            raise AttackConfigError(f"random_start must be true or false, got {self.random_start!r}")
         eps = self.eps
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
             raise AttackConfigError(
@@ -133,7 +137,7 @@ class ThreatModel:
             "eps": get("eps"),
             "steps": get("steps", 10),
             "step_size": get("step_size"),
-            "random_start": bool(get("random_start", True)),
+            "random_start": get("random_start", True),
         }
         values.update(overrides)
         for key in ("eps", "step_size"):

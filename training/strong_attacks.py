@@ -249,6 +249,9 @@ def apgd(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel, *, loss: s
     with torch.no_grad():
         clean_logits = model(x)
     n_classes = clean_logits.shape[1]
+    if len(y) and (int(y.min()) < 0 or int(y.max()) >= n_classes):  # such a sample counted as misclassified: never attacked
+        raise AttackConfigError(f"labels must lie in 0..{n_classes - 1} (the model's outputs), got {int(y.min())}..{int(y.max())}; "
+                                "are they 1-based?")
     x_out = x.clone()
     kept_score = torch.full((x.shape[0],), -math.inf, device=x.device)  # of each unfooled sample's point in x_out
     remaining = clean_logits.argmax(dim=1) == y  # misclassified clean images need no attack

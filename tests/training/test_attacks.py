@@ -149,6 +149,10 @@ def test_config_numbers_may_be_fractions_and_images_are_checked(model_and_batch)
     assert threat.eps == pytest.approx(8 / 255) and threat.alpha == pytest.approx(2 / 255)
     with pytest.raises(AttackConfigError, match="fraction like 8/255"):
         ThreatModel.from_config({"norm": "linf", "eps": "eight"})
+    for text in ("no", "false", "off"):  # Hydra reads random_start=no as a text, which bool() turned into True
+        with pytest.raises(AttackConfigError, match=f"random_start must be true or false, got '{text}'"):
+            ThreatModel.from_config({"norm": "linf", "eps": 0.03, "random_start": text})
+    assert ThreatModel.from_config({"norm": "linf", "eps": 0.03, "random_start": 0}).random_start is False
     model, x, y = model_and_batch
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         pgd(model, x * 255, y, ThreatModel("l2", 1.0, steps=1))

@@ -77,6 +77,9 @@ def test_apgd_rejects_bad_settings(digits_model):
         apgd(model, x, y, ThreatModel("linf", 0.01), loss="hinge")
     with pytest.raises(AttackConfigError, match="at least 1"):
         apgd(model, x, y, ThreatModel("linf", 0.01), restarts=0)
+    for labels in (torch.tensor([10, 11, 3, 3]), torch.tensor([-1, 3, 3, 3])):  # came back unattacked, as if misclassified
+        with pytest.raises(AttackConfigError, match=r"labels must lie in 0..9 .* 1-based"):
+            apgd(model, x[:4], labels, ThreatModel("linf", 0.01, steps=2))
 
 
 @pytest.mark.parametrize("attack", ["pgd", "apgd", "square_linf", "square_l2"])
