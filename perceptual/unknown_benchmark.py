@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 
 from training import load_dataset
+from training.config import check_whole_number
 from training.data import ImageSet
 
 log = logging.getLogger(__name__)
@@ -74,8 +75,8 @@ def read_far_unknown(folder: str | Path, size: int = 32, limit: int | None = Non
     textures) would be a few classes only."""
     from PIL import Image
 
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"limit (far_limit) must be a whole number >= 1 (or None for every image), got {limit!r}")
+    if limit is not None:
+        check_whole_number(limit, "far_limit", hint=" (or None for every image)")
     root = Path(folder).expanduser()
     if not root.is_dir():
         raise FileNotFoundError(f"no far-unknown image folder at {root}")

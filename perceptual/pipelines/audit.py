@@ -77,8 +77,9 @@ def model_spec(node: DictConfig, label: str, what: str) -> ModelSpec:
     if values.setdefault("label", label) != label:
         raise ValueError(f"{what}.label={values['label']!r}: this command labels it {label!r}; leave {what}.label out")
     checkpoint = values.get("checkpoint")
-    if checkpoint and not expand_path(checkpoint).is_file():  # '$RUNS/x.safetensors' as ModelSpec and measure read it
-        raise FileNotFoundError(f"{what}.checkpoint not found: {checkpoint} ({expand_path(checkpoint)})")
+    path = expand_path(checkpoint)  # '$RUNS/x.safetensors' as ModelSpec and measure read it
+    if checkpoint and not path.is_file():
+        raise FileNotFoundError(f"{what}.checkpoint not found: {checkpoint} ({path})")
     try:
         return ModelSpec(**{**values, "kwargs": dict(values.get("kwargs") or {})})
     except ValueError as err:

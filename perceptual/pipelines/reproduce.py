@@ -33,6 +33,7 @@ from omegaconf.errors import OmegaConfBaseException
 from invert.config import load_preset
 from training.config import expand_path_options, flat_items, resolve_device, resolved_path_text
 from training.io import atomic_write_json, atomic_write_text
+from training.recipes import RECIPES
 from training.sweeps import job_path
 from training.trainer import run_identity
 
@@ -88,8 +89,6 @@ def expand_variants(cfg: DictConfig) -> list[Variant]:
 def train_overrides(variant: Variant, scale: DictConfig) -> dict:
     """The scale's schedule, then the recipe's own schedule at this scale, the scale's attack for an adversarial
     recipe, then the catalogue entry's overrides (which win); as dotted keys of ``conf/train/<recipe>.yaml``."""
-    from training.recipes import RECIPES
-
     recipe_schedules = OmegaConf.to_container(scale.recipe_schedule, resolve=True) or {}
     misspelt = sorted(set(recipe_schedules) - set(RECIPES))
     if misspelt:  # its schedule would reach no model: the recipe's models would train on the scale's schedule unnoticed

@@ -25,6 +25,7 @@ from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 
 from ..compare_report import _fmt
+from ..measure import ModelSpec
 from ..report import plain, save_figure
 from ..scores import check_score_settings
 from ..unknown_benchmark import cifar_benchmark, evaluate_scores, read_far_unknown, unknown_table
@@ -45,9 +46,8 @@ def known_class_names(value) -> list[str]:
     return [str(v) for v in value]
 
 
-def load_model(node: DictConfig, n_classes: int) -> torch.nn.Module:
-    """The zoo model for CIFAR with ``n_classes`` outputs, or the factory's model."""
-    spec = scoring_model_spec(node, "unknown")  # unknown keys, a missing checkpoint: named before anything is built
+def load_model(spec: ModelSpec, n_classes: int) -> torch.nn.Module:
+    """The zoo model for CIFAR with ``n_classes`` outputs, or the factory's model (``spec``: :func:`scoring_model_spec`)."""
     if spec.name:  # the zoo's CIFAR model with one output per known class
         spec.kwargs = {**spec.kwargs, "num_classes": n_classes}
     return load_defence(spec, "cifar100", what="model")
@@ -114,7 +114,7 @@ def run(cfg: DictConfig | Mapping) -> dict:
     check_whole_number(cfg.n_fit, "n_fit", least=0, hint=" (0: no fitting)")
     if cfg.get("far_limit") is not None:
         check_whole_number(cfg.far_limit, "far_limit", hint=" (or null for every image)")
-    scoring_model_spec(cfg.model, "unknown")  # before the data sets are read
+    spec = scoring_model_spec(cfg.model, "unknown")  # unknown keys, a missing checkpoint: named before the data sets are read
     if cfg.baseline not in cfg.scores:
         raise ValueError(f"baseline={cfg.baseline!r} is not among scores={list(cfg.scores)}")
     known_names = known_class_names(OmegaConf.to_container(cfg.known_classes) if OmegaConf.is_list(cfg.known_classes) else cfg.known_classes)
@@ -133,7 +133,7 @@ def run(cfg: DictConfig | Mapping) -> dict:
         train_known, _ = cifar_benchmark(root, known_names, split="train")
         fit = stimuli.select_targets(train_known, n=min(int(cfg.n_fit), len(train_known)), seed=int(cfg.seed))
     device = resolve_device(cfg.device)
-    model = load_model(cfg.model, len(known_names)).to(device).eval()
+    model = load_model(spec, len(known_names)).to(device).eval()
     with torch.no_grad():
         n_out = model(known.float_images(slice(0, 1), device=device)).shape[-1]
     if n_out != len(known_names):

@@ -16,7 +16,7 @@ import perceptual.measure as measure_module
 import perceptual.pipelines.training_runs as references_module
 from invert import Engine
 from perceptual.pipelines import COMMANDS
-from perceptual.pipelines.audit import load_defence, load_factory, model_spec, run, sweep_eps
+from perceptual.pipelines.audit import load_defence, load_factory, model_spec, run, scoring_model_spec, sweep_eps
 from perceptual.pipelines.unknown import load_model
 from training.attacks import config_number
 
@@ -246,9 +246,9 @@ def test_model_nodes_take_every_model_spec_key_and_refuse_unknown_ones(tmp_path,
     with pytest.raises(ValueError, match="reference.robust: .*contains Python objects .* trust_pickle"):
         load_defence(model_spec(node, "robust", "reference.robust"), "digits", "reference.robust")
     with pytest.raises(ValueError, match=r"model: .*contains Python objects"):  # unknown's zoo path read it the same way
-        load_model(node, 10)
+        load_model(scoring_model_spec(node, "unknown"), 10)
     node.trust_pickle = True
-    assert load_model(OmegaConf.merge(node, {"checkpoint": None}), 7)(torch.rand(1, 3, 32, 32)).shape == (1, 7)
+    assert load_model(scoring_model_spec(OmegaConf.merge(node, {"checkpoint": None}), "unknown"), 7)(torch.rand(1, 3, 32, 32)).shape == (1, 7)
     with pytest.raises(ValueError, match=r"defence has unknown keys \['trust_pikle'\]: it takes name, factory, checkpoint"):
         model_spec(OmegaConf.merge(node, {"trust_pikle": True}), "defence", "defence")
     with pytest.raises(ValueError, match="reference.robust.label='mine': this command labels it 'robust'"):
