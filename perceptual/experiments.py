@@ -27,7 +27,7 @@ import numpy as np
 from scipy.stats import pearsonr, spearmanr
 
 from .report import alignment_scatter, format_score, markdown_table, save_figure, scatter_points
-from .statistics import check_level, check_n_boot, paired_difference, per_target_scores, percentile_interval
+from .statistics import check_level, check_n_boot, model_difference, percentile_interval
 
 TASK_TITLES = {"2afc": "2AFC", "clustering": "clustering", "clustering_hard": "hard clustering"}
 RESULTS = ("table", "gaussian", "scatter", "grid")
@@ -73,8 +73,7 @@ def paired_against(models: Mapping[str, Mapping], pairs: Sequence[tuple[str, str
     for a, b in pairs:
         for task in tasks:
             try:
-                out.setdefault(f"{a} - {b}", {})[task] = paired_difference(per_target_scores(models[a], task), per_target_scores(models[b], task),
-                                                                           n_boot=n_boot, seed=seed)
+                out.setdefault(f"{a} - {b}", {})[task] = model_difference(models[a], models[b], task, n_boot=n_boot, seed=seed)
             except (ValueError, KeyError):
                 continue  # a task the report does not have, or no shared targets: no interval rather than a wrong one
     return out

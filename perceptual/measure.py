@@ -200,7 +200,7 @@ def observe_set(
         trials = stimuli.set_trials(stimulus_set, task, seed=seed, attention_rate=attention_rate, distance=hard_distance or "pixel_l2")
         judge = judge_2afc if task == "2afc" else judge_clustering
         for observer in panel:
-            key = cache_key(trial_key, fingerprints[observer.name], judge_8bit, interval, "summary-v2")  # v2: per-target scores per seed type
+            key = cache_key(trial_key, fingerprints[observer.name], judge_8bit, interval, "summary-v3")  # v3: per-target trial counts
             slug = observer_slug(observer.name)
             path, csv_path = (out / "observers" / f"{slug}-{task}{suffix}" for suffix in (".json", ".csv"))
             cached = cached_json(path, key)

@@ -140,9 +140,12 @@ def summarize(judged: pd.DataFrame, by: str | None = "seed_type", interval: str 
     if by is not None and by in real:
         out[f"by_{by}"] = {str(k): score(g) for k, g in real.groupby(by, sort=True)}
     out["per_target"] = {str(k): float(g["credit"].mean()) for k, g in real.groupby("target_id", sort=True)}
+    out["per_target_trials"] = {str(k): len(g) for k, g in real.groupby("target_id", sort=True)}  # weights: the rows pool trials
     if by is not None and by in real:  # per-target scores within each group, for paired statistics across groups
+        groups = list(real.groupby(by, sort=True))
         out[f"per_target_by_{by}"] = {str(group): {str(k): float(g["credit"].mean()) for k, g in frame.groupby("target_id", sort=True)}
-                                      for group, frame in real.groupby(by, sort=True)}
+                                      for group, frame in groups}
+        out[f"per_target_trials_by_{by}"] = {str(group): {str(k): len(g) for k, g in frame.groupby("target_id", sort=True)} for group, frame in groups}
     out["attention_pass_rate"] = float(checks["credit"].mean()) if len(checks) else None
     out["attention_checks"] = len(checks)
     return out

@@ -4,11 +4,20 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from perceptual.experiments import correlation_with_interval
-from perceptual.statistics import measurement_statistics, paired_difference, percentile_interval, ranking_agreement, sign_flip_p_value
-from perceptual.tasks import bootstrap_interval
+from perceptual.statistics import (
+    measurement_statistics,
+    model_difference,
+    paired_difference,
+    per_target_scores,
+    percentile_interval,
+    ranking_agreement,
+    sign_flip_p_value,
+)
+from perceptual.tasks import bootstrap_interval, summarize
 
 
 def test_a_constant_paired_difference_has_a_zero_width_interval():
@@ -107,3 +116,83 @@ def test_the_sign_flip_p_value_is_exact_on_small_samples():
         sign_flip_p_value([0.1, float("nan")])
     with pytest.raises(ValueError, match="1-D sequence"):
         sign_flip_p_value([[0.1, 0.2], [0.3, 0.4]])
+
+
+def _judged(credits_per_target: dict[str, list[float]], seed_type: str = "noise") -> pd.DataFrame:
+    rows = [{"target_id": t, "credit": c, "tie": False, "attention_check": False, "seed_type": seed_type}
+            for t, credits in credits_per_target.items() for c in credits]
+    return pd.DataFrame(rows)
+
+
+def _report_model(credits_per_target: dict[str, list[float]]) -> dict:
+    summary = summarize(_judged(credits_per_target))
+    return {"per_observer": {"clustering": {"obs": summary}}}, summary["overall"]["accuracy"]
+
+
+def test_a_paired_difference_is_the_difference_of_the_accuracy_rows_when_targets_have_different_trial_counts():
+    """Clustering gives targets different numbers of trials; the report's rows pool trials. Weighting every target the
+    same gave a difference of the other sign than the rows beside it (README Fig. 6: +1.0 against rows -1.0)."""
+    a, row_a = _report_model({"t0": [1.0] * 9 + [0.0], "t1": [0.0, 0.0], "t2": [0.5, 0.5]})  # 10.5 / 14 credits
+    b, row_b = _report_model({"t0": [1.0] * 6 + [0.0] * 4, "t1": [1.0, 0.0], "t2": [0.5, 0.5]})  # 8.5 / 14
+    assert row_a - row_b == pytest.approx(2 / 14)
+    targets_weighted = paired_difference(per_target_scores(a, "clustering"), per_target_scores(b, "clustering"))
+    assert targets_weighted["difference"] == pytest.approx((0.3 - 0.5) / 3) and targets_weighted["weighting"] == "targets"  # the old, other sign
+    stats = measurement_statistics({"a": a, "b": b}, tasks=("clustering",), n_boot=500)
+    r = stats["paired_differences"]["clustering"]["a - b"]
+    assert r["difference"] == pytest.approx(row_a - row_b) and r["weighting"] == "trials"
+    assert r["ci_low"] <= r["difference"] <= r["ci_high"]
+    assert model_difference(a, b, "clustering", n_boot=500) == r
+
+
+def test_trial_weighted_bootstrap_draws_pool_the_drawn_targets_trials():
+    """Each draw is each model's credit over the drawn targets' trials (a target drawn twice counts its trials twice),
+    averaged over the drawn observers; with one trial per target it is the plain mean of the old statistic."""
+    scores_a = {"o1": {"t0": 1.0, "t1": 0.0, "t2": 0.5}, "o2": {"t0": 0.5, "t1": 0.5, "t2": 1.0}}
+    scores_b = {"o1": {"t0": 0.0, "t1": 0.5, "t2": 0.5}, "o2": {"t0": 0.0, "t1": 1.0, "t2": 0.0}}
+    trials = {"o1": {"t0": 4, "t1": 1, "t2": 2}, "o2": {"t0": 4, "t1": 1, "t2": 2}}
+    r = paired_difference(scores_a, scores_b, trials_a=trials, trials_b=trials, n_boot=300, seed=3)
+    rng = np.random.default_rng(3)
+    obs_draw, tgt_draw = rng.integers(0, 2, size=(300, 2)), rng.integers(0, 3, size=(300, 3))
+    names, targets = ["o1", "o2"], ["t0", "t1", "t2"]
+
+    def accuracy(scores, o, drawn):
+        return sum(scores[names[o]][targets[t]] * trials[names[o]][targets[t]] for t in drawn) / sum(trials[names[o]][targets[t]] for t in drawn)
+
+    by_hand = [np.mean([accuracy(scores_a, o, t) - accuracy(scores_b, o, t) for o in obs]) for obs, t in zip(obs_draw, tgt_draw)]
+    assert (r["ci_low"], r["ci_high"]) == pytest.approx(percentile_interval(by_hand, 0.95))
+    assert r["difference"] == pytest.approx(np.mean([accuracy(scores_a, o, [0, 1, 2]) - accuracy(scores_b, o, [0, 1, 2]) for o in (0, 1)]))
+    ones = {o: {t: 1 for t in targets} for o in names}
+    assert paired_difference(scores_a, scores_b, trials_a=ones, trials_b=ones, n_boot=300) == {
+        **paired_difference(scores_a, scores_b, n_boot=300), "weighting": "trials"}
+
+
+def test_trial_counts_must_cover_every_score_and_be_positive():
+    scores = {"o": {"t0": 0.5, "t1": 1.0}}
+    with pytest.raises(ValueError, match="trials_a has no trial count for 't1'"):
+        paired_difference(scores, scores, trials_a={"o": {"t0": 3}}, trials_b={"o": {"t0": 3, "t1": 2}})
+    with pytest.raises(ValueError, match="trials_b must be positive trial counts"):
+        paired_difference(scores, scores, trials_a={"o": {"t0": 3, "t1": 2}}, trials_b={"o": {"t0": 0, "t1": 2}})
+    with pytest.raises(ValueError, match="trials_first must be positive"):
+        ranking_agreement({"m": scores["o"], "n": scores["o"]}, {"m": scores["o"], "n": scores["o"]},
+                          trials_first={"m": {"t0": 1, "t1": float("nan")}, "n": {"t0": 1, "t1": 1}}, trials_second=None)
+
+
+def test_ranking_agreement_ranks_models_by_their_pooled_trials():
+    """m1 leads on the target with most trials, m2 on the other: pooled over trials m1 ranks first, by target means m2."""
+    first = {"m1": {"t0": 0.6, "t1": 0.0}, "m2": {"t0": 0.4, "t1": 0.5}}
+    trials = {"m1": {"t0": 10, "t1": 1}, "m2": {"t0": 10, "t1": 1}}
+    second = {"m1": {"t0": 0.9, "t1": 0.9}, "m2": {"t0": 0.1, "t1": 0.1}}
+    assert ranking_agreement(first, second, n_boot=20)["tau"] == pytest.approx(-1.0)
+    assert ranking_agreement(first, second, trials_first=trials, trials_second=trials, n_boot=20)["tau"] == pytest.approx(1.0)
+
+
+def test_a_report_without_trial_counts_weighs_targets_the_same_and_says_so(caplog):
+    """Reports written before the counts were kept still compare (as they did), with a warning that the rows pool trials."""
+    import perceptual.statistics as statistics
+
+    statistics._warned_target_weighting = False
+    old = {m: {"per_observer": {"clustering": {"obs": {"per_target": {"t0": v, "t1": 0.5}}}}} for m, v in (("a", 0.9), ("b", 0.1))}
+    with caplog.at_level("WARNING", logger="perceptual.statistics"):
+        r = measurement_statistics(old, tasks=("clustering",), n_boot=50)["paired_differences"]["clustering"]["a - b"]
+    assert r["difference"] == pytest.approx(0.4) and r["weighting"] == "targets"
+    assert "without per-target trial counts" in caplog.text
