@@ -189,6 +189,14 @@ def _read_json(path: Path) -> Mapping:
     return data
 
 
+def _recognised(path: Path, source: SweepSource) -> bool:
+    """Whether ``path`` holds a ``source`` result (False for a file that does not parse)."""
+    try:
+        return bool(source.recognise(_read_json(path)))
+    except ValueError:
+        return False
+
+
 INNER_RESULT_FOLDERS = ("alignment",)  # where a job writes another command's result as part of its own (the audit's measure report)
 
 
@@ -203,16 +211,23 @@ def find_jobs(root: str | Path, sources: Mapping[str, SweepSource] | None = None
     candidates = sorted(((path, source) for source in sources.values() for path in root.rglob(source.filename) if path.is_file()),
                         key=lambda item: (len(item[0].relative_to(root).parts), str(item[0])))
     jobs: list[tuple[Path, SweepSource, Mapping]] = []
+    folded: list[tuple[Path, str, Path]] = []  # results of another kind taken as part of a job, to say so
     for path, source in candidates:
         folder = path.parent
-        if any(folder == job or (job in folder.parents and (job_source.kind != source.kind or folder.name in INNER_RESULT_FOLDERS))
-               for job, job_source, _ in jobs):
+        owner = next((job for job, job_source, _ in jobs
+                      if folder == job or (job in folder.parents and (job_source.kind != source.kind or folder.name in INNER_RESULT_FOLDERS))), None)
+        if owner is not None:
+            if folder != owner and folder.name not in INNER_RESULT_FOLDERS and _recognised(path, source):
+                folded.append((path, source.kind, owner))
             continue
         data = _read_json(path)
         if source.recognise(data):
             jobs.append((folder, source, data))
         else:
             log.debug("%s is not a %s result; skipped", path, source.kind)
+    for path, kind, owner in folded:
+        log.warning("%s (a %s result) lies inside the job %s, so it is read as part of that job, not as a job of its own: give "
+                    "root=%s to summarise it", path, kind, owner, path.parent)
     return jobs
 
 

@@ -209,3 +209,20 @@ def test_swept_values_are_printed_and_saved_exactly_enough_to_tell_jobs_apart(tm
     assert "| seed=12344 | 1e-12 | 12344 |" in markdown and "| seed=12345 | 3e-11 | 12345 |" in markdown
     rows = json.loads((tmp_path / "sweep.json").read_text())["kinds"]["training"]["rows"]
     assert sorted(r["decay"] for r in rows if r["decay"] is not None) == [1e-12, 3e-11]
+
+
+def test_a_result_of_another_kind_inside_a_job_is_named_not_dropped_in_silence(tmp_path, caplog):
+    """A measure report written inside a training job's folder is read as part of that job (as an audit's alignment/
+    report is); the summary used to leave it out without a word."""
+    write_training_job(tmp_path / "lr=0.1", 0.1, clean=0.5)
+    write_training_job(tmp_path / "lr=0.2", 0.2, clean=0.6)
+    inner = tmp_path / "lr=0.1" / "measure"
+    inner.mkdir()
+    (inner / "report.json").write_text(json.dumps({"models": {"tiny": {"2afc": {"mean": 0.5}}}, "observers": ["pixel-l2"], "n_targets": 3}))
+    (tmp_path / "lr=0.2" / "notes").mkdir()
+    (tmp_path / "lr=0.2" / "notes" / "report.json").write_text(json.dumps({"experiments": []}))  # not a measure report: nothing to say
+    with caplog.at_level(logging.WARNING, logger="perceptual.sweep_summary"):
+        jobs = find_jobs(tmp_path)
+    assert [folder.name for folder, _, _ in jobs] == ["lr=0.1", "lr=0.2"]
+    assert f"{inner / 'report.json'} (a measure result) lies inside the job {tmp_path / 'lr=0.1'}" in caplog.text
+    assert f"root={inner}" in caplog.text and "notes" not in caplog.text
