@@ -160,3 +160,23 @@ def test_masking_report_flags_a_model_with_masked_gradients(trained):
     report = gradient_masking_report(masked, test, "linf", eps=[2 / 255, 8 / 255], steps=5, unbounded_steps=10, limit=64)
     assert not report.checks["unbounded_attack_succeeds"] and not report.passed
     assert "masked" in " ".join(report.notes) and "SUSPICIOUS" in str(report)
+
+
+@pytest.mark.parametrize("norm, eps", [("linf", 8 / 255), ("l2", 0.5)])
+def test_a_half_precision_model_is_attacked_in_float32_inside_the_ball_around_the_real_images(monkeypatch, norm, eps):
+    """The images were cast to the model's bfloat16 before PGD: rounded to 1/256 near 1, and the attacked images lay
+    up to 6 % of an 8/255 ball outside the ball around the images given."""
+    import training.evaluate as evaluate
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 5)).to(torch.bfloat16)
+    images, labels = torch.rand(64, 3, 8, 8) * 0.5 + 0.5, torch.randint(0, 5, (64,))
+    attacked, pgd = [], evaluate.pgd
+    monkeypatch.setattr(evaluate, "pgd", lambda *args, **kwargs: attacked.append(pgd(*args, **kwargs)) or attacked[-1])
+    accuracy = robust_accuracy(model, (images, labels), ThreatModel(norm, eps, steps=5))
+    (x_adv,) = attacked
+    assert x_adv.dtype == torch.float32 and 0.0 <= accuracy <= 1.0
+    delta = (x_adv.double() - images.double()).flatten(1)
+    size = delta.abs().amax(1) if norm == "linf" else delta.norm(dim=1)
+    assert float(size.max()) <= eps * (1 + 1e-6)
+    assert clean_accuracy(model, (images, labels)) == float((model(images.bfloat16()).argmax(1) == labels).float().mean())
