@@ -182,6 +182,10 @@ def maximize(
     the steppers normalise each sample's gradient, so the scale of the loss does not matter.
     ``start`` (projected onto the ball) overrides the threat model's start: ``x`` itself, or a
     random point when ``threat.random_start``. Returns a detached tensor in the ball and in [0, 1].
+
+    The model runs in whatever mode it is in (a training step attacks in train mode for Wong et al.'s FGSM): call it
+    inside :func:`attack_mode` for batch norm's running statistics, as the recipes and the evaluation do; a model left
+    in train mode would have them updated by every step of the attack.
     """
     check_images(x, "images to attack")  # shape and dtype always; the range outside hot_loop() only
     stepper = threat.stepper()
@@ -203,7 +207,8 @@ def maximize(
 
 
 def pgd(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel, generator: torch.Generator | None = None) -> Tensor:
-    """Madry et al.'s PGD: maximise the cross-entropy of ``model`` (which takes [0, 1] images)."""
+    """Madry et al.'s PGD: maximise the cross-entropy of ``model`` (which takes [0, 1] images), in the model's current
+    mode (see :func:`maximize`; :func:`attack_mode` sets it)."""
     y = check_labels(y, x)
     return maximize(lambda z: F.cross_entropy(model(z), y, reduction="none"), x, threat, generator=generator)
 
