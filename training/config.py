@@ -258,10 +258,17 @@ def _sweep_free(override) -> str:
 
 
 def parse_overrides(arguments: Sequence[str]) -> list:
-    """Hydra's parse of command-line overrides (flags such as ``-m`` and ``--cfg`` left out)."""
+    """Hydra's parse of command-line overrides (flags such as ``-m`` and ``--cfg`` left out), with ``conf``'s config
+    loader, which a glob sweep over a config group (``experiment='glob(fig*)'``) reads the group's options from."""
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    return OverridesParser.create().parse_overrides([a for a in arguments if not a.startswith("-")])
+    lines = [a for a in arguments if not a.startswith("-")]
+    if GlobalHydra.instance().is_initialized():
+        return OverridesParser.create(config_loader=GlobalHydra.instance().config_loader()).parse_overrides(lines)
+    with initialize_config_module(config_module="conf", version_base=None):
+        return OverridesParser.create(config_loader=GlobalHydra.instance().config_loader()).parse_overrides(lines)
 
 
 def quoted(value) -> str:

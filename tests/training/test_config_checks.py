@@ -229,3 +229,11 @@ def test_every_command_shows_the_libraries_warnings():
         assert logging_config.root.handlers, name
     measure = compose("measure", with_hydra=True).hydra.job_logging  # warnings from every library, the trainer's notes too
     assert measure.root.level == "WARNING" and measure.loggers["training.trainer"].level == "INFO"
+
+
+def test_a_glob_sweep_over_a_config_group_is_checked_like_a_list():
+    """``model='glob(resnet*)'`` crashed the check with Hydra's "ConfigLoader is not set": the parser had no loader to
+    read the group's options from."""
+    assert check_overrides("train", ["-m", "model=glob(resnet*)"]).model.name == "resnet18"
+    with pytest.raises(ConfigError, match=r"'train.beta'.*in the sweep's jobs with train=pgd"):  # every matched recipe is composed
+        check_overrides("train", ["-m", "train=glob([mart,pgd])", "train.beta=6"])
