@@ -18,14 +18,19 @@ with ``groups=``: its jobs write apart without another level.
 from __future__ import annotations
 
 import hashlib
+import logging
 from pathlib import Path
 from typing import Iterable
 from urllib.parse import quote
 
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import OmegaConf
+
+log = logging.getLogger(__name__)
 
 # Keys that say where or how a job runs, not what it makes (a data folder decides what it makes: not here).
 RUN_LOCATION_KEYS = (
@@ -65,8 +70,32 @@ def job_name(overrides: Iterable[str], exclude: Iterable[str] = RUN_LOCATION_KEY
 def swept_keys(sweep_arguments: Iterable[str]) -> set[str]:
     """The keys that a sweep's arguments vary (``train.beta=1,3,6``, ``shard=range(4)``, ``glob(...)``),
     as Hydra's override parser reads them."""
-    parsed = OverridesParser.create().parse_overrides(list(sweep_arguments))
+    parsed = _parser().parse_overrides(list(sweep_arguments))
     return {o.key_or_group + (f"@{o.package}" if o.package else "") for o in parsed if o.is_sweep_override()}
+
+
+def _parser() -> OverridesParser:
+    """Hydra's override parser, with the running app's config loader where there is one (a glob sweep reads a config
+    group's options from it)."""
+    loaded = GlobalHydra.instance()
+    return OverridesParser.create(config_loader=loaded.config_loader() if loaded.is_initialized() else None)
+
+
+def is_job_of(job_overrides: Iterable[str], sweep_arguments: Iterable[str]) -> bool:
+    """Whether a job with ``job_overrides`` (one value per key) is one of the jobs of the sweep ``sweep_arguments``: the
+    same keys, each value one of the sweep's for that key (a glob that cannot be expanded here allows any value)."""
+    parser = _parser()
+    allowed: dict[str, set[str] | None] = {}
+    for o in parser.parse_overrides(list(sweep_arguments)):
+        if not o.is_sweep_override():
+            allowed[o.input_line.split("=", 1)[0]] = {o.get_value_element_as_str()}
+            continue
+        try:
+            allowed[o.input_line.split("=", 1)[0]] = set(o.sweep_string_iterator())
+        except HydraException:  # glob without a config loader
+            allowed[o.input_line.split("=", 1)[0]] = None
+    job = {o.input_line.split("=", 1)[0]: o.get_value_element_as_str() for o in parser.parse_overrides(list(job_overrides))}
+    return job.keys() == allowed.keys() and all(values is None or job[key] in values for key, values in allowed.items())
 
 
 def _sweep_arguments(hydra_cfg) -> list[str] | None:
@@ -93,11 +122,14 @@ def job_path(base: str | Path, exclude: Iterable[str] = RUN_LOCATION_KEYS, group
         return Path(base)
     overrides = list(hydra_cfg.overrides.task)
     arguments = _sweep_arguments(hydra_cfg)
-    if arguments is not None:
+    if arguments is not None and not is_job_of(overrides, arguments):
+        log.warning("%s/multirun.yaml is another sweep's (two sweeps started in the same second share the folder): this job's "
+                    "folder is named after all its overrides; give each sweep its own hydra.sweep.dir", hydra_cfg.sweep.dir)
+    elif arguments is not None:
         swept = swept_keys(arguments)
         overrides = [o for o in overrides if _key(o) in swept]
     name = job_name(overrides, exclude, groups)
     return Path(base) / name if name else Path(base)
 
 
-__all__ = ["RUN_LOCATION_KEYS", "is_run_location", "job_name", "job_path", "swept_keys"]
+__all__ = ["RUN_LOCATION_KEYS", "is_job_of", "is_run_location", "job_name", "job_path", "swept_keys"]

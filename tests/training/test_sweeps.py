@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from stimuli import load_set
-from training.sweeps import job_name, job_path, swept_keys
+from training.sweeps import is_job_of, job_name, job_path, swept_keys
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -56,6 +56,45 @@ def test_job_name_cuts_long_names_but_keeps_them_apart():
 
 def test_job_path_is_the_configured_place_outside_a_multirun(tmp_path):
     assert job_path(tmp_path / "runs") == tmp_path / "runs"
+
+
+def _as_multirun_job(monkeypatch, sweep_dir: Path, job_overrides: list[str]) -> None:
+    """``job_path`` called as from a multirun job with ``job_overrides`` (Hydra's HydraConfig stood in for)."""
+    from hydra.types import RunMode
+
+    import training.sweeps as sweeps
+
+    hydra_cfg = OmegaConf.create({"mode": RunMode.MULTIRUN.name, "sweep": {"dir": str(sweep_dir)}, "runtime": {"cwd": str(sweep_dir)},
+                                  "overrides": {"task": job_overrides}})
+    hydra_cfg.mode = RunMode.MULTIRUN
+    monkeypatch.setattr(sweeps, "HydraConfig", type("Running", (), {"initialized": staticmethod(lambda: True), "get": staticmethod(lambda: hydra_cfg)}))
+
+
+def _write_multirun_yaml(sweep_dir: Path, arguments: list[str]) -> None:
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.create({"hydra": {"overrides": {"task": arguments}, "sweeper": {"params": None}}}), sweep_dir / "multirun.yaml")
+
+
+def test_a_job_whose_multirun_yaml_is_another_sweeps_is_named_after_all_its_overrides(tmp_path, caplog, monkeypatch):
+    """Two sweeps started in the same second share Hydra's multirun/<date>/<time> folder, and the later one's
+    multirun.yaml named the earlier one's jobs after the later one's swept keys: train.beta=1,3 with train.epochs=5 read
+    as a sweep over epochs put both of its jobs in train.epochs=5."""
+    sweep_dir = tmp_path / "multirun" / "12-00-00"
+    _write_multirun_yaml(sweep_dir, ["train.beta=1,3", "train.epochs=5"])
+    _as_multirun_job(monkeypatch, sweep_dir, ["train.beta=3", "train.epochs=5"])
+    assert job_path(tmp_path / "runs") == tmp_path / "runs" / "train.beta=3"  # its own sweep: the swept key alone
+    _write_multirun_yaml(sweep_dir, ["train.beta=1", "train.epochs=5,10"])  # the other sweep, started in the same second
+    with caplog.at_level("WARNING", logger="training.sweeps"):
+        assert job_path(tmp_path / "runs") == tmp_path / "runs" / "train.beta=3,train.epochs=5"
+    assert "multirun.yaml is another sweep's" in caplog.text
+
+
+def test_a_job_belongs_to_a_sweep_when_it_has_its_keys_and_one_of_its_values_for_each():
+    arguments = ["train=trades", "train.beta=1,3,6", "shard=range(2)", "train.attack.eps=8/255,16/255", "+x=[1,2]", "model=glob(res*)"]
+    assert is_job_of(["train=trades", "train.beta=6", "shard=1", "train.attack.eps=16/255", "+x=[1,2]", "model=resnet18"], arguments)
+    assert not is_job_of(["train=trades", "train.beta=2", "shard=1", "train.attack.eps=16/255", "+x=[1,2]", "model=resnet18"], arguments)
+    assert not is_job_of(["train=pgd", "train.beta=6", "shard=1", "train.attack.eps=16/255", "+x=[1,2]", "model=resnet18"], arguments)
+    assert not is_job_of(["train=trades", "train.beta=6", "shard=1", "train.attack.eps=16/255", "+x=[1,2]"], arguments)  # a key fewer
 
 
 def test_training_sweep_gives_each_job_its_own_run(tmp_path):
