@@ -133,7 +133,7 @@ def write_outputs(data: dict, unknown: dict | None, out: Path, conditions: Seque
     ranges = {name: metric.value_range for name, metric in PAIR_METRIC_REGISTRY.items()}
     for metric, matrix in data["aggregated"].items():
         lo, hi = ranges.get(metric, (0, 1))
-        figures.append(heatmap(matrix, systems, figures_dir / f"heatmap_{metric}.png", f"{metric} (mean over conditions)", vmin=lo, vmax=hi))
+        figures.append(heatmap(matrix, systems, figures_dir / f"heatmap_{metric}.png", f"{metric} (mean over generators)", vmin=lo, vmax=hi))
     if per_condition_figures:
         for condition, matrices in data["per_condition"].items():
             for metric, matrix in matrices.items():
@@ -199,8 +199,12 @@ def summary_markdown(data: dict, unknown: dict | None, figures: Sequence[str]) -
     metrics = ranking["ranked_metrics"]["all"] + ["soc"]
     lines += ["", "## Models against the observer panel", "",
               "Accuracy difference, observed and error consistency in model-vs-human's nesting (subjects as the humans); "
-              "the other metrics are the panel mean of the condition-averaged pairwise values. Mean rank 1 is the most "
-              "observer-like (model-vs-human's ranking: accuracy difference, observed and error consistency).", "",
+              "the other metrics are the panel mean of the condition-averaged pairwise values (each generator's conditions "
+              "averaged, then the generators). Mean rank 1 is the most observer-like (model-vs-human's ranking: accuracy "
+              "difference, observed and error consistency).", "",
+              *(["Left out of the averages and the ranking, as model-vs-human's table leaves them out (controls, humans under 20 %): "
+                 + ", ".join(name for names in data["excluded"].values() for name in names) + " (metrics.benchmark_exclusions=false keeps them).", ""]
+                if data.get("excluded") else []),
               "| Model | " + " | ".join(metrics) + " | mean rank (mvh) | mean rank (all) |", "|---" * (len(metrics) + 3) + "|"]
     for m in models:
         lines.append(f"| {m} | " + " | ".join(_fmt(ranking["values"][m].get(k)) for k in metrics)

@@ -9,11 +9,15 @@ condition (:mod:`stimuli.distortions`). From their answers, per condition and av
   agreement, class-level error similarity (CLES), softmax-output similarity over all images (SOC) and over the
   joint errors (SOCE) (Xu et al., "Measuring Error Alignment"); linear CKA of penultimate features (Kornblith
   et al., ICML 2019; models only: the observers have no feature space of that kind);
-* pairwise matrices over all systems (models and subjects) with heatmaps; the condition average is the mean
-  over conditions of each entry, skipping undefined (NaN) values, as model-vs-human averages over conditions;
+* pairwise matrices over all systems (models and subjects) with heatmaps; the condition average is, as in
+  model-vs-human, the mean over each generator's conditions (an experiment of the benchmark) and then over
+  generators, skipping undefined (NaN) values: a generator with 8 levels weighs as much as one with 2;
 * model-vs-observer values in model-vs-human's nesting (:func:`perceptual.metrics.aggregate_trials`, the
-  subjects playing the humans) and the models' mean rank over accuracy difference (lower is better),
-  observed consistency and error consistency (model-vs-human's benchmark ranking), and over all metrics;
+  subjects playing the humans, each generator an experiment) and the models' mean rank over accuracy difference
+  (lower is better), observed consistency and error consistency (model-vs-human's benchmark ranking), and over
+  all metrics. With ``metrics.benchmark_exclusions`` (the default) the averages and the ranking leave out the
+  conditions the benchmark's table leaves out (:data:`BENCHMARK_EXCLUDED_PARAMETERS`: the controls and the levels
+  where its humans score under 20 %); the per-condition numbers keep every condition;
 * the Spearman correlation between metrics over the distinct system pairs (Xu et al.'s analysis), and its global vs
   average form with the conditions as families and per-condition z-scores (:mod:`perceptual.error_alignment`).
 
@@ -36,7 +40,8 @@ Output directory (``out``)::
 
     conditions/<condition>/    one stimulus set per condition (stimuli's format; reused when unchanged)
     cache/                     model outputs, observer distances and unknown results, keyed by what made them
-    trials.csv                 every trial: subject, dataset, condition, image_id, category, response, correct
+    trials.csv                 every trial: subject, dataset (the generator: the benchmark's experiment), condition,
+                               image_id, category, response, correct
     metrics.json               every number above, and where each model came from (model_sources: checkpoint, weights
                                hash); unknown.json: the unknown report
     error_alignment.json       global, z-scored global and average Spearman between metrics; error_alignment_pairs.csv
@@ -63,9 +68,11 @@ recomputes only the metrics and reports, which are cheap. All files are written 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Sequence
 
 import hydra
 import numpy as np
@@ -99,6 +106,39 @@ from ..scores import DeepEnsemble, ModelOutputs, check_score_settings, make_scor
 
 log = logging.getLogger(__name__)
 NOISE_SETS = ("noise:gaussian", "noise:uniform")
+
+
+# model-vs-human's excluded conditions (perceptual.metrics.MVH_EXCLUDED_CONDITIONS) on this toolkit's grids
+# (stimuli.distortions.GRIDS): generator -> parameters. Its colour "cr", contrast "c100", power-equalisation "0" and
+# false-colour "True" are the undistorted controls, here colour, 1.0, original and true.
+BENCHMARK_EXCLUDED_PARAMETERS: Mapping[str, tuple] = MappingProxyType({
+    "colour": ("colour",),
+    "contrast": (1.0, 0.03, 0.01),
+    "high_pass": (math.inf, 0.55, 0.45, 0.4),
+    "low_pass": (0.0, 15.0, 40.0),
+    "phase_noise": (0.0, 150.0, 180.0),
+    "power_equalisation": ("original",),
+    "opponent_colour": ("true",),
+    "rotation": (0.0,),
+    "uniform_noise": (0.0, 0.6, 0.9),
+})
+
+
+def benchmark_excluded(conditions: Sequence[Distortion]) -> dict[str, list[str]]:
+    """``{generator: [condition name, ...]}`` of the ``conditions`` that model-vs-human's table leaves out."""
+    excluded: dict[str, list[str]] = {}
+    for condition in conditions:
+        if condition.parameter in BENCHMARK_EXCLUDED_PARAMETERS.get(condition.generator, ()):
+            excluded.setdefault(condition.generator, []).append(condition.name)
+    return excluded
+
+
+def nested_mean(values: Mapping[str, Any], generator_of: Mapping[str, str], mean: Callable[[list], Any]) -> Any:
+    """``mean`` over generators of ``mean`` over each generator's conditions (``values``: condition name -> value)."""
+    by_generator: dict[str, list] = {}
+    for name, value in values.items():
+        by_generator.setdefault(generator_of[name], []).append(value)
+    return mean([mean(group) for group in by_generator.values()])
 
 
 def _file_name(text: str) -> str:
@@ -140,14 +180,19 @@ class ComparePipeline:
         self.reference_size = reference_size
         self.observer_spec = (observers, observer_net, lpips_weights)
         self.decision_cfg = _with_defaults("decisions", {"seeds": [0, 1, 2], "exemplars_per_class": 10, "k": 5, "lapse": 0.05, "noise": 0.5}, decisions)
-        self.metric_cfg = _with_defaults("metrics", {"cles_variant": "paper", "on_undefined": "nan", "per_condition_figures": False}, metrics)
+        self.metric_cfg = _with_defaults("metrics", {"cles_variant": "paper", "on_undefined": "nan", "per_condition_figures": False,
+                                                     "benchmark_exclusions": True}, metrics)
         self.unknown_cfg = _with_defaults("unknown", {"enabled": True, "scores": ["max_softmax", "negative_entropy", "energy", "odin", "mahalanobis",
                                                                           "knn", "react"],
                                                       "score_params": {}, "ood": ["noise:gaussian", "noise:uniform"], "n_fit": 2000, "ensemble": True},
                                           unknown)
-        for key, choices in (("cles_variant", ("paper", "jsd")), ("on_undefined", ("nan", "one"))):
+        for key, choices in (("cles_variant", ("paper", "jsd")), ("on_undefined", ("nan", "one")), ("benchmark_exclusions", (True, False))):
             if self.metric_cfg[key] not in choices:
                 raise ValueError(f"metrics.{key} must be one of {choices}, got {self.metric_cfg[key]!r}")
+        self.excluded = benchmark_excluded(self.conditions) if self.metric_cfg["benchmark_exclusions"] else {}
+        if all(c.name in self.excluded.get(c.generator, ()) for c in self.conditions):
+            raise ValueError(f"every condition ({[c.name for c in self.conditions]}) is one model-vs-human's table leaves out (a control, or "
+                             "humans under 20 %): nothing is left to average or rank; add others, or set metrics.benchmark_exclusions=false")
         self._check_unknown_config()
         self._check_panel_config(observers)
         self.progress = bool(progress)
@@ -279,7 +324,8 @@ class ComparePipeline:
             per_system: dict[str, Responses] = {}
             for label in self.models:
                 outputs = self._outputs(label, stimulus_set.fingerprint, images, f"condition-{distortion.name}")
-                tables.append(model_trials(label, outputs.logits, self.labels, self.image_ids, self.classes, self.dataset, distortion.name))
+                # each generator is an experiment, as in the benchmark's trials (its "dataset" column): the ranking nests by it
+                tables.append(model_trials(label, outputs.logits, self.labels, self.image_ids, self.classes, distortion.generator, distortion.name))
                 features = outputs.features.double().numpy() if outputs.features is not None else None
                 per_system[label] = Responses(outputs.logits.argmax(1).numpy(), outputs.logits.double().softmax(1).numpy(), features)
             distances = {}
@@ -287,7 +333,7 @@ class ComparePipeline:
                 key = cache_key(observer_keys[observer.name], getattr(observer, "seed", None), stimulus_set.fingerprint)
                 path = self.out / "cache" / "observers" / observer_slug(observer.name) / f"{distortion.name}.safetensors"
                 distances[observer.name] = cached_tensors(path, key, lambda o=observer, x=images: {"distances": self.decider.distances(x, o)})["distances"]
-            table, probabilities = self.decider.decide(distances, self.image_ids, self.labels, dataset=self.dataset, condition=distortion.name)
+            table, probabilities = self.decider.decide(distances, self.image_ids, self.labels, dataset=distortion.generator, condition=distortion.name)
             tables.append(table)
             for subject in self.decider.subject_names:
                 answers = table.loc[table["subject"] == subject, "response"].map({c: i for i, c in enumerate(self.classes)}).to_numpy()
@@ -304,15 +350,19 @@ class ComparePipeline:
             per_condition[name] = pairwise_matrices(ordered, self.labels, len(self.classes), cles_variant=self.metric_cfg["cles_variant"],
                                                     on_undefined=self.metric_cfg["on_undefined"])
             accuracy[name] = {s: float(np.mean(r.predictions == self.labels)) for s, r in ordered.items()}
-        aggregated = {metric: nanmean_matrices([per_condition[c][metric] for c in per_condition]) for metric in PAIR_METRIC_REGISTRY}
+        generator_of = {c.name: c.generator for c in self.conditions}
+        excluded = {name for names in self.excluded.values() for name in names}
+        ranked = [c for c in per_condition if c not in excluded]
+        aggregated = {metric: nested_mean({c: per_condition[c][metric] for c in ranked}, generator_of, nanmean_matrices) for metric in PAIR_METRIC_REGISTRY}
         return {
             "systems": systems, "models": models, "subjects": subjects,
             "accuracy": accuracy,
-            "accuracy_mean": {s: float(np.nanmean([accuracy[c][s] for c in accuracy])) for s in systems},
+            "accuracy_mean": {s: float(nested_mean({c: accuracy[c][s] for c in ranked}, generator_of, np.nanmean)) for s in systems},
             "per_condition": per_condition,
             "aggregated": aggregated,
+            "excluded": self.excluded,
             "diagonal": {name: metric.diagonal for name, metric in PAIR_METRIC_REGISTRY.items()},
-            "ranking": rankings(trials, aggregated, systems, models, subjects, self.metric_cfg["on_undefined"]),
+            "ranking": rankings(trials, aggregated, systems, models, subjects, self.metric_cfg["on_undefined"], exclude=self.excluded),
             "spearman_between_metrics": metric_correlations(aggregated),
         }
 

@@ -91,7 +91,7 @@ def _overrides(out, checkpoints) -> list[str]:
         f"{{name:small_cnn,checkpoint:'{checkpoints[label]}',label:{label},kwargs:{{width:8}}}}" for label in ("early", "trained")
     )
     return [
-        f"out={out}", f"models=[{models}]", "n_images=30", 'conditions=["colour=greyscale","uniform_noise=0.6"]',
+        f"out={out}", f"models=[{models}]", "n_images=30", 'conditions=["colour=greyscale","uniform_noise=0.35"]',
         "observers=[lpips-random-backbone,pixel-l2]", "decisions.seeds=[0,1]", "decisions.exemplars_per_class=3",
         "decisions.k=3", "unknown.n_fit=200", "unknown.scores=[max_softmax,energy,mahalanobis,knn,react,mc_dropout]",
         "unknown.score_params.mc_dropout.passes=2", "unknown.score_params.mc_dropout.insert_dropout=0.2",
@@ -117,10 +117,10 @@ def test_end_to_end_outputs_trials_and_condition_sets(compared):
     assert strict["systems"] == data["systems"] and len(data["systems"]) == 6
     trials = pd.read_csv(out / "trials.csv")
     assert tuple(trials.columns) == TRIAL_TABLE_COLUMNS and len(trials) == 6 * 2 * 30
-    assert set(trials["subject"]) == set(data["systems"]) and set(trials["condition"]) == {"colour=greyscale", "uniform_noise=0.6"}
+    assert set(trials["subject"]) == set(data["systems"]) and set(trials["condition"]) == {"colour=greyscale", "uniform_noise=0.35"}
     assert data["accuracy"]["colour=greyscale"]["trained"] > 0.6  # digits are grey already (test accuracy 0.825-0.905 over seeds 0-5)
-    assert data["accuracy"]["colour=greyscale"]["trained"] > data["accuracy"]["uniform_noise=0.6"]["trained"]
-    condition_set = stimuli.load_set(out / "conditions" / "uniform_noise=0.6")
+    assert data["accuracy"]["colour=greyscale"]["trained"] > data["accuracy"]["uniform_noise=0.35"]["trained"]
+    condition_set = stimuli.load_set(out / "conditions" / "uniform_noise=0.35")
     assert condition_set.kind == "condition" and condition_set.parameters["generator"] == "uniform_noise"
     assert len(condition_set) == 30 and set(condition_set.manifest["role"]) == {"query"}
     sources = strict["model_sources"]  # were overwritten by the list of labels: no checkpoint or weights hash was recorded
@@ -135,7 +135,7 @@ def test_end_to_end_outputs_trials_and_condition_sets(compared):
                     "## Error alignment"):
         assert heading in summary
     alignment = json.loads((out / "error_alignment.json").read_text())
-    assert alignment["families"] == ["colour=greyscale", "uniform_noise=0.6"] and "error_consistency" in alignment["metrics"]
+    assert alignment["families"] == ["colour=greyscale", "uniform_noise=0.35"] and "error_consistency" in alignment["metrics"]
     for figure in alignment["figures"]:
         assert (out / figure).is_file(), figure
 
@@ -406,3 +406,73 @@ def test_a_model_without_a_penultimate_layer_is_compared_on_its_logits(tmp_path,
                     observers=["pixel-l2"], progress=False, unknown={"enabled": False}).run()
     assert sorted(p.name for p in figures.glob("*unknown*")) == [] and not (tmp_path / "out" / "unknown.json").exists()
     assert (figures / "accuracy_contrast.png").is_file() and not (figures / "accuracy_colour.png").exists()
+
+
+def _constructed_behaviour(benchmark_exclusions: bool) -> dict:
+    """``_behaviour`` on constructed answers: the model is right everywhere but on greyscale; the subject is right
+    everywhere but on contrast=1 (the benchmark's excluded control)."""
+    from types import SimpleNamespace
+
+    pipeline = ComparePipeline([ModelSpec("small_cnn", label="m")], {"name": "digits", "root": None}, "unused", conditions=["contrast", "colour"],
+                               observers=["pixel-l2"], progress=False, metrics={"benchmark_exclusions": benchmark_exclusions})
+    labels = np.array([0, 1, 0, 1])
+    pipeline.labels, pipeline.classes, pipeline.models = labels, ["zero", "one"], {"m": None}
+    pipeline.decider = SimpleNamespace(subject_names=["subject-s"])
+    wrong_on = {"m": "colour=greyscale", "subject-s": "contrast=1"}
+    responses, rows = {}, []
+    for condition in pipeline.conditions:
+        responses[condition.name] = {}
+        for system in ("m", "subject-s"):
+            predictions = 1 - labels if condition.name == wrong_on[system] else labels
+            responses[condition.name][system] = Responses(predictions, np.eye(2)[predictions])
+            rows += [{"subject": system, "dataset": condition.generator, "condition": condition.name, "image_id": i,
+                      "correct": bool(predictions[i] == labels[i])} for i in range(4)]
+    return pipeline._behaviour(pd.DataFrame(rows), responses)
+
+
+def test_the_panel_ranking_averages_each_generators_conditions_then_the_generators_without_the_benchmarks_exclusions():
+    """Every condition weighed the same: contrast's 8 levels counted four times colour's 2, and the controls
+    (contrast=1, colour=colour, ...) that model-vs-human's table leaves out were ranked."""
+    data = _constructed_behaviour(benchmark_exclusions=True)
+    assert data["excluded"] == {"contrast": ["contrast=1", "contrast=0.03", "contrast=0.01"], "colour": ["colour=colour"]}
+    # ranked: contrast 0.5 ... 0.05 (both right) and greyscale (the model wrong): |difference| 0 and 1, one per generator
+    assert data["ranking"]["values"]["m"]["accuracy_difference"] == pytest.approx(0.5)
+    assert data["accuracy_mean"]["m"] == pytest.approx(0.5) and data["accuracy_mean"]["subject-s"] == pytest.approx(1.0)
+    systems = data["systems"]
+    observed = data["aggregated"]["observed_consistency"][systems.index("m"), systems.index("subject-s")]
+    assert observed == pytest.approx(0.5)  # agree on every ranked contrast level, disagree on greyscale
+    assert set(data["accuracy"]) == {c.name for c in parse_conditions(["contrast", "colour"], 224)}  # per condition: all kept
+
+    everything = _constructed_behaviour(benchmark_exclusions=False)
+    assert everything["excluded"] == {}
+    # contrast: the model and subject differ on 1 of 8 levels; colour: on 1 of 2 -> (1/8 + 1/2) / 2, not (1 + 1) / 10
+    assert everything["ranking"]["values"]["m"]["accuracy_difference"] == pytest.approx((1 / 8 + 1 / 2) / 2)
+    assert everything["accuracy_mean"]["m"] == pytest.approx((1 + 1 / 2) / 2)
+
+
+def test_conditions_that_are_all_excluded_are_refused_before_any_work(tmp_path):
+    with pytest.raises(ValueError, match=r"every condition .*'contrast=1', 'rotation=0'.* leaves out.*metrics.benchmark_exclusions=false"):
+        ComparePipeline([ModelSpec("small_cnn", label="m")], {"name": "digits", "root": None}, tmp_path, conditions=["contrast=1", "rotation=0"],
+                        observers=["pixel-l2"])
+    with pytest.raises(ValueError, match=r"metrics.benchmark_exclusions must be one of \(True, False\)"):
+        ComparePipeline([ModelSpec("small_cnn", label="m")], {"name": "digits", "root": None}, tmp_path, conditions=["contrast"],
+                        observers=["pixel-l2"], metrics={"benchmark_exclusions": "yes"})
+
+
+def test_the_benchmark_exclusions_are_model_vs_humans_on_this_toolkits_grids():
+    from perceptual.metrics import MVH_EXCLUDED_CONDITIONS
+    from perceptual.pipelines.compare import BENCHMARK_EXCLUDED_PARAMETERS
+    from stimuli.distortions import GRIDS
+
+    experiment_of = {"colour": "colour", "contrast": "contrast", "high_pass": "high-pass", "low_pass": "low-pass", "phase_noise": "phase-scrambling",
+                     "power_equalisation": "power-equalisation", "opponent_colour": "false-colour", "rotation": "rotation",
+                     "uniform_noise": "uniform-noise"}
+    assert set(BENCHMARK_EXCLUDED_PARAMETERS) == set(experiment_of) == set(GRIDS)
+    for generator, parameters in BENCHMARK_EXCLUDED_PARAMETERS.items():
+        assert set(parameters) <= set(GRIDS[generator]), generator  # spelt as the grid spells them
+        theirs = MVH_EXCLUDED_CONDITIONS[experiment_of[generator]]
+        assert len(parameters) == len(theirs), generator
+        if generator == "contrast":  # c100 = 100 % contrast
+            assert sorted(parameters) == sorted(int(c[1:]) / 100 for c in theirs)
+        elif isinstance(parameters[0], float):
+            assert sorted(parameters) == sorted(float(c) for c in theirs), generator
