@@ -183,6 +183,7 @@ def observe_set(
     With ``only_results`` (result ids, e.g. the converged ones) each entry also holds ``"restricted"``: the same
     summary over the trials whose query is one of those results (a clustering row is one result)."""
     images = quantize_8bit(stimulus_set.images) if judge_8bit else stimulus_set.images
+    pixels = stimuli.sets.tensor_sha256(images)
     id_to_row = {image_id: i for i, image_id in enumerate(stimulus_set.manifest["id"])}
     hard_distance = None
     results: dict[str, dict] = {}
@@ -193,7 +194,8 @@ def observe_set(
         if task == "clustering_hard" and hard_distance is None:
             first = panel.observers[0]
             hard_distance = lambda x, o=first: o.matrix(quantize_8bit(x) if judge_8bit else x)  # noqa: E731
-        trial_key = cache_key(stimulus_set.fingerprint, task, seed, attention_rate,
+        # the pixels judged, not only the settings that made them: a set made again (deleted, or on other hardware) keeps its fingerprint
+        trial_key = cache_key(stimulus_set.fingerprint, pixels, task, seed, attention_rate,
                               fingerprints[panel.observers[0].name] if task == "clustering_hard" else None,
                               *(["checks-v2"] if attention_rate else []),  # v2: a rate that rounds to no check gives one
                               *(["distinct-triplets"] if task == "clustering_hard" else []))  # no hard triplet twice while another is free

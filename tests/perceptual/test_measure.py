@@ -536,3 +536,23 @@ def test_panel_scores_by_seed_type_on_constructed_judgements():
     # an observer without a seed type's score (a cached summary from before by_seed_type) leaves the mean to the others
     one = panel_scores_by_seed_type({"2afc": {"a": result(0.2, 0.6), "b": {"overall": {"accuracy": 0.5}}}})
     assert one["noise"]["2afc"]["mean"] == pytest.approx(0.2) and math.isnan(one["noise"]["2afc"]["observers"]["b"])
+
+
+def test_judgements_are_cached_by_the_pixels_judged_not_only_the_sets_fingerprint(tmp_path, tiny_checkpoints):
+    """A set made again keeps its fingerprint (the settings that made it) while its pixels may differ (deleted and
+    inverted anew, other hardware): keyed by the fingerprint alone, the new pixels were served the old judgements."""
+    import dataclasses
+
+    from perceptual.measure import observe_set
+    from stimuli import load_set
+
+    data = run_pipeline(tmp_path / "report", tiny_checkpoints, tasks=["2afc"])
+    stimulus_set = load_set(data["models"]["narrow"]["set"])
+    results = torch.tensor((stimulus_set.manifest["role"] == "result").to_numpy())
+    made_again = dataclasses.replace(stimulus_set, images=torch.where(results[:, None, None, None], 1 - stimulus_set.images, stimulus_set.images))
+    assert made_again.fingerprint == stimulus_set.fingerprint
+    panel = Panel([PixelL2Observer()])
+    first = observe_set(stimulus_set, panel, tmp_path / "shared", tasks=["2afc"])
+    again = observe_set(made_again, panel, tmp_path / "shared", tasks=["2afc"])
+    fresh = observe_set(made_again, panel, tmp_path / "fresh", tasks=["2afc"])
+    assert again == fresh and again != first
