@@ -55,6 +55,8 @@ def percentile_interval(draws: Sequence[float] | np.ndarray, level: float) -> tu
     return float(np.quantile(draws, tail)), float(np.quantile(draws, 1 - tail))
 
 
+ROUND_DECIMALS = 12  # paired differences are rounded to this many decimals: summation noise is not a difference
+
 # Fewer differences than this never reach p < 0.05 in the two-sided sign-flip test: all n agreeing in sign gives 2 / 2^n.
 SIGN_FLIP_MIN_N = 6
 
@@ -138,8 +140,10 @@ def paired_difference(a: PerTarget, b: PerTarget, *, trials_a: PerTarget | None 
     def difference(obs_w: np.ndarray, tgt_w: np.ndarray) -> np.ndarray:
         return _panel_accuracy(credit_a, counts_a, obs_w, tgt_w) - _panel_accuracy(credit_b, counts_b, obs_w, tgt_w)
 
-    boots = difference(observer_weights, target_weights)
-    point = float(difference(np.ones((1, len(observers))), np.ones((1, len(targets))))[0])
+    # Rounded far below any score's resolution: a difference that is 0 came out as 1e-17 in one summation order, and a
+    # lower bound of that size "separated" two models.
+    boots = np.round(difference(observer_weights, target_weights), ROUND_DECIMALS)
+    point = float(np.round(difference(np.ones((1, len(observers))), np.ones((1, len(targets)))), ROUND_DECIMALS)[0])
     low, high = percentile_interval(boots, level)
     return {"difference": point, "ci_low": low, "ci_high": high, "level": level,
             "separated": bool((low > 0 or high < 0) and len(targets) >= SIGN_FLIP_MIN_N), "n_targets": len(targets),

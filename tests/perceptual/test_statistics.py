@@ -196,3 +196,11 @@ def test_a_report_without_trial_counts_weighs_targets_the_same_and_says_so(caplo
         r = measurement_statistics(old, tasks=("clustering",), n_boot=50)["paired_differences"]["clustering"]["a - b"]
     assert r["difference"] == pytest.approx(0.4) and r["weighting"] == "targets"
     assert "without per-target trial counts" in caplog.text
+
+
+def test_a_zero_difference_is_zero_not_summation_noise():
+    """(0.1 + 0.2) + 0.3 and (0.3 + 0.2) + 0.1 differ in the last bit: the difference came out as 5.6e-17, and a bootstrap
+    lower bound of 1.4e-17 marked two models as separated (README Fig. 7: "+12.0 [+0.0, +24.5] *")."""
+    a, b = {"o": {"t0": 0.1, "t1": 0.2, "t2": 0.3}}, {"o": {"t0": 0.3, "t1": 0.2, "t2": 0.1}}
+    r = paired_difference(a, b, n_boot=500)
+    assert r["difference"] == 0.0 and r["ci_low"] <= 0.0 <= r["ci_high"] and not r["separated"]
