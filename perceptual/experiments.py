@@ -233,7 +233,7 @@ def grid_result(data: Mapping, variants: Sequence[Variant], tasks: Sequence[str]
     architectures = list(dict.fromkeys(v.architecture for v in variants))
     trainings = list(dict.fromkeys(v.training for v in variants))
     by_cell = {(v.architecture, v.training): v for v in variants}
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.8), squeeze=False, layout="constrained")  # room for the two-line title
     width = 0.8 / len(trainings)
     for ax, task in zip(axes[0], tasks):
         for j, training in enumerate(trainings):
