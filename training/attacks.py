@@ -250,8 +250,8 @@ def _batch_norms(module: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
 
 @contextlib.contextmanager
 def bn_mode(module: nn.Module, mode: str) -> Iterator[None]:
-    """Run an attack with batch norm in ``eval`` mode (running statistics, as Madry et al., TRADES and
-    MART do) or ``train`` mode (batch statistics, as Wong et al.'s FGSM) without updating the running
+    """Run an attack with batch norm in ``eval`` mode (running statistics, as the ``robustness`` library, TRADES and
+    MART do) or ``train`` mode (batch statistics, as Wong et al.'s FGSM and Madry et al.'s own code) without updating the running
     statistics. Every submodule's own training flag is restored afterwards (a frozen batch norm stays frozen)."""
     check_bn_mode(mode)
     with kept_training_flags(module):

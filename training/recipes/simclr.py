@@ -7,9 +7,12 @@ Linear-BN-ReLU-Linear to 128 dimensions, NT-Xent with temperature 0.5, LARS or S
 
 Adversarial SimCLR: before each step both views are perturbed within an L2 ball (eps 1, 5 steps
 of 0.5 by default) to *maximise* the contrastive loss, and the encoder is trained on the perturbed
-views (the "adversarial-to-adversarial" contrastive attack of Kim et al., RoCL, NeurIPS 2020 and
-Jiang et al., ACL, NeurIPS 2020). The attack uses batch statistics with the running statistics
-frozen (``attack_bn: train``), because eval-mode statistics are poor early in contrastive training.
+views: the "A2A" (adversarial-to-adversarial) variant of Jiang et al., ACL, NeurIPS 2020 (their paper's; their
+released code implements only the dual-stream variant, clean and adversarial branches with separate batch norms).
+Kim et al.'s RoCL (NeurIPS 2020) differs: it perturbs one view and trains on both clean views and the adversarial
+one. Both references attack with Linf eps 8/255 in eval mode; here the threat is L2 (``train.attack``, eps 1 as
+the digits presets use) and the attack uses batch statistics with the running statistics frozen
+(``attack_bn: train``), because eval-mode statistics are poor early in contrastive training.
 
 The encoder is a :class:`~training.representation.Representation` of the zoo classifier, so the
 trained network is the classifier's own ``net``: after pre-training, :func:`linear_probe` fits the

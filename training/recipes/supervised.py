@@ -1,7 +1,9 @@
 """Supervised recipes: standard cross-entropy, PGD adversarial training, TRADES and MART.
 
-Each attack runs on the bare classifier with batch norm in eval mode (running statistics), as in
-the reference code of all three methods, and the training forward runs in train mode. With
+Each attack runs on the bare classifier with batch norm in eval mode (running statistics), as the
+``robustness`` library's PGD training and the reference code of TRADES and MART do (Madry et al.'s own
+``cifar10_challenge`` attacked its train-mode model: ``attack_bn: train`` is that, without its updates of the
+running statistics), and the training forward runs in train mode. With
 ``fold_bn`` (the default) the attack differentiates the classifier with its batch norms folded into
 the convolutions (``training.folding``): the same function, fewer operations per attack step.
 """
@@ -110,7 +112,10 @@ class TradesRecipe(_InnerMaxRecipe):
     ball and then the image box (as the ``robustness`` library), where the reference clamps to the box and
     then renormalises (with saturated pixels the two give different points), and a zero gradient gives a zero
     step (the reference replaces it with a random direction); the natural logits of the outer loss are reused
-    for its KL instead of a second forward pass."""
+    for its KL instead of a second forward pass. The loss and its gradients are the same, but batch norm's
+    running statistics see one natural and one adversarial batch per step, where the reference's three train-mode
+    forwards (natural, adversarial, natural) weigh the natural batch twice; the evaluated model's statistics
+    differ slightly from the reference's."""
 
     name = "trades"
 
