@@ -283,10 +283,22 @@ def _worker_id(submission: Mapping) -> str:
     return str(submission.get("worker_id") or "").strip()
 
 
+def _assignment_id(submission: Mapping) -> str:
+    """The MTurk assignment a submission belongs to (the batch row's, or the page's own record); empty outside MTurk."""
+    value = submission.get("assignment_id")
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value).strip()
+
+
 def _answer_signature(submission: Mapping) -> tuple:
     """What a submission answered, whatever file it came from (the page's JSON or CSV download, an MTurk row): copies of
     one attempt have the same signature."""
     return tuple(sorted((str(a.get("trial_id")), str(a.get("row")), str(a.get("choice"))) for a in submission.get("answers") or []))
+
+
+def _started_at(submission: Mapping) -> str:
+    """The page's ``started_at`` (ISO time) as text; empty where the file has none (an empty CSV cell reads as NaN)."""
+    value = submission.get("started_at")
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value).strip()
 
 
 def _row_number(value) -> int:
@@ -311,15 +323,22 @@ def _earliest_attempts(submissions: Sequence[Mapping], exclude: Callable[[str, M
         by_key.setdefault((_worker_id(sub), sub["survey_id"]), []).append(index)
     kept = []
     for indices in by_key.values():
+        # An attempt: the same answers begun at the same time (two attempts can give the same answers); a copy from a file
+        # that keeps no started_at belongs to the earliest attempt with its answers.
         attempts: dict[tuple, list[int]] = {}
         for index in indices:
-            attempts.setdefault(_answer_signature(submissions[index]), []).append(index)
+            attempts.setdefault((_answer_signature(submissions[index]), _started_at(submissions[index])), []).append(index)
+        for signature, started in [key for key in attempts if not key[1]]:
+            timed = sorted(s for sig, s in attempts if sig == signature and s)
+            if timed:
+                attempts[(signature, timed[0])] += attempts.pop((signature, started))
 
         def order(copies: list[int]) -> tuple:
-            started = min((str(submissions[i]["started_at"]) for i in copies if submissions[i].get("started_at")), default=None)
+            started = min((_started_at(submissions[i]) for i in copies if _started_at(submissions[i])), default=None)
             return (started is None, started or "", copies[0])
 
         first, *later = sorted(attempts.values(), key=order)
+        first = sorted(first, key=lambda i: (not _started_at(submissions[i]), i))  # keep a copy that says when it began
         kept.append(first[0])
         for reason, index in [(COPY, i) for i in first[1:]] + [(LATER_ATTEMPT if i == copies[0] else COPY, i) for copies in later for i in copies]:
             exclude(reason, submissions[index], max(len(submissions[index].get("answers") or []), 1))
@@ -331,12 +350,14 @@ def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Respo
 
     Excluded, each with its reason: submissions from another package (fingerprint), of unknown surveys, without a
     worker id, rejected on MTurk, returned, rejected, timed out or screened out on Prolific (a Prolific export among
-    ``paths``: :class:`ProlificStatuses`; an assignment rejected on MTurk takes the page's downloads of the same answers
-    with it), or repeated (:func:`_earliest_attempts`: of a worker's attempts at a survey the earliest is kept; further
-    copies of one attempt, such as the page's JSON and CSV downloads beside the MTurk row, are counted once and listed
-    as copies); answers to unknown trials or rows, with invalid choices, or repeated within a submission. Trials a worker
-    left unanswered are counted as ``missing answer``. An answer keeps its ``rt_ms`` and the ``position`` (from 1) at which
-    its trial was shown to this participant (NaN where the file has none or it is not a number); neither excludes anything.
+    ``paths``: :class:`ProlificStatuses`; an assignment rejected on MTurk takes the page's downloads of the same
+    assignment with it, and leaves the worker's other assignments of the survey alone), or repeated
+    (:func:`_earliest_attempts`: of a worker's attempts at a survey the earliest is kept; further copies of one
+    attempt, such as the page's JSON and CSV downloads beside the MTurk row, are counted once and listed as copies);
+    answers to unknown trials or rows, with invalid choices, or repeated within a submission. Trials a worker left
+    unanswered are counted as ``missing answer``. An answer keeps its ``rt_ms`` and the ``position`` (from 1) at which
+    its trial was shown to this participant (NaN where the file has none or it is not a number); neither excludes
+    anything.
     """
     surveys = {s["survey_id"] for s in package.manifest["surveys"]}
     truth = package.truth.set_index(["trial_id", "row"])
@@ -353,11 +374,22 @@ def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Respo
 
     prolific = ProlificStatuses()
     submissions = [sub for f in files for sub in _submissions_from_file(f, prolific)]  # every export is read before any answer is judged
-    # A worker does an MTurk HIT (a survey) once: a rejected assignment rejects its answers in every file, the page's downloads too.
+    # A rejected assignment rejects its answers in every file, the page's downloads of it too (the same assignment id, or for a
+    # file without one the same answers), and nothing else: the worker's approved assignment of the survey in another batch stays.
     # Survey ids repeat across packages (2afc-000 in a pilot and in the study): only this package's rejections count.
-    rejected_on_mturk = {(_worker_id(sub), sub.get("survey_id")) for sub in submissions
+    rejected_on_mturk = [sub for sub in submissions
                          if "invalid" not in sub and str(sub.get("status") or "").lower() == "rejected"  # an empty CSV cell reads as NaN
-                         and sub.get("package_fingerprint") == package.fingerprint}
+                         and sub.get("package_fingerprint") == package.fingerprint]
+
+    def is_rejected(sub: Mapping) -> bool:
+        for rejected in rejected_on_mturk:
+            if (_worker_id(rejected), rejected.get("survey_id")) != (_worker_id(sub), sub.get("survey_id")):
+                continue
+            ids = (_assignment_id(rejected), _assignment_id(sub))
+            if ids[0] == ids[1] if all(ids) else _answer_signature(rejected) == _answer_signature(sub):
+                return True
+        return False
+
     valid = []
     for sub in submissions:
         answers = sub.get("answers") or []
@@ -365,7 +397,7 @@ def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Respo
         if "invalid" in sub:
             exclude(sub["invalid"], sub, n)
             continue
-        if (_worker_id(sub), sub.get("survey_id")) in rejected_on_mturk:
+        if is_rejected(sub):
             exclude("assignment rejected on MTurk", sub, n)
             continue
         withdrawn = prolific.exclusion(sub)
@@ -540,10 +572,10 @@ def human_scores(package: SurveyPackage, responses: Responses, max_attention_fai
     check_min_median_rt_ms(min_median_rt_ms)
     table = scored(responses, package)
     attention = attention_failures(table, package, max_attention_failures, min_median_rt_ms)
-    untimed = int(attention["median_rt_ms"].isna().sum())
+    untimed = attention.loc[attention["median_rt_ms"].isna(), "submission"].tolist()
     if min_median_rt_ms > 0 and untimed:
-        logger.warning("%d of %d submissions carry no valid rt_ms (hand-made files?): the minimum time per trial is not applied to them",
-                       untimed, len(attention))
+        logger.warning("%d of %d submissions carry no valid rt_ms (hand-made files?): the minimum time per trial is not applied to them: %s",
+                       len(untimed), len(attention), ", ".join(map(str, untimed)))
     dropped = set(attention.loc[attention["excluded"], "submission"])
     kept = table[~table["submission"].isin(dropped)]
     excluded = list(responses.excluded)

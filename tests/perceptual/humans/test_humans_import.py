@@ -466,6 +466,38 @@ def test_a_page_csv_carries_its_start_time_so_an_earlier_csv_attempt_wins(packag
     assert responses.exclusion_counts() == {LATER_ATTEMPT: len(monday["answers"])}
 
 
+def test_a_rejected_assignment_leaves_the_workers_approved_assignment_of_the_survey_alone(package, tmp_path):
+    """A worker who did a survey again in a republished batch: the rejection was keyed by worker and survey, and took
+    the approved assignment's answers with the rejected one's."""
+    sid = package.manifest["surveys"][0]["survey_id"]
+    careless = dict(_submission(package, sid, "W1", lambda u: "left" if u.task == "2afc" else "0"), started_at="2026-05-01T10:00:00.000Z")
+    careful = dict(_submission(package, sid, "W1", lambda u: u.answer), started_at="2026-06-01T10:00:00.000Z")
+    _write_mturk(tmp_path / "batches.csv", [("Rejected", careless), ("Approved", careful)])  # assignments A0 and A1
+    (tmp_path / "page.json").write_text(json.dumps({**careful, "assignment_id": "A1"}))  # the approved one's page download: a copy
+    (tmp_path / "rejected-page.json").write_text(json.dumps({**careless, "assignment_id": "A0"}))
+    responses = read_responses([tmp_path / "batches.csv", tmp_path / "page.json", tmp_path / "rejected-page.json"], package)
+    n = len(careful["answers"])
+    assert (responses.answers["choice"].to_numpy() == [a["choice"] for a in careful["answers"]]).all()
+    assert responses.exclusion_counts() == {"assignment rejected on MTurk": 2 * n, COPY: n}
+
+
+def test_two_attempts_with_the_same_answers_keep_the_earliest_not_the_first_read(package, tmp_path, caplog):
+    """The same answers twice, a month apart: taken for copies of one attempt, the first file read was kept (the later,
+    faster one), and the minimum time per trial then dropped the worker, whose first attempt was slow enough."""
+    sid = package.manifest["surveys"][0]["survey_id"]
+    early = dict(_timed(package, sid, "W1", 3.0), started_at="2026-01-01T10:00:00.000Z")
+    late = dict(_timed(package, sid, "W1", 0.4), started_at="2026-03-01T10:00:00.000Z")
+    (tmp_path / "a-late.json").write_text(json.dumps(late))
+    (tmp_path / "b-early.json").write_text(json.dumps(early))
+    _page_csv(tmp_path / "c-early.csv", package, early)  # the early attempt's CSV download keeps no start time: a copy of it
+    responses = read_responses([tmp_path / "a-late.json", tmp_path / "b-early.json", tmp_path / "c-early.csv"], package)
+    n = len(early["answers"])
+    assert responses.answers["source"].str.endswith("b-early.json").all()
+    assert responses.exclusion_counts() == {LATER_ATTEMPT: n, COPY: n}
+    scores = human_scores(package, responses, n_boot=20, min_median_rt_ms=1000)
+    assert not any("too fast" in str(reason) for reason in scores["excluded_counts"])
+
+
 def test_a_rejection_in_another_package_leaves_this_packages_answers_alone(package, tmp_path):
     """Survey ids repeat across packages (a pilot's 2afc-000 and the study's): a worker rejected in the pilot keeps the
     study's approved answers, and the pilot's row counts as another package's."""
