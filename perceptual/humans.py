@@ -314,7 +314,8 @@ def _row_number(value) -> int:
 
 
 def _earliest_attempts(submissions: Sequence[Mapping], exclude: Callable[[str, Mapping, int], None]) -> list[Mapping]:
-    """One submission per worker and survey: copies of an attempt (the same answers) collapse into one, and of several
+    """One submission per worker and survey: copies of an attempt (the same answers begun at the same time, or without a
+    time in the file) collapse into one, and of several
     attempts the earliest by the page's ``started_at`` (ISO time, so text order is time order) is kept, an attempt
     without one coming after those with one, then in the order the files were read. The rest go to ``exclude`` as
     :data:`LATER_ATTEMPT` or :data:`COPY`. Returns the kept submissions in the order they were read."""
