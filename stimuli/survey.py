@@ -24,7 +24,8 @@ The page carries only what a respondent sees: each appearance of an image has a 
 bytes of its own (:func:`_png_with_nonce`), and a clustering check has as many rows as a real trial, so neither a
 name, nor a file's hash, nor the page's data says which option is the target (a target recurs across trials, a seed
 does not) or which trial is a check (its query is one of the options). The pixels show that much to a person, as in
-the paper, and so to a script that decodes the images and compares them: screen for bots by other means too.
+the paper, and so to a script that decodes the images and compares them, or merely their sizes (the appearances of
+one image differ only in a nonce of fixed length): screen for bots by other means too.
 Deliberate differences from the paper: each survey holds one task (the instructions differ), and the trials of all
 models are dealt into surveys in an even mix so that no worker sees only one model.
 """
