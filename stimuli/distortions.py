@@ -23,8 +23,10 @@ Deliberate differences that apply throughout:
   Uniform noise is not scaled: one draw per pixel, so at 32 px its grain is coarser relative to the object than
   at 224 px.
 * Sets are built from whole data-set images (e.g. 32 px CIFAR), not from 224 px ImageNet crops.
-* Stored sets round to 8 bits (``stimuli.quantise``), as the reference's ``save_img`` does through
+* Stored sets round to 8 bits (``stimuli.quantise``), as the 2018 reference's ``save_img`` does through
   ``scipy.misc.toimage``/``bytescale`` (``+ 0.5`` then truncation: round half up); only exact ties may differ.
+  Its 2023 refactor (rgeirhos/generalisation-humans-DNNs a0d7270) truncates (``(image * 255).astype("uint8")``),
+  darker by half a level on average: not followed.
 * Parameters are numbers or the grid's words (``contrast=0.03``, ``colour=greyscale``), not the benchmark's
   condition names (``c03``, ``bw``), which are refused with the grid.
 
