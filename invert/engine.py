@@ -72,7 +72,7 @@ class InversionResult:
     """What :meth:`Engine.run` returns; tensors live on the device of ``init``.
 
     images: (N, C, H, W) in [0, 1], each item's best iterate (its last one if ``keep_best`` is off).
-    best_loss: (N,) the loss of ``images``.
+    best_loss: (N,) the loss of ``images`` as the search held them (float32; ``images`` come back in ``init``'s dtype).
     initial_loss: (N,) the loss of ``init``.
     last_loss: (N,) the loss of each item's last iterate (where it stopped, or at ``steps``); with ``keep_best``
         ``best_loss`` may be lower. The two together say whether an item was still moving.
@@ -89,8 +89,9 @@ class InversionResult:
         so early stopping saves that much less work.
     task_loss: (N,) the caller's objective alone at ``images``, in float32, without the config's priors (``tv_weight``,
         ``lp_weight``) and transformation robustness, which serve the search: for an inversion, the normalised distance
-        that says whether it converged (a bf16 run's losses have a floor of about 0.003 there). It is ``best_loss``
-        itself when the run was fp32 without those settings.
+        that says whether it converged (a bf16 run's losses have a floor of about 0.003 there), of ``images`` as returned
+        (rounded to a bf16 or fp16 ``init``'s dtype first). It is ``best_loss`` itself when the run was fp32 without
+        those settings and ``init`` float32.
     """
 
     images: Tensor
@@ -255,10 +256,12 @@ class Engine:
                     runner.run_chunk(init[start:stop], start, stop, out, bar)
             finally:
                 bar.close()
-            rescored = objective is not task_objective or use_bf16  # bf16 features leave a floor (~0.003 at the target itself)
-            task_loss = runner.task_loss(task_objective, out.images, micro_batch) if rescored else out.best_loss.clone()
+            images = out.images.to(caller_dtype)
+            # bf16 features leave a floor (~0.003 at the target itself); images rounded to a half-precision init move (~1 %)
+            rescored = objective is not task_objective or use_bf16 or images.dtype != out.images.dtype
+            task_loss = runner.task_loss(task_objective, images.float(), micro_batch) if rescored else out.best_loss.clone()
         return InversionResult(
-            images=out.images.to(caller_dtype),
+            images=images,
             best_loss=out.best_loss,
             initial_loss=out.initial_loss,
             last_loss=out.last_loss,
