@@ -303,7 +303,9 @@ class Engine:
 
 
 class _CallableObjective(Objective):
-    """Wraps a callable ``fn(x, items, step)`` (a function or a module) as an :class:`Objective`."""
+    """Wraps a callable ``fn(x, items, step)`` (a function or a module) as an :class:`Objective`. A module is put in
+    eval mode, frozen and checked for its device with the run; a model that a plain function closes over is not seen:
+    put it in eval mode yourself (a batch norm in train mode would couple the items), or pass an Objective module."""
 
     def __init__(self, fn: Any):
         super().__init__()
