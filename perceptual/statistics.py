@@ -86,7 +86,7 @@ def _common(a: PerTarget, b: PerTarget) -> tuple[list[str], list[str]]:
     return observers, targets
 
 
-def _trial_counts(scores: PerTarget, trials: PerTarget | None, observers: list[str], targets: list[str], name: str) -> np.ndarray:
+def _trial_counts(trials: PerTarget | None, observers: list[str], targets: list[str], name: str) -> np.ndarray:
     """(observers, targets) trial counts, ones (every target weighs the same) without ``trials``."""
     if trials is None:
         return np.ones((len(observers), len(targets)))
@@ -130,8 +130,8 @@ def paired_difference(a: PerTarget, b: PerTarget, *, trials_a: PerTarget | None 
     check_n_boot(n_boot)
     observers, targets = _common(a, b)
     credit_a, credit_b = (np.array([[x[o][t] for t in targets] for o in observers], dtype=float) for x in (a, b))
-    counts_a = _trial_counts(a, trials_a, observers, targets, "trials_a")
-    counts_b = _trial_counts(b, trials_b, observers, targets, "trials_b")
+    counts_a = _trial_counts(trials_a, observers, targets, "trials_a")
+    counts_b = _trial_counts(trials_b, observers, targets, "trials_b")
     rng = np.random.default_rng(seed)
     obs_draw = rng.integers(0, len(observers), size=(n_boot, len(observers))) if len(observers) > 1 else np.zeros((n_boot, 1), dtype=int)
     tgt_draw = rng.integers(0, len(targets), size=(n_boot, len(targets)))
@@ -171,12 +171,12 @@ def ranking_agreement(first: Mapping[str, Mapping[str, float]], second: Mapping[
         raise ValueError("the two rankings share no target")
     x = np.array([[first[m][t] for t in targets] for m in models], dtype=float)
     y = np.array([[second[m][t] for t in targets] for m in models], dtype=float)
-    x_counts = _trial_counts(first, trials_first, models, targets, "trials_first")
-    y_counts = _trial_counts(second, trials_second, models, targets, "trials_second")
+    x_counts = _trial_counts(trials_first, models, targets, "trials_first")
+    y_counts = _trial_counts(trials_second, models, targets, "trials_second")
 
     def tau(target_weights: np.ndarray) -> float:
         def scores(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
-            return (values * counts) @ target_weights / (counts @ target_weights)
+            return np.round((values * counts) @ target_weights / (counts @ target_weights), ROUND_DECIMALS)  # equal scores tie
 
         value = kendalltau(scores(x, x_counts), scores(y, y_counts)).statistic
         return float(value) if value == value else math.nan
