@@ -283,9 +283,11 @@ def _worker_id(submission: Mapping) -> str:
     return str(submission.get("worker_id") or "").strip()
 
 
-def _assignment_id(submission: Mapping) -> str:
-    """The MTurk assignment a submission belongs to (the batch row's, or the page's own record); empty outside MTurk."""
-    value = submission.get("assignment_id")
+def _text_field(submission: Mapping, key: str) -> str:
+    """An optional field of a submission as text: ``assignment_id`` (the MTurk assignment: the batch row's or the page's
+    own record) or ``started_at`` (the page's ISO start time); empty where the file has none (an empty CSV cell reads
+    as NaN)."""
+    value = submission.get(key)
     return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value).strip()
 
 
@@ -293,12 +295,6 @@ def _answer_signature(submission: Mapping) -> tuple:
     """What a submission answered, whatever file it came from (the page's JSON or CSV download, an MTurk row): copies of
     one attempt have the same signature."""
     return tuple(sorted((str(a.get("trial_id")), str(a.get("row")), str(a.get("choice"))) for a in submission.get("answers") or []))
-
-
-def _started_at(submission: Mapping) -> str:
-    """The page's ``started_at`` (ISO time) as text; empty where the file has none (an empty CSV cell reads as NaN)."""
-    value = submission.get("started_at")
-    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value).strip()
 
 
 def _row_number(value) -> int:
@@ -328,18 +324,18 @@ def _earliest_attempts(submissions: Sequence[Mapping], exclude: Callable[[str, M
         # that keeps no started_at belongs to the earliest attempt with its answers.
         attempts: dict[tuple, list[int]] = {}
         for index in indices:
-            attempts.setdefault((_answer_signature(submissions[index]), _started_at(submissions[index])), []).append(index)
+            attempts.setdefault((_answer_signature(submissions[index]), _text_field(submissions[index], "started_at")), []).append(index)
         for signature, started in [key for key in attempts if not key[1]]:
             timed = sorted(s for sig, s in attempts if sig == signature and s)
             if timed:
                 attempts[(signature, timed[0])] += attempts.pop((signature, started))
 
         def order(copies: list[int]) -> tuple:
-            started = min((_started_at(submissions[i]) for i in copies if _started_at(submissions[i])), default=None)
+            started = min((_text_field(submissions[i], "started_at") for i in copies if _text_field(submissions[i], "started_at")), default=None)
             return (started is None, started or "", copies[0])
 
         first, *later = sorted(attempts.values(), key=order)
-        first = sorted(first, key=lambda i: (not _started_at(submissions[i]), i))  # keep a copy that says when it began
+        first = sorted(first, key=lambda i: (not _text_field(submissions[i], "started_at"), i))  # keep a copy that says when it began
         kept.append(first[0])
         for reason, index in [(COPY, i) for i in first[1:]] + [(LATER_ATTEMPT if i == copies[0] else COPY, i) for copies in later for i in copies]:
             exclude(reason, submissions[index], max(len(submissions[index].get("answers") or []), 1))
@@ -386,7 +382,7 @@ def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Respo
         for rejected in rejected_on_mturk:
             if (_worker_id(rejected), rejected.get("survey_id")) != (_worker_id(sub), sub.get("survey_id")):
                 continue
-            ids = (_assignment_id(rejected), _assignment_id(sub))
+            ids = (_text_field(rejected, "assignment_id"), _text_field(sub, "assignment_id"))
             if ids[0] == ids[1] if all(ids) else _answer_signature(rejected) == _answer_signature(sub):
                 return True
         return False

@@ -258,17 +258,11 @@ def _sweep_free(override) -> str:
 
 
 def parse_overrides(arguments: Sequence[str]) -> list:
-    """Hydra's parse of command-line overrides (flags such as ``-m`` and ``--cfg`` left out), with ``conf``'s config
-    loader, which a glob sweep over a config group (``experiment='glob(fig*)'``) reads the group's options from."""
-    from hydra import initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+    """Hydra's parse of command-line overrides (flags such as ``-m`` and ``--cfg`` left out), with a config loader
+    (:func:`training.sweeps.override_parser`: a glob sweep over a config group reads the group's options from it)."""
+    from .sweeps import override_parser
 
-    lines = [a for a in arguments if not a.startswith("-")]
-    if GlobalHydra.instance().is_initialized():
-        return OverridesParser.create(config_loader=GlobalHydra.instance().config_loader()).parse_overrides(lines)
-    with initialize_config_module(config_module="conf", version_base=None):
-        return OverridesParser.create(config_loader=GlobalHydra.instance().config_loader()).parse_overrides(lines)
+    return override_parser().parse_overrides([a for a in arguments if not a.startswith("-")])
 
 
 def quoted(value) -> str:

@@ -70,30 +70,32 @@ def job_name(overrides: Iterable[str], exclude: Iterable[str] = RUN_LOCATION_KEY
 def swept_keys(sweep_arguments: Iterable[str]) -> set[str]:
     """The keys that a sweep's arguments vary (``train.beta=1,3,6``, ``shard=range(4)``, ``glob(...)``),
     as Hydra's override parser reads them."""
-    parsed = _parser().parse_overrides(list(sweep_arguments))
+    parsed = override_parser().parse_overrides(list(sweep_arguments))
     return {o.key_or_group + (f"@{o.package}" if o.package else "") for o in parsed if o.is_sweep_override()}
 
 
-def _parser() -> OverridesParser:
-    """Hydra's override parser, with the running app's config loader where there is one (a glob sweep reads a config
-    group's options from it)."""
-    loaded = GlobalHydra.instance()
-    return OverridesParser.create(config_loader=loaded.config_loader() if loaded.is_initialized() else None)
+def override_parser() -> OverridesParser:
+    """Hydra's override parser with a config loader (the running app's, else ``conf``'s), which a glob sweep over a
+    config group (``experiment='glob(fig*)'``) reads the group's options from."""
+    from hydra import initialize_config_module
+
+    if GlobalHydra.instance().is_initialized():
+        return OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
+    with initialize_config_module(config_module="conf", version_base=None):
+        return OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
 
 
 def is_job_of(job_overrides: Iterable[str], sweep_arguments: Iterable[str]) -> bool:
     """Whether a job with ``job_overrides`` (one value per key) is one of the jobs of the sweep ``sweep_arguments``: the
     same keys, each value one of the sweep's for that key (a glob that cannot be expanded here allows any value)."""
-    parser = _parser()
+    parser = override_parser()
     allowed: dict[str, set[str] | None] = {}
     for o in parser.parse_overrides(list(sweep_arguments)):
-        if not o.is_sweep_override():
-            allowed[o.input_line.split("=", 1)[0]] = {o.get_value_element_as_str()}
-            continue
+        key = o.input_line.split("=", 1)[0]  # as written: '+' and '@package' included
         try:
-            allowed[o.input_line.split("=", 1)[0]] = set(o.sweep_string_iterator())
-        except HydraException:  # glob without a config loader
-            allowed[o.input_line.split("=", 1)[0]] = None
+            allowed[key] = set(o.sweep_string_iterator()) if o.is_sweep_override() else {o.get_value_element_as_str()}
+        except HydraException:  # a glob over a group this config does not have
+            allowed[key] = None
     job = {o.input_line.split("=", 1)[0]: o.get_value_element_as_str() for o in parser.parse_overrides(list(job_overrides))}
     return job.keys() == allowed.keys() and all(values is None or job[key] in values for key, values in allowed.items())
 
@@ -132,4 +134,4 @@ def job_path(base: str | Path, exclude: Iterable[str] = RUN_LOCATION_KEYS, group
     return Path(base) / name if name else Path(base)
 
 
-__all__ = ["RUN_LOCATION_KEYS", "is_job_of", "is_run_location", "job_name", "job_path", "swept_keys"]
+__all__ = ["RUN_LOCATION_KEYS", "is_job_of", "is_run_location", "job_name", "job_path", "override_parser", "swept_keys"]
