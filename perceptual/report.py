@@ -190,20 +190,54 @@ def alignment_scatter(models: Mapping[str, Mapping], path: str | Path, task: str
     if not points:
         raise ValueError(f"no model has both a robust accuracy and an observer {task} score: nothing to plot")
     fig, ax = plt.subplots(figsize=(4.5, 3.6))
+    labels = []
     for name, result in points.items():
         entry, robust = result[task], result["robust_accuracy"]
         ax.errorbar(100 * robust, 100 * entry["mean"], yerr=100 * (entry.get("std") or 0), fmt="o", capsize=3)
-        ax.annotate(name, (100 * robust, 100 * entry["mean"]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        labels.append(ax.annotate(name, (100 * robust, 100 * entry["mean"]), textcoords="offset points", xytext=(4, 4), fontsize=8,
+                                  arrowprops={"arrowstyle": "-", "color": "grey", "lw": 0.5, "shrinkA": 0, "shrinkB": 3}))
     if task.startswith("clustering"):
         ax.axhline(100 / 3, color="grey", lw=0.8, ls="--", label="chance")
     else:
         ax.axhline(50, color="grey", lw=0.8, ls="--", label="chance")
     ax.set_xlabel("robust accuracy (%)")
     ax.set_ylabel(f"observer {task} accuracy (%)")
-    ax.set_title(f"Observer {task} accuracy against robust accuracy\n(error bars: ± std over the observer panel)", fontsize=9)
+    dagger = "; † = inversions did not converge" if any(name.endswith("†") for name in points) else ""
+    ax.set_title(f"Observer {task} accuracy against robust accuracy\n(error bars: ± std over the observer panel{dagger})", fontsize=9)
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(alpha=0.3)
+    separate_labels(fig, labels)
+    for label in labels:  # a leader line only where a label had to move away from its point
+        label.arrow_patch.set_visible(label.xyann != (4, 4))
     return save_figure(fig, Path(path))
+
+
+def separate_labels(fig, labels: Sequence, gap_px: float = 1.0, max_rounds: int = 100) -> None:
+    """Move point labels (annotations placed in offset points) up until no two of them overlap: robust models crowd
+    into one corner of the scatter. Each round lifts the upper label of every overlapping pair just clear of the lower."""
+    from matplotlib.text import Text
+
+    renderer = fig.canvas.get_renderer()
+    points_per_px = 72 / fig.dpi
+
+    def text_box(label):  # the text alone: an annotation's own extent also covers its leader line
+        label.update_positions(renderer)
+        return Text.get_window_extent(label, renderer)
+
+    for _ in range(max_rounds):
+        boxes = [text_box(label) for label in labels]
+        order = sorted(range(len(labels)), key=lambda i: (boxes[i].y0, boxes[i].x0))
+        moved = False
+        for position, lower in enumerate(order):
+            for upper in order[position + 1:]:
+                if boxes[lower].overlaps(boxes[upper]):
+                    lift = boxes[lower].y1 + gap_px - boxes[upper].y0
+                    x, y = labels[upper].xyann
+                    labels[upper].xyann = (x, y + lift * points_per_px)
+                    boxes[upper] = text_box(labels[upper])
+                    moved = True
+        if not moved:
+            return
 
 
 def write_text(path: str | Path, text: str) -> Path:

@@ -445,6 +445,30 @@ def test_the_alignment_scatter_is_left_out_where_it_has_no_point():
     assert alignment_figures(undefined, "unused") == []
 
 
+def test_crowded_scatter_labels_are_moved_apart():
+    """Robust models crowd into one corner of Fig. 4: their names used to be printed over each other."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.text import Text
+
+    from perceptual.report import separate_labels
+
+    fig, ax = plt.subplots(figsize=(4.5, 3.6))
+    ax.set(xlim=(0, 100), ylim=(30, 60))
+    labels = [ax.annotate(f"cnn-trades_beta{i} †", (90, 55 + 0.1 * i), textcoords="offset points", xytext=(4, 4), fontsize=8,
+                          arrowprops={"arrowstyle": "-"}) for i in range(4)]
+    labels.append(ax.annotate("cnn-standard", (5, 35), textcoords="offset points", xytext=(4, 4), fontsize=8, arrowprops={"arrowstyle": "-"}))
+    separate_labels(fig, labels)
+    renderer = fig.canvas.get_renderer()
+    boxes = [Text.get_window_extent(label, renderer) for label in labels]
+    assert not any(boxes[i].overlaps(boxes[j]) for i in range(len(boxes)) for j in range(i + 1, len(boxes)))
+    assert labels[-1].xyann == (4, 4)  # a label with room keeps its place
+    assert max(label.xyann[1] for label in labels[:4]) < 60  # lifted just clear, not thrown off the figure
+    plt.close(fig)
+
+
 def test_the_report_names_a_noise_seed_distribution_other_than_uniform():
     from perceptual.measure import seed_names
 
