@@ -7,9 +7,11 @@ the Describable Textures as far-unknown image folders (resized to 32 × 32, as i
 textures). The reference ships the split as image folders, not as a class list in code, so the known classes are an
 argument here (:func:`cifar_benchmark`): pass the 40 folder names of its ``cifar-bench/train/cifar40``.
 
-The table (:func:`unknown_table`) has, per score function, the paper's columns: AURC and E-AURC (misclassification
-detection on the known test images), AUROC and FPR at 95 % TPR per unknown set, ECE where the score has a predictive
-distribution, and the improvement ratio over max-softmax of each column. The ratio is our definition (the paper
+The table (:func:`unknown_table`) has, per score function, the paper's columns: accuracy on the known test images,
+the unified unknown-detection AURC (its headline number: known and unknown test images pooled, every unknown image
+counted as an error), AURC for misclassification detection on the known images, and AUROC and FPR at 95 % TPR per
+unknown set. Two columns are ours: E-AURC, and ECE where the score has a predictive distribution. Every column is a
+fraction (the paper prints AURC × 1000 and FPR in %). The last column is each one's improvement ratio over max-softmax. The ratio is our definition (the paper
 compares methods to the baseline in its text, not by one formula): (baseline − method) / baseline for lower-is-better
 columns and (method − baseline) / baseline for AUROC, so a positive ratio is an improvement in every column.
 """
@@ -29,7 +31,7 @@ from training.data import ImageSet
 
 log = logging.getLogger(__name__)
 
-LOWER_IS_BETTER = ("aurc", "eaurc", "fpr_at_95_tpr", "ece")
+LOWER_IS_BETTER = ("unknown_aurc", "aurc", "eaurc", "fpr_at_95_tpr", "ece")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 
 
@@ -150,14 +152,16 @@ def _check_applicable(results: Mapping[str, Mapping], score_names: Sequence[str]
 
 
 def unknown_table(results: Mapping[str, Mapping], baseline: str = "max_softmax") -> pd.DataFrame:
-    """The paper's table: one row per score function with aurc, eaurc, auroc_<set>, fpr_at_95_tpr_<set>, ece, and
+    """The paper's table: one row per score function with accuracy, unknown_aurc, aurc, eaurc, auroc_<set>,
+    fpr_at_95_tpr_<set>, ece, and
     ``<column>_improvement`` over ``baseline`` (module docstring; NaN where either value is missing or the baseline is
     0). Scores reported with an error are rows of NaN with the reason in ``error``."""
     rows = []
     for name, result in results.items():
         row = {"score": name, "error": result.get("error")}
         if "error" not in result:
-            row.update({"aurc": result["aurc"], "eaurc": result["eaurc"], "ece": result.get("ece")})
+            row.update({"accuracy": result["accuracy"], "unknown_aurc": result["unknown_aurc"], "aurc": result["aurc"],
+                        "eaurc": result["eaurc"], "ece": result.get("ece")})
             for metric in ("auroc", "fpr_at_95_tpr"):
                 row.update({f"{metric}_{s}": v for s, v in result[metric].items()})
         rows.append(row)

@@ -4,8 +4,10 @@ Kim et al., "A Unified Benchmark for the Unknown Detection Capability of Deep Ne
 classes (CIFAR-40 in the paper; ``known_classes``) of CIFAR-100's test split are the in-distribution images, its other
 classes the near-unknown set (``cifar-near``), and every ``far_unknown`` image folder a far-unknown set
 (:mod:`perceptual.unknown_benchmark`). For each score function (:mod:`perceptual.scores`, fit on ``n_fit`` known
-training images): AURC and E-AURC on the known images, AUROC and FPR at 95 % TPR per unknown set, ECE, and each
-column's improvement ratio over ``baseline`` (max-softmax). Writes ``unknown.json``, ``unknown.md`` (the paper's table)
+training images): accuracy and the unified unknown-detection AURC (known and unknown images pooled), AURC and E-AURC
+on the known images, AUROC and FPR at 95 % TPR per unknown set, ECE, and each column's improvement ratio over
+``baseline`` (max-softmax). ODIN runs with Liang et al.'s fixed temperature and noise (``conf/unknown.yaml``); Kim et
+al. tune both on a validation unknown set, so its row is not the paper's ODIN row. Writes ``unknown.json``, ``unknown.md`` (the paper's table)
 and ``unknown.png`` (AUROC per unknown set and score; improvement over the baseline) to ``out``.
 """
 from __future__ import annotations
@@ -83,8 +85,8 @@ def figure(table: pd.DataFrame, unknown_sets: list[str], baseline: str, path: Pa
 
 def markdown(data: Mapping) -> str:
     sets = data["unknown_sets"]
-    columns = ["aurc", "eaurc"] + [f"{m}_{s}" for s in sets for m in ("auroc", "fpr_at_95_tpr")] + ["ece"]
-    heads = ["AURC", "E-AURC"] + [f"{m} {s}" for s in sets for m in ("AUROC", "FPR@95")] + ["ECE"]
+    columns = ["accuracy", "unknown_aurc", "aurc", "eaurc"] + [f"{m}_{s}" for s in sets for m in ("auroc", "fpr_at_95_tpr")] + ["ece"]
+    heads = ["ACC", "unknown AURC", "AURC", "E-AURC"] + [f"{m} {s}" for s in sets for m in ("AUROC", "FPR@95")] + ["ECE"]
     lines = ["# Unknown detection (Kim et al.)", "",
              f"Known: {data['n_known_classes']} classes, {data['n_known']} test images; unknown sets: "
              + ", ".join(f"{s} ({data['n_unknown'][s]})" for s in sets) + f"; scores fit on {data['n_fit']} known training images.", "",
@@ -93,9 +95,9 @@ def markdown(data: Mapping) -> str:
         if row.get("error"):
             lines.append(f"| {row['score']} | n/a: {row['error']} |" + " |" * (len(heads) - 1))
             continue
-        lines.append(f"| {row['score']} | " + " | ".join(_fmt(row.get(c), 4 if c in ('aurc', 'eaurc') else 3) for c in columns) + " |")
-    lines += ["", f"Improvement ratio over {data['baseline']} (positive = better: (baseline − score) / baseline for AURC, E-AURC, "
-              "FPR@95 and ECE; (score − baseline) / baseline for AUROC):", "",
+        lines.append(f"| {row['score']} | " + " | ".join(_fmt(row.get(c), 4 if c.endswith('aurc') else 3) for c in columns) + " |")
+    lines += ["", f"Improvement ratio over {data['baseline']} (positive = better: (baseline − score) / baseline for the AURCs, "
+              "FPR@95 and ECE; (score − baseline) / baseline for accuracy and AUROC):", "",
               "| score | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
     for row in data["table"]:
         if not row.get("error"):

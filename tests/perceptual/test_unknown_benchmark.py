@@ -79,12 +79,16 @@ def test_a_far_unknown_limit_is_a_seeded_draw_over_the_whole_folder(tmp_path):
 
 def test_the_table_and_its_improvement_ratio():
     results = {
-        "max_softmax": {"aurc": 0.2, "eaurc": 0.1, "ece": 0.05, "auroc": {"near": 0.8}, "fpr_at_95_tpr": {"near": 0.5}},
-        "energy": {"aurc": 0.1, "eaurc": 0.1, "ece": None, "auroc": {"near": 0.9}, "fpr_at_95_tpr": {"near": 0.6}},
+        "max_softmax": {"accuracy": 0.8, "unknown_aurc": 0.4, "aurc": 0.2, "eaurc": 0.1, "ece": 0.05, "auroc": {"near": 0.8},
+                        "fpr_at_95_tpr": {"near": 0.5}},
+        "energy": {"accuracy": 0.8, "unknown_aurc": 0.3, "aurc": 0.1, "eaurc": 0.1, "ece": None, "auroc": {"near": 0.9},
+                   "fpr_at_95_tpr": {"near": 0.6}},
         "mc_dropout": {"error": "no dropout layers"},
     }
     table = unknown_table(results).set_index("score")
     assert table.loc["energy", "aurc_improvement"] == pytest.approx(0.5)          # (0.2 − 0.1) / 0.2
+    assert table.loc["energy", "unknown_aurc_improvement"] == pytest.approx(0.25)  # (0.4 − 0.3) / 0.4: lower is better
+    assert table.loc["energy", "accuracy_improvement"] == pytest.approx(0.0)
     assert table.loc["energy", "eaurc_improvement"] == pytest.approx(0.0)
     assert table.loc["energy", "auroc_near_improvement"] == pytest.approx(0.125)   # (0.9 − 0.8) / 0.8
     assert table.loc["energy", "fpr_at_95_tpr_near_improvement"] == pytest.approx(-0.2)  # worse: negative

@@ -58,7 +58,9 @@ def test_hand_computed_table(benchmark):
     rows = {r["score"]: r for r in data["table"]}
     for score in ("max_softmax", "energy"):
         row = rows[score]
-        assert row["aurc"] == pytest.approx(0.0) and row["eaurc"] == pytest.approx(0.0)
+        assert row["aurc"] == pytest.approx(0.0) and row["eaurc"] == pytest.approx(0.0) and row["accuracy"] == 1.0
+        # the paper's headline, pooled by confidence: 3 white images (errors) first, the 8 known (right), then 12 near (errors)
+        assert row["unknown_aurc"] == pytest.approx(sum((min(k, 3) + max(0, k - 11)) / k for k in range(1, 24)) / 23)
         assert row["auroc_cifar-near"] == pytest.approx(1.0) and row["fpr_at_95_tpr_cifar-near"] == pytest.approx(0.0)
         assert row["auroc_white"] == pytest.approx(0.0) and row["fpr_at_95_tpr_white"] == pytest.approx(1.0)
     assert rows["energy"]["auroc_cifar-near_improvement"] == pytest.approx(0.0)
@@ -72,6 +74,7 @@ def test_command_writes_json_markdown_and_figure(benchmark, capsys):
     assert json.loads((out / "unknown.json").read_text())["n_known"] == 8
     text = (out / "unknown.md").read_text()
     assert "| max_softmax |" in text and "Improvement ratio over max_softmax" in text
+    assert "| score | ACC | unknown AURC | AURC | E-AURC |" in text  # the paper's headline column was in the JSON only
     assert (out / "unknown.png").read_bytes()[:4] == b"\x89PNG"
 
 
