@@ -13,7 +13,8 @@ table has those means too (``hellinger_per_category``). A group's mean pools its
 them by their image counts and is not the mean of the reference's category columns.
 
 Human labels come from a CSV (:func:`read_human_labels`): ``image_id, group, label``, optionally ``category``, and one
-column per class name plus ``abstain`` holding the humans' answer counts (or probabilities) for that image. Deliberate
+column per class name plus ``abstain`` holding the humans' answer counts (or probabilities) for that image; any other
+numeric column is refused, since answers outside the classes would silently renormalise the rest. Deliberate
 difference from the reference: the min-max range is fitted on the scored set itself by default (as the reference does)
 but can come from a separate reference set (``calibration=``); its direction is explicit (see the calibrator's
 docstring).
@@ -21,6 +22,7 @@ docstring).
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -60,6 +62,10 @@ def read_human_labels(path: str | Path, classes: Sequence[str]) -> pd.DataFrame:
     report("unknown label", ~no_class & ~table["label"].isin(classes))
     report("must_act or uncertain image without a label", no_class & table["group"].isin(["must_act", "uncertain"]))
     report("duplicate image_id", table["image_id"].duplicated(keep=False))
+    other_numbers = [c for c in table.columns if c not in {*needed, "category"} and pd.api.types.is_numeric_dtype(table[c])]
+    if other_numbers:  # answers for a class outside ``classes`` would be dropped and the rest renormalised
+        problems.append(f"numeric column(s) {other_numbers} are neither a class of classes={classes} nor '{ABSTAIN}': if they hold "
+                        "human answers, add their classes to classes=; otherwise remove them from the file")
     if "category" in table.columns:
         table["category"] = table["category"].str.strip()
         report("empty category (the column is optional, but where it is given every image needs one)", table["category"] == "")
@@ -80,8 +86,8 @@ def read_human_labels(path: str | Path, classes: Sequence[str]) -> pd.DataFrame:
 def category_order(categories) -> list[str]:
     """The distinct categories, numbers in numeric order (``category2`` before ``category10``), then text."""
     def key(name: str) -> tuple:
-        digits = "".join(ch for ch in name if ch.isdigit())
-        return (name.rstrip("0123456789"), int(digits) if digits and name.endswith(digits) else -1, name)
+        numbered = re.fullmatch(r"(.*?)(\d+)", name)
+        return (numbered[1], int(numbered[2]), name) if numbered else (name, -1, name)
 
     return sorted({str(c) for c in categories}, key=key)
 

@@ -156,8 +156,15 @@ def _human_label_prob(human_label_prob: Any, label: np.ndarray, uncertain: np.nd
 
 def check_reliability_settings(gamma: Any, lam: Any, costs: Sequence[Any]) -> tuple[float, float, list[float]]:
     """:func:`reliability_score`'s settings as numbers, or an error that names the one out of range: ``gamma`` and
-    ``lam`` in [0, 1], each cost >= 0 (callers check them before the model runs)."""
-    return check_scalar(gamma, "gamma", 0.0, 1.0), check_scalar(lam, "lam", 0.0, 1.0), [check_scalar(c, "each cost", low=0.0) for c in costs]
+    ``lam`` in [0, 1], each cost >= 0 and no two costs alike in the reports' ``rs_<cost:g>`` column names (callers
+    check them before the model runs)."""
+    checked = [check_scalar(c, "each cost", low=0.0) for c in costs]
+    names = [f"rs_{c:g}" for c in checked]
+    clashes = sorted({name for name in names if names.count(name) > 1})
+    if clashes:
+        raise ValueError(f"costs {list(costs)} give more than one column named {clashes}: give each cost once, costs that differ "
+                         "within 6 significant digits")
+    return check_scalar(gamma, "gamma", 0.0, 1.0), check_scalar(lam, "lam", 0.0, 1.0), checked
 
 
 def reliability_score(dist: Any, group: Any, label: Any, human_label_prob: Any = None, gamma: float = 0.5,

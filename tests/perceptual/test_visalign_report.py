@@ -127,11 +127,33 @@ def test_the_reference_codes_per_category_means_beside_the_pooled_group_means(tm
                           {"s": np.array([3.0, 1, 2, 1, 1])}).iloc[0]["hellinger_per_category"] == {}
 
 
+def test_answers_for_a_class_outside_classes_are_refused(tmp_path):
+    """Answers in a column that is no class of ``classes=`` used to vanish and the rest be renormalised: humans 2 cat /
+    6 fox / 2 abstain read as 0.5 cat / 0.5 abstain, with no word."""
+    path = tmp_path / "labels.csv"
+    path.write_text("image_id,group,label,cat,dog,fox,abstain,notes\n"
+                    "a,must_act,cat,2,0,6,2,blurry\n")
+    with pytest.raises(ValueError, match=r"numeric column\(s\) \['fox'\] are neither a class of classes=\['cat', 'dog'\]"):
+        read_human_labels(path, CLASSES)
+    assert read_human_labels(path, ["cat", "dog", "fox"])["fox"].iloc[0] == pytest.approx(0.6)  # a text column is left alone
+
+
+def test_costs_that_would_share_a_column_are_refused():
+    from perceptual.metrics import check_reliability_settings
+
+    with pytest.raises(ValueError, match=r"more than one column named \['rs_1e\+06'\]"):  # one overwrote the other in the JSON
+        check_reliability_settings(0.5, 0.5, [1_000_000, 1_000_001])
+    with pytest.raises(ValueError, match=r"\['rs_450'\]"):
+        check_reliability_settings(0.5, 0.5, [450, 450.0])
+    assert check_reliability_settings(0.5, 0.5, [0, 450, 900])[2] == [0.0, 450.0, 900.0]
+
+
 def test_category_order_and_category_problems(tmp_path):
     from perceptual.visalign_report import category_order
 
     assert category_order(["category10", "category2", "category1", "category2"]) == ["category1", "category2", "category10"]
     assert category_order(["10", "9", "b", "a"]) == ["9", "10", "a", "b"]
+    assert category_order(["cat1_10", "cat1_9", "cat1_2"]) == ["cat1_2", "cat1_9", "cat1_10"]  # was text order: a digit before the number
     path = tmp_path / "bad.csv"
     path.write_text("image_id,group,label,category,cat,dog,abstain\n"
                     "a,must_act,cat,category1,1,0,0\n"
