@@ -110,12 +110,12 @@ def _loss_fn(loss: str, y: Tensor, target: Tensor | None) -> Callable[[Tensor], 
 def _loss_grad(model: nn.Module, x: Tensor, loss_of: Callable[[Tensor], Tensor], eot_samples: int) -> tuple[Tensor, Tensor, Tensor]:
     """Per-sample loss, its gradient (averaged over ``eot_samples`` forward passes) and the last logits."""
     grad = torch.zeros_like(x)
-    loss_sum = torch.zeros(x.shape[0], device=x.device)
+    loss_sum = torch.zeros(x.shape[0], device=x.device, dtype=torch.promote_types(x.dtype, torch.float32))
     with torch.enable_grad():
         for _ in range(eot_samples):
             x_var = x.detach().requires_grad_(True)
             logits = model(x_var)
-            loss = loss_of(logits.float())
+            loss = loss_of(_at_least_float32(logits))
             (g,) = torch.autograd.grad(loss.sum(), x_var)
             grad += g
             loss_sum += loss.detach()
@@ -137,7 +137,7 @@ def smoothed_loss_grad(model: nn.Module, x: Tensor, loss_of: Callable[[Tensor], 
     n, shape = x.shape[0], x.shape[1:]
     per_pass = max(max_batch // (2 * n), 1)
     grad = torch.zeros_like(x)
-    loss_sum = torch.zeros(n, device=x.device)
+    loss_sum = torch.zeros(n, device=x.device, dtype=torch.promote_types(x.dtype, torch.float32))
     with torch.no_grad():
         for start in range(0, pairs, per_pass):
             count = min(per_pass, pairs - start)
@@ -153,17 +153,23 @@ def smoothed_loss_grad(model: nn.Module, x: Tensor, loss_of: Callable[[Tensor], 
 def _losses_of_copies(model: nn.Module, images: Tensor, loss_of: Callable[[Tensor], Tensor], repeats: int) -> Tensor:
     """``loss_of`` (a per-sample loss of n samples) on each of ``repeats`` stacked copies of n samples' images, in one forward."""
     n = images.shape[0] // repeats
-    logits = model(images).float()
+    logits = _at_least_float32(model(images))
     return torch.stack([loss_of(logits[i * n:(i + 1) * n]) for i in range(repeats)])
+
+
+def _at_least_float32(logits: Tensor) -> Tensor:
+    """Losses of half-precision logits in float32; a float64 model's stay float64 (the losses decide the best point)."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
 LossGrad = Callable[[nn.Module, Tensor, Callable[[Tensor], Tensor]], tuple[Tensor, Tensor, Tensor]]
 
 
 def _apgd_single_run(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel, loss_of: Callable[[Tensor], Tensor],
-                     loss_grad: LossGrad, generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
+                     loss_grad: LossGrad, generator: torch.Generator | None, highest_loss: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """One APGD run from a random start; returns (adversarial images, fooled mask, the highest loss found: the loss of
-    the returned image of a sample that was not fooled)."""
+    the returned image of a sample that was not fooled). The images are the first misclassified point of a fooled
+    sample, else its highest-loss point; with ``highest_loss`` every sample's highest-loss point."""
     steps = threat.steps
     k, k_min, k_decrement = apgd_schedule(steps)
     n = x.shape[0]
@@ -212,13 +218,15 @@ def _apgd_single_run(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel
                 grad = torch.where(halve.view(-1, 1, 1, 1), grad_best, grad)
                 k = max(k - k_decrement, k_min)
                 since_check = 0
+    if highest_loss:
+        return x_best.detach(), fooled, loss_best.detach()
     return torch.where(fooled.view(-1, 1, 1, 1), x_best_adv, x_best).detach(), fooled, loss_best.detach()
 
 
 @_in_eval_mode
 def apgd(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel, *, loss: str = "ce", restarts: int = 1,
          n_targets: int = 9, eot_samples: int = 1, smoothing_sigma: float = 0.0, smoothing_samples: int = 64,
-         generator: torch.Generator | None = None) -> Tensor:
+         every_image: bool = False, generator: torch.Generator | None = None) -> Tensor:
     """APGD (Croce and Hein 2020) on ``model`` (which takes [0, 1] images); ``threat.steps`` is the
     iteration budget per run, ``threat.step_size`` and ``random_start`` are not used (APGD sets its own
     step size and always starts at a random point of the ball).
@@ -229,6 +237,10 @@ def apgd(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel, *, loss: s
     a misclassified point where one was found, otherwise the highest-loss point of all runs (for APGD-T, whose
     targets' losses do not compare, the point of the run whose margin, the highest wrong logit minus the true
     one, is largest).
+
+    ``every_image=True`` is the transfer attack's setting, where ``model`` is a surrogate and fooling it is not the
+    goal: every image is attacked (those ``model`` misclassifies clean too) for all runs, and the highest-loss point
+    is returned whether or not ``model`` is fooled there.
 
     ``smoothing_sigma`` > 0 attacks the Gaussian-smoothed loss instead, with gradients estimated from
     ``smoothing_samples`` queries per step (:func:`smoothed_loss_grad`, Tramer et al. 2020's attack on
@@ -254,7 +266,7 @@ def apgd(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel, *, loss: s
                                 "are they 1-based?")
     x_out = x.clone()
     kept_score = torch.full((x.shape[0],), -math.inf, device=x.device)  # of each unfooled sample's point in x_out
-    remaining = clean_logits.argmax(dim=1) == y  # misclassified clean images need no attack
+    remaining = torch.ones_like(y, dtype=torch.bool) if every_image else clean_logits.argmax(dim=1) == y  # else: misclassified need no attack
     if loss == "dlr-targeted":
         order = clean_logits.sort(dim=1).indices
         targets = [order[:, -(t + 2)] for t in range(min(n_targets, n_classes - 1))]
@@ -266,7 +278,9 @@ def apgd(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel, *, loss: s
             if index.numel() == 0:
                 return x_out
             loss_of = _loss_fn(loss, y[index], None if target is None else target[index])
-            x_adv, fooled, run_loss = _apgd_single_run(model, x[index], y[index], threat, loss_of, loss_grad, generator)
+            x_adv, fooled, run_loss = _apgd_single_run(model, x[index], y[index], threat, loss_of, loss_grad, generator, every_image)
+            if every_image:
+                fooled = torch.zeros_like(fooled)  # the surrogate's answer does not matter: keep the highest loss, attack on
             if len(targets) == 1:
                 score = run_loss
             else:
@@ -556,7 +570,7 @@ def worst_case(model: nn.Module, x: Tensor, y: Tensor, attacks: dict[str, Attack
             result.correct[name] = classify(x_adv) == y
         if store is not None:
             store.save(name, result.correct[name])
-        log.info("%s: accuracy %.3f", name, float(result.correct[name].float().mean()))
+        log.info("%s: accuracy %.3f", name, float((result.correct[name] & result.clean).float().mean()))  # as accuracies() counts
     return result
 
 

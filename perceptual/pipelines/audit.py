@@ -43,6 +43,7 @@ from ..audit import (
     chance_message,
     check_budgets,
     check_classifier,
+    check_eps_values,
     check_smoothing,
     clean_predictions,
     controversial_summary,
@@ -171,12 +172,7 @@ def run(cfg: DictConfig) -> dict:
     ThreatModel(norm, eps, steps=int(cfg.threat.steps))  # a bad norm or eps is named now
     sweep = sweep_eps(cfg.get("eps_sweep"), eps)
     masking_eps = [config_number(e, "masking_eps") for e in cfg.masking_eps] if cfg.get("masking_eps") else None
-    for key, values in (("eps_sweep", sweep), ("masking_eps", masking_eps or [])):
-        for value in values:  # they run after every attack at threat.eps: a bad one is named now too
-            try:
-                ThreatModel(norm, value)
-            except ValueError as err:
-                raise ValueError(f"{key}: {err}") from None
+    check_eps_values(norm, eps, eps_sweep=sweep, masking_eps=masking_eps or [])
     smoothing_sigma = config_number(cfg.smoothing.sigma, "smoothing.sigma")
     check_smoothing(int(cfg.smoothing.samples), smoothing_sigma)
     check_budgets(eot=cfg.eot, n_targets=cfg.n_targets, square_queries=cfg.square_queries, **{"threat.steps": cfg.threat.steps},

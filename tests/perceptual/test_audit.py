@@ -121,6 +121,60 @@ def test_check_classifier_rejects_non_classifiers():
         check_classifier(torch.nn.Linear(5, 10), x)
     with pytest.raises(ValueError, match="3 scores but the data set has 10"):
         check_classifier(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(192, 3)), x, n_classes=10)
+    with pytest.raises(ValueError, match="outputs 3 class scores; the audit's APGD-T .targeted DLR loss. needs at least 4"):
+        check_classifier(torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(192, 3)), x)
+
+
+def test_bad_eps_lists_and_too_few_classes_are_refused_before_any_attack_runs(digits, monkeypatch):
+    """A bad sweep or masking eps was named only after every attack at eps had run; a 3-class model after FGSM, PGD and
+    APGD-CE, when APGD-T started."""
+    ran = []
+    for name in ("fgsm", "pgd", "apgd", "square"):
+        monkeypatch.setattr(audit_module, name, lambda *args, _name=name, **kwargs: ran.append(_name))
+    model, x, y = digits
+    for bad, match in ((dict(sweep_eps=[4 / 255, 8]), "sweep_eps: "), (dict(masking_eps=[8]), "masking_eps: ")):
+        with pytest.raises(ValueError, match=match):
+            audit_robustness(model, x[:4], y[:4], "linf", 4 / 255, steps=1, square_queries=1, smoothing_samples=0, **bad)
+    three = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 3))
+    with pytest.raises(ValueError, match="needs at least 4 classes"):
+        audit_robustness(three, x[:4], y[:4] % 3, "linf", 4 / 255, steps=1, square_queries=1, smoothing_samples=0)
+    assert ran == []
+
+
+def test_on_a_randomised_defence_prediction_noise_does_not_fail_pgd_not_overestimating():
+    """PGD's accuracy is one random prediction per image, the worst case ANDs one per attack: on a noisy defence with
+    no masking PGD stood 14 points above the worst case from noise alone, and the defence was flagged."""
+    noisy = {"clean": 0.84, "fgsm": 0.83, "pgd": 0.83, "apgd-ce": 0.82, "apgd-t": 0.82, "square": 0.83, "worst_case": 0.69}
+    strict = {c.name: c for c in masking_checks(noisy, {}, 0.0, True, 8)}["pgd_not_overestimating"]
+    assert strict.status == "fail"  # without the floor: the old verdict
+    check = {c.name: c for c in masking_checks(noisy, {}, 0.0, True, 8, noise_floor=0.70)}["pgd_not_overestimating"]
+    assert check.status == "pass" and "limit 10% + 14.0% prediction noise" in check.detail
+    masked = dict(noisy, pgd=0.83, worst_case=0.40)  # far beyond the noise: still a failure
+    assert {c.name: c for c in masking_checks(masked, {}, 0.0, True, 8, noise_floor=0.70)}["pgd_not_overestimating"].status == "fail"
+
+
+def test_the_transfer_attack_perturbs_images_the_reference_gets_wrong(digits):
+    from perceptual.audit import attack_suite
+
+    model, x, y = digits
+    reference = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 10))  # untrained: wrong on most images
+    with torch.no_grad():
+        wrong = reference(x).argmax(1) != y
+    transfer = attack_suite(model, "linf", 4 / 255, steps=3, reference=reference)["transfer"]
+    moved = (transfer(model, x, y) - x).flatten(1).abs().amax(1) > 0
+    assert wrong.any() and moved[wrong].all()  # they went to the defence unperturbed
+
+
+def test_a_stored_transfer_result_of_the_old_attack_is_recomputed(tmp_path):
+    from perceptual.audit import JsonAttackStore
+    from training.io import atomic_write_json
+
+    store = JsonAttackStore(tmp_path, "key")
+    for name in ("transfer", "pgd"):  # as the audit stored them before the transfer attack changed
+        atomic_write_json(tmp_path / f"{name}.json", {"key": "key", "attack": name, "correct": [True, False]})
+    assert store.load("transfer") is None and store.load("pgd").tolist() == [True, False]
+    store.save("transfer", torch.tensor([False, False]))
+    assert store.load("transfer").tolist() == [False, False]
 
 
 @pytest.mark.gpu

@@ -300,8 +300,8 @@ def test_apgd_keeps_the_strongest_point_of_all_its_runs_for_a_sample_it_did_not_
     runs = []
     single_run = strong._apgd_single_run
 
-    def recorded(model, x, y, threat, loss_of, loss_grad, generator):
-        out = single_run(model, x, y, threat, loss_of, loss_grad, generator)
+    def recorded(model, x, y, threat, loss_of, loss_grad, generator, highest_loss=False):
+        out = single_run(model, x, y, threat, loss_of, loss_grad, generator, highest_loss)
         runs.append((out[0], loss_of))
         return out
 
@@ -378,3 +378,51 @@ def test_square_attacks_take_images_wider_or_taller_than_the_square():
         assert (distance <= eps + 1e-5).all() and adv.shape == x.shape
         adv = attack(model, x.transpose(2, 3).contiguous(), y, eps, queries=20, generator=torch.Generator().manual_seed(0))
         assert adv.shape == (4, 3, 16, 64)
+
+
+def test_apgd_every_image_attacks_what_the_surrogate_gets_wrong_and_keeps_the_highest_loss(digits_model):
+    """The transfer attack's setting: images the surrogate misclassifies clean were returned unperturbed, and a fooled
+    image's point was the first fooling one, not its highest-loss one (so the transfer was weaker than it is)."""
+    model, x, y = digits_model
+    threat = ThreatModel("linf", 4 / 255, steps=10)
+    with torch.no_grad():
+        wrong = model(x).argmax(1) != y
+    assert wrong.any()  # the shared CNN misclassifies some clean test images
+    default = apgd(model, x, y, threat, loss="ce", generator=torch.Generator().manual_seed(0))
+    every = apgd(model, x, y, threat, loss="ce", every_image=True, generator=torch.Generator().manual_seed(0))
+    moved = lambda adv: (adv - x).flatten(1).abs().amax(1) > 0  # noqa: E731
+    assert not moved(default)[wrong].any() and moved(every).all()
+    assert ((every - x).abs() <= 4 / 255 + 1e-6).all() and every.min() >= 0 and every.max() <= 1
+    with torch.no_grad():
+        ce = lambda adv: torch.nn.functional.cross_entropy(model(adv), y, reduction="none")  # noqa: E731
+        assert ce(every).mean() > ce(default).mean()
+
+
+def test_a_float64_model_is_attacked_with_float64_losses():
+    from training.strong_attacks import _loss_grad, _losses_of_copies
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 5)).double()
+    x, y = torch.rand(3, 3, 2, 2, dtype=torch.float64), torch.tensor([0, 1, 2])
+    loss_of = lambda logits: torch.nn.functional.cross_entropy(logits, y, reduction="none")  # noqa: E731
+    assert _loss_grad(model, x, loss_of, eot_samples=1)[0].dtype == torch.float64  # was float32: rounding decided the best point
+    assert _losses_of_copies(model, torch.cat([x, x]), loss_of, 2).dtype == torch.float64
+    half = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 5)).to(torch.bfloat16)
+    assert _loss_grad(half, x.to(torch.bfloat16), loss_of, eot_samples=1)[0].dtype == torch.float32
+
+
+def test_worst_case_logs_the_accuracy_it_reports(digits_model, caplog):
+    """The log counted an image the model gets wrong clean as robust when the attack left it wrong... or right: a
+    randomised model's log read above its clean accuracy. It now counts as accuracies() does."""
+    model, x, y = digits_model
+    identity = lambda m, a, b: a  # noqa: E731
+    flipped = {"calls": 0}
+
+    def predict(images):  # the second look at the same images answers right everywhere: a randomised model's luck
+        flipped["calls"] += 1
+        with torch.no_grad():
+            return model(images).argmax(1) if flipped["calls"] == 1 else y.clone()
+
+    with caplog.at_level("INFO", logger="training.strong_attacks"):
+        result = worst_case(model, x, y, {"none": identity}, predict=predict)
+    assert f"none: accuracy {result.accuracies()['none']:.3f}" in caplog.text
+    assert result.accuracies()["none"] < 1.0
