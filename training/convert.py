@@ -14,14 +14,21 @@ from pathlib import Path
 import yaml
 
 from .checkpoints import CheckpointError, save_checkpoint
-from .models import build_model
+from .models import IMAGENET_LIKE, build_model
 
 
 def convert(src: str | Path, dst: str | Path, arch: str, dataset: str, trust_pickle: bool = False, **build_kwargs) -> Path:
-    """Read ``src`` in any supported format, check it fits ``arch`` on ``dataset``, write safetensors to ``dst``."""
+    """Read ``src`` in any supported format, check it fits ``arch`` on ``dataset``, write safetensors to ``dst``. A file
+    without its input normalisation needs ``mean=``/``std=`` (except on ImageNet, whose torchvision weights expect its
+    statistics): the written file states one, so a guess would no longer be warned about when it is loaded."""
     if Path(dst).is_dir():
         raise ValueError(f"{dst} is a folder: give the file to write, e.g. {Path(dst) / (Path(src).stem + '.safetensors')}")
     model = build_model(arch, dataset, checkpoint=str(src), trust_pickle=trust_pickle, **build_kwargs)
+    guessed = not getattr(model, "normalization_from_checkpoint", True) and "mean" not in build_kwargs and "std" not in build_kwargs
+    if guessed and dataset not in IMAGENET_LIKE:  # written into the new file, the guess would pass for the weights' own
+        raise ValueError(f"{src} holds no input normalisation, and the file written would carry {dataset}'s statistics as if they were "
+                         "its own: pass the normalisation the weights were trained with, --kwarg 'mean=[0,0,0]' --kwarg 'std=[1,1,1]' "
+                         "for raw [0, 1] inputs (TRADES, MART and k-WTA reference code), or the data set's mean and std")
     return save_checkpoint(model, dst, {"converted_from": str(src), **{f"kwarg.{k}": str(v) for k, v in model.arch_kwargs.items()}})
 
 

@@ -10,7 +10,7 @@ import torch
 from omegaconf import DictConfig
 
 from .config import dataset_from_config, model_from_config, representation_from_config
-from .data import IMAGE_SIZE, ImageSet
+from .data import IMAGE_SIZE, IN_MEMORY, DataNotFoundError, ImageSet
 from .representation import list_layers
 
 
@@ -28,12 +28,22 @@ def describe(cfg: DictConfig) -> str:
         f"representation layer {rep.layer!r}, fake_relu={rep.fake_relu}, pool={rep.pool}: shape (N, {features.shape[1]})",
         f"layers ({len(layers)}): {', '.join(layers)}",
     ]
+    absent = []
     for split in ("train", "test"):
-        data = dataset_from_config(cfg.data, split)
+        try:
+            data = dataset_from_config(cfg.data, split)
+        except DataNotFoundError as err:
+            if dataset in IN_MEMORY:  # a file of the data set is missing: the whole set is unusable
+                raise
+            absent.append(err)  # an ImageNet root often holds val/ only (conf/data/imagenet.yaml)
+            lines.append(f"data {split:<9} absent: {str(err).splitlines()[0]}")
+            continue
         if isinstance(data, ImageSet):
             lines.append(f"data {split:<9} {len(data):,} images {tuple(data.images.shape[1:])} uint8, {data.num_classes} classes")
         else:
             lines.append(f"data {split:<9} {len(data):,} images in {len(data.classes)} class folders")
+    if len(absent) == 2:
+        raise absent[0]
     return "\n".join(lines)
 
 

@@ -43,7 +43,7 @@ from .attacks import ThreatModel, check_norm, config_number
 from .checkpoints import CheckpointError, load_into
 from .config import ConfigError, check_train_config, check_whole_number, dataset_from_config, expand_path, model_from_config, resolve_device
 from .config import get as _get
-from .data import ImageSet
+from .data import IN_MEMORY, ImageSet
 from .evaluate import correct_counts, gradient_masking_report
 from .models import Classifier
 from .optim import build_optimizer, build_scheduler
@@ -315,9 +315,9 @@ def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> Tr
     tcfg = cfg.train
     device = dist.device(_get(cfg, "device", "auto"))
     seed = int(_get(cfg, "seed", 0))
+    check_whole_number(tcfg.epochs, "train.epochs")  # 2.5 trained 2 epochs and reported 2
+    check_whole_number(tcfg.batch_size, "train.batch_size")
     epochs, batch_size = int(tcfg.epochs), int(tcfg.batch_size)
-    if epochs < 1 or batch_size < 1:
-        raise ConfigError(f"train.epochs and train.batch_size must be positive, got {epochs} and {batch_size}")
     if batch_size < 2 and "simclr" in str(_get(tcfg, "name", "")):
         raise ConfigError("train.batch_size=1 gives SimCLR no negatives (the loss is 0, nothing is learnt): use at least 2")
     bf16 = _resolve_precision(_get(tcfg, "precision", "auto"), device)
@@ -327,10 +327,10 @@ def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> Tr
     progress_every = max(1, int(_get(cfg, "progress_every", 25)))
 
     torch.manual_seed(seed + dist.rank)
+    if cfg.data.name not in IN_MEMORY:  # before an ImageNet folder of a million files is walked, only to be refused
+        raise ConfigError(f"training needs an in-memory data set ({', '.join(IN_MEMORY)}), got {cfg.data.name!r}")
     train_set = dataset_from_config(cfg.data, "train")
     test_set = dataset_from_config(cfg.data, "test")
-    if not isinstance(train_set, ImageSet):
-        raise ConfigError(f"training needs an in-memory data set (cifar10, cifar100, digits), got {cfg.data.name!r}")
     train_set = _limit(train_set, _get(cfg, "data_limit.train"), seed).to(device)
     test_set = _limit(test_set, _get(cfg, "data_limit.test"), seed).to(device)
     if len(train_set) < batch_size * dist.world_size:
@@ -394,7 +394,11 @@ def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> Tr
                               progress_every=progress_every)
         dist.sync_buffers(recipe)
         if not math.isfinite(record.get("train_loss", 0.0)):
-            _diverged(run, record, cfg, recipe, progress, device, dist, bf16, channels_last, train_step.mode, wall_start)
+            _diverged(run, record, cfg, recipe, progress, device, dist, bf16, channels_last, train_step.mode, wall_start,
+                      f"non-finite training loss ({record['train_loss']}) in epoch {record['epoch']}")
+        if not _all_finite(recipe):  # the last update can break the weights after every loss of the epoch was finite
+            _diverged(run, record, cfg, recipe, progress, device, dist, bf16, channels_last, train_step.mode, wall_start,
+                      f"non-finite weights after epoch {record['epoch']} (its mean loss {record.get('train_loss')} was finite)")
         every = int(eval_cfg.get("every", 1) or 0)
         if recipe.supervised and every and (epoch + 1) % every == 0:
             record.update(_evaluate(recipe.model, test_set, eval_threat, dist, robust_limit=eval_cfg.get("subset"),
@@ -448,11 +452,17 @@ class TrainingDiverged(FloatingPointError):
     """The training loss stopped being a number: the run stops, its last finite checkpoint kept."""
 
 
+def _all_finite(recipe: Recipe) -> bool:
+    """Whether every parameter and buffer (batch norm's running statistics too) is a number: one host sync per epoch."""
+    tensors = [t for t in (*recipe.parameters(), *recipe.buffers()) if t.is_floating_point()]
+    return not tensors or bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
+
+
 def _diverged(run: RunDirectory, record: dict, cfg: DictConfig, recipe: Recipe, progress: _Progress, device, dist: Distributed, bf16,
-              channels_last: bool, step_mode: str, wall_start: float) -> None:
-    """Stop a run whose epoch ended with a non-finite mean loss, before its weights are evaluated or checkpointed: the
-    metrics show the epoch, the summary says ``diverged``, and the checkpoint of the last finite epoch stays the latest."""
-    reason = f"non-finite training loss ({record['train_loss']}) in epoch {record['epoch']}"
+              channels_last: bool, step_mode: str, wall_start: float, reason: str) -> None:
+    """Stop a run whose epoch ended with a non-finite mean loss or non-finite weights, before they are evaluated or
+    checkpointed: the metrics show the epoch, the summary says ``diverged``, and the checkpoint of the last finite epoch
+    stays the latest."""
     record["stopped"] = reason
     if dist.is_main:
         run.log_metrics(record)

@@ -107,6 +107,20 @@ def test_converter_arguments_are_checked_and_answered_in_one_line(tmp_path):
     assert not (tmp_path / "out.safetensors").exists()
 
 
+def test_the_converter_does_not_write_a_guessed_normalisation_as_the_files_own(tmp_path):
+    """A raw-[0, 1] state dict (TRADES, MART, k-WTA) was written with CIFAR's statistics, and every later load used them
+    without the warning the plain file gets."""
+    model = build_model("small_cnn", "digits", width=8)
+    torch.save({"net." + k: v for k, v in model.net.state_dict().items()}, tmp_path / "raw.pt")
+    base = [str(tmp_path / "raw.pt"), str(tmp_path / "out.safetensors"), "--arch", "small_cnn", "--dataset", "digits", "--kwarg", "width=8"]
+    with pytest.raises(SystemExit, match=r"holds no input normalisation.*--kwarg 'mean=\[0,0,0\]' --kwarg 'std=\[1,1,1\]'"):
+        convert_main(base)
+    assert not (tmp_path / "out.safetensors").exists()
+    convert_main(base + ["--kwarg", "mean=[0,0,0]", "--kwarg", "std=[1,1,1]"])
+    converted = build_model("small_cnn", "digits", width=8, checkpoint=str(tmp_path / "out.safetensors"))
+    assert converted.normalization_from_checkpoint and converted.normalize.mean.flatten().tolist() == [0.0, 0.0, 0.0]
+
+
 def test_half_a_normalisation_and_numpy_or_plain_pickle_files(tmp_path):
     model = build_model("small_cnn", "digits", width=8)
     weights = {"net." + k: v for k, v in model.net.state_dict().items()}

@@ -35,6 +35,26 @@ def test_describe_lists_parameters_layers_representation_and_sizes():
     assert "1,347 images" in text and "450 images" in text
 
 
+def test_describe_an_imagenet_root_with_its_val_folder_only(tmp_path):
+    """The documented ImageNet layout (root/val/<class>/) crashed: the train folder was required."""
+    import pytest
+    from PIL import Image
+
+    from training.data import DataNotFoundError
+
+    for name in ("n01440764", "n01443537"):
+        (tmp_path / "val" / name).mkdir(parents=True)
+        Image.new("RGB", (40, 40)).save(tmp_path / "val" / name / "a.png")
+    with initialize_config_module(config_module="conf", version_base=None):
+        cfg = compose(config_name="config", overrides=["data=imagenet", f"data.root={tmp_path}", "model=resnet18"])
+    text = describe(cfg)
+    assert "data train     absent: " in text and "data test      2 images in 2 class folders" in text
+    with initialize_config_module(config_module="conf", version_base=None):
+        empty = compose(config_name="config", overrides=["data=imagenet", f"data.root={tmp_path / 'none'}", "model=resnet18"])
+    with pytest.raises(DataNotFoundError):  # neither split: still an error
+        describe(empty)
+
+
 def test_info_command_on_the_real_cifar_subset(cifar_mini_root):
     out = subprocess.run(
         [sys.executable, "-m", "training.info", "model=resnet18", "data=cifar10", f"data.root={cifar_mini_root}"],

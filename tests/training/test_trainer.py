@@ -108,7 +108,11 @@ def test_a_completed_run_without_its_checkpoints_is_reused_not_trained_over(make
         (["train.batch_size=512"], ConfigError, "exceeds the 128 training images"),
         (["train.eval.attack.norm=l1"], ValueError, "unknown norm 'l1'"),
         (["train.optimizer.name=adam"], ConfigError, "unknown optimizer 'adam'"),
-        (["train.epochs=0"], ConfigError, "must be positive"),
+        (["train.epochs=0"], ConfigError, r"train.epochs must be a whole number >= 1, got 0"),
+        (["train.epochs=2.5"], ConfigError, r"train.epochs must be a whole number >= 1, got 2.5"),  # trained 2 and reported 2
+        (["train.batch_size=32.9"], ConfigError, r"train.batch_size must be a whole number >= 1, got 32.9"),
+        # refused only after both ImageNet folders (a million files) were walked, or asking for a train folder first
+        (["data=imagenet", "data.root=/nonexistent"], ConfigError, r"training needs an in-memory data set \(cifar10, cifar100, digits\), got 'imagenet'"),
         # used only after every epoch, or read as another count (0 epochs before stopping trained one)
         (["train.eval.batch_size=0"], ConfigError, r"train.eval.batch_size must be a whole number >= 1 \(or null for the default\), got 0"),
         (["train.eval.final_restarts=0"], ConfigError, "train.eval.final_restarts must be a whole number >= 1"),
@@ -158,6 +162,28 @@ def test_a_diverged_run_names_the_checkpoint_it_kept_not_the_last_finished_epoch
     with pytest.raises(TrainingDiverged, match=r"in epoch 4; the checkpoint of epoch 2 is kept"):
         train(make_config("train=standard", "train.epochs=5", "save_every=2", "train.eval.every=0"))
     assert RunDirectory(make_config().run_dir).latest().epoch == 2
+
+
+def test_weights_broken_by_an_epochs_last_update_are_not_evaluated_or_kept(make_config, monkeypatch):
+    """The loss of a step comes before its update: a last update that made the weights NaN left the epoch's mean loss
+    finite, and the NaN model was evaluated and checkpointed as the epoch that "is kept"."""
+    from training import trainer
+    from training.trainer import TrainingDiverged
+
+    real_epoch = trainer._train_epoch
+
+    def nan_weights_in_epoch_2(recipe, *args, **kwargs):
+        record = real_epoch(recipe, *args, **kwargs)
+        if kwargs["epoch"] == 1:
+            with torch.no_grad():
+                next(recipe.parameters()).fill_(float("nan"))
+        return record
+
+    monkeypatch.setattr(trainer, "_train_epoch", nan_weights_in_epoch_2)
+    with pytest.raises(TrainingDiverged, match=r"non-finite weights after epoch 2 \(its mean loss .* was finite\); the checkpoint of epoch 1 is kept"):
+        train(make_config("train=standard", "train.epochs=3", "train.eval.every=0"))
+    run = RunDirectory(make_config().run_dir)
+    assert run.latest().epoch == 1 and [m["epoch"] for m in run.read_metrics()] == [1, 2]
 
 
 def test_a_run_resumes_only_on_the_data_and_processes_it_started_with(make_config, tmp_path):
