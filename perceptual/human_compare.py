@@ -20,8 +20,9 @@ What differs from the panel, deliberately:
 * An observer's answer distribution is one-hot on its response (people, and decisions read from CSVs, give no
   softmax), so SOC and SOCE measure agreement of answers rather than of distributions.
 * An unanswered trial (``na``) is answered with an extra 17th "no answer" class: wrong, as in the benchmark, and
-  never agreeing with a wrong class answer of another observer (MA, CLES). CLES smooths over 16 classes (Xu et al.'s
-  k for model-vs-human) unless one of the pair left a trial of the cell unanswered.
+  never agreeing with a wrong class answer of another observer (MA, CLES), nor with another observer's ``na`` on the
+  same image: leaving an image unanswered is not naming the same wrong class (the second observer's ``na`` is then an
+  18th class). CLES smooths over 16 classes (Xu et al.'s k for model-vs-human), plus one per extra class used.
 * CKA is left out: no observer here has a feature space.
 
 Rows are labelled by kind: ``human:subject-01`` and ``model:<name>`` (:func:`system_label`).
@@ -117,12 +118,12 @@ def pair_matrices_on_trials(trials: pd.DataFrame, systems: Sequence[str], *, cla
     unknown = [m for m in metrics if m not in PAIR_METRIC_REGISTRY]
     if unknown:
         raise ValueError(f"unknown pair metric(s) {unknown}: use any of {list(PAIR_METRIC_REGISTRY)}")
-    k = len(classes) + 1  # + "no answer"
-    eye = np.eye(k)
+    no_answer, second_no_answer = len(classes), len(classes) + 1
+    eye = np.eye(len(classes) + 2)
 
     def context(labels: np.ndarray, *answers: np.ndarray) -> MetricContext:
-        unanswered = any((a == len(classes)).any() for a in answers)  # the extra class only where it is used
-        return MetricContext(labels, k if unanswered else len(classes), cles_variant, on_undefined)
+        extra = sum(int((a >= no_answer).any()) for a in answers)  # the extra classes only where they are used
+        return MetricContext(labels, len(classes) + extra, cles_variant, on_undefined)
 
     out = {}
     cells = dict(list(trials.groupby(["dataset", "condition"], sort=True)))
@@ -138,8 +139,11 @@ def pair_matrices_on_trials(trials: pd.DataFrame, systems: Sequence[str], *, cla
             if not len(shared):
                 continue
             labels = answers[a][1].loc[shared].to_numpy()
-            ra, rb = (Responses(answers[s][0].loc[shared].to_numpy(), eye[answers[s][0].loc[shared].to_numpy()]) for s in (a, b))
-            pair = context(labels, ra.predictions, rb.predictions)
+            pa, pb = (answers[s][0].loc[shared].to_numpy() for s in (a, b))
+            if (pa == no_answer).any():  # two observers' no-answers to one image are not one answer
+                pb = np.where(pb == no_answer, second_no_answer, pb)
+            ra, rb = Responses(pa, eye[pa]), Responses(pb, eye[pb])
+            pair = context(labels, pa, pb)
             for m in metrics:
                 matrices[m][i, j] = matrices[m][j, i] = PAIR_METRIC_REGISTRY[m].fn(ra, rb, pair)
         for i, s in enumerate(systems):

@@ -196,7 +196,9 @@ def shape_bias_table(trials: pd.DataFrame, humans: Any = None, dataset: str = CU
 
 
 def shape_bias_per_category(trials: pd.DataFrame, humans: Any = None, dataset: str = CUE_CONFLICT) -> pd.DataFrame:
-    """Shape bias per subject and SHAPE category (the benchmark's shape-bias plot), plus ``all humans`` pooled.
+    """Shape bias per subject and SHAPE category, plus two human rows per category: ``mean of humans``, the mean of the
+    human subjects' values (the benchmark's shape-bias plot, ``plot_shape_bias_boxplot``), and ``all humans``, every
+    human trial pooled (it weights subjects by their conflict trials; up to 2 points off the mean on the real data).
 
     Columns: subject, category, n_conflict, shape_bias (NaN where no decision matched either cue).
     """
@@ -211,7 +213,12 @@ def shape_bias_per_category(trials: pd.DataFrame, humans: Any = None, dataset: s
     for (subject, category), group in pd.concat([cue, pooled]).groupby(["subject", "category"], sort=True):
         rows.append({"subject": subject, "category": category, "n_conflict": int((group["category"] != group["texture"]).sum()),
                      "shape_bias": shape_bias(group["category"].to_numpy(), group["texture"].to_numpy(), group["response"].to_numpy())})
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    people = table[table["subject"].map(human).astype(bool) & (table["subject"] != "all humans")]
+    if len(people):
+        means = people.groupby("category", sort=True).agg(n_conflict=("n_conflict", "sum"), shape_bias=("shape_bias", "mean"))  # NaN skipped
+        table = pd.concat([table, means.reset_index().assign(subject="mean of humans")[table.columns]], ignore_index=True)
+    return table
 
 
 # The benchmark's order (``datasets/experiments.py``) for its conditions that are not numbers: colour before greyscale,

@@ -164,7 +164,7 @@ def shape_bias_figure(per_category: pd.DataFrame, overall: pd.DataFrame, path: s
     y = np.arange(len(categories))
     fig, ax = plt.subplots(figsize=(6, 0.35 * len(categories) + 1.5))
     totals = overall.set_index("subject")["shape_bias"]
-    subjects = [s for s in per_category["subject"].unique() if s != "all humans"]
+    subjects = [s for s in per_category["subject"].unique() if s not in ("all humans", "mean of humans")]
     human_subjects = set(overall.loc[(overall["scope"] == "subject") & overall["is_human"], "subject"])
     colours = _model_colours(models if models is not None else overall.loc[(overall["scope"] == "subject") & ~overall["is_human"], "subject"])
     shown_subject_label = False
@@ -175,9 +175,9 @@ def shape_bias_figure(per_category: pd.DataFrame, overall: pd.DataFrame, path: s
             shown_subject_label = True
         else:
             ax.plot(values, y, "s", markersize=5, color=colours[subject], label=f"{subject} ({totals.get(subject, np.nan):.2f})")
-    if "all humans" in set(per_category["subject"]):
-        pooled = per_category[per_category["subject"] == "all humans"].set_index("category")["shape_bias"].reindex(categories)
-        ax.plot(pooled, y, "D", color=HUMAN_COLOUR, markersize=6, label=f"humans pooled ({totals.get('all humans', np.nan):.2f})")
+    if "mean of humans" in set(per_category["subject"]):  # the benchmark's human marker: the mean over subjects
+        mean = per_category[per_category["subject"] == "mean of humans"].set_index("category")["shape_bias"].reindex(categories)
+        ax.plot(mean, y, "D", color=HUMAN_COLOUR, markersize=6, label=f"humans, mean of subjects ({totals.get('mean of humans', np.nan):.2f})")
     ax.set_yticks(y, categories, fontsize=8)
     ax.set_xlim(-0.02, 1.02)
     ax.set_xlabel("fraction of shape decisions (1 − fraction of texture decisions)")

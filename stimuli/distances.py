@@ -74,10 +74,10 @@ def load_similarity_matrix(path: str | Path) -> pd.DataFrame:
     table.columns = table.columns.map(str)
     if table.shape[0] != table.shape[1]:
         raise ValueError(f"{path}: a similarity matrix must be square (ids in the first row and column), got {table.shape}")
+    if table.index.duplicated().any():  # first: pandas renames a repeated column id (a -> a.1), so the rows tell
+        raise ValueError(f"{path}: duplicate ids {sorted(set(table.index[table.index.duplicated()]))[:5]}")
     if list(table.index) != list(table.columns):
         raise ValueError(f"{path}: the row ids and the column ids must be the same ids in the same order")
-    if table.index.duplicated().any():
-        raise ValueError(f"{path}: duplicate ids {sorted(set(table.index[table.index.duplicated()]))[:5]}")
     values = table.apply(pd.to_numeric, errors="coerce")
     if values.isna().to_numpy().any():
         raise ValueError(f"{path}: {int(values.isna().to_numpy().sum())} missing or non-numeric similarities")

@@ -99,6 +99,12 @@ def test_unanswered_trial_is_its_own_wrong_class(trials):
     # Both are wrong on car_3 (still kappa 1), but "na" never agrees with subject-01's "truck".
     assert matrices["error_consistency"][0, 1] == pytest.approx(1.0)
     assert matrices["misclassification_agreement"][0, 1] < 1.0
+    both = changed.copy()  # both leave car_3 unanswered: counted as naming the same wrong class, MA stayed 1
+    both.loc[(both["subject"] == "human:subject-01") & (both["image_id"] == "car-3.png"), "response"] = "na"
+    matrices = pair_matrices_on_trials(both, ["human:subject-01", "human:subject-02"])[("colour", "bw")]
+    assert matrices["error_consistency"][0, 1] == pytest.approx(1.0)
+    assert matrices["misclassification_agreement"][0, 1] < 1.0
+    assert matrices["misclassification_agreement"][0, 0] == pytest.approx(1.0)  # an observer against itself still agrees
 
 
 def test_model_decisions_must_meet_the_human_images(tmp_path):
@@ -271,6 +277,7 @@ def test_the_ranking_nests_every_metric_per_experiment_without_the_benchmarks_ex
                 shared = m.index.intersection(h.index)
                 labels, ours, theirs = (frame.loc[shared, column].map(index).to_numpy()
                                         for frame, column in ((m, "category"), (m, "response"), (h, "response")))
+                theirs = np.where(theirs == len(CLASSES), len(CLASSES) + 1, theirs)  # two no-answers are not one answer
                 per_condition.append(misclassification_agreement(labels, ours, theirs))
             per_human.append(np.nanmean(per_condition))
         per_experiment.append(np.nanmean(per_human))

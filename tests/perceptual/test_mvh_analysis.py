@@ -135,6 +135,11 @@ def test_shape_bias_per_subject_pooled_and_mean():
     per_category = shape_bias_per_category(pd.DataFrame(rows)).set_index(["subject", "category"])
     assert per_category.loc[("all humans", "cat"), "shape_bias"] == pytest.approx(3 / 4)
     assert per_category.loc[("subject-01", "car"), "shape_bias"] == 0.0
+    # the benchmark's plot takes the mean of the subjects, not the pooled trials (which weight subjects by their trials)
+    more = shape_bias_per_category(pd.DataFrame(rows + [cue("subject-02", "cat", "bird", "bird", 3)])).set_index(["subject", "category"])
+    assert more.loc[("all humans", "cat"), "shape_bias"] == pytest.approx(3 / 5)
+    assert more.loc[("mean of humans", "cat"), "shape_bias"] == pytest.approx((1 + 1 / 3) / 2)
+    assert more.loc[("mean of humans", "car"), "shape_bias"] == 0.0 and ("mean of humans", "car") in more.index
     with pytest.raises(ValueError, match="no 'cue-conflict' trials"):
         shape_bias_table(pd.DataFrame(rows).assign(dataset="edge"))
 

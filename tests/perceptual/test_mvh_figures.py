@@ -104,7 +104,7 @@ def test_shape_bias_figure(captured, tmp_path):
     ax = captured[0].axes[0]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["cat", "dog"]
     lines = {line.get_label(): line.get_xdata() for line in ax.get_lines()}
-    np.testing.assert_allclose(lines["humans pooled (0.75)"], [1.0, 0.5])  # cat: 2 of 2 by shape; dog: 1 of 2
+    np.testing.assert_allclose(lines["humans, mean of subjects (0.75)"], [1.0, 0.5])  # cat: both by shape; dog: (1 + 0) / 2
     np.testing.assert_allclose(lines["net (0.00)"], [0.0, 0.0])
     assert ax.get_xlabel().startswith("fraction of shape decisions")
     # each model in its colour of the other figures: matplotlib's cycle gave the 4th model the humans' red, and others shifted

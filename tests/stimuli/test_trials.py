@@ -235,3 +235,7 @@ def test_hard_triplets_from_a_human_similarity_matrix(tmp_path):
     padded = tmp_path / "padded.csv"  # zero-padded numeric ids: the index read 00101 as 101, the header kept 00101
     pd.DataFrame(similarity, index=[f"00{i}" for i in ids], columns=[f"00{i}" for i in ids]).to_csv(padded)
     assert list(load_similarity_matrix(padded).index) == [f"00{i}" for i in ids]
+    twice = tmp_path / "twice.csv"  # said "not the same ids in the same order": pandas renames the repeated column id
+    pd.DataFrame(similarity, index=["101", "102", "101", "104"], columns=["101", "102", "101", "104"]).to_csv(twice)
+    with pytest.raises(ValueError, match=r"duplicate ids \['101'\]"):
+        load_similarity_matrix(twice)
