@@ -317,6 +317,11 @@ def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> Tr
     seed = int(_get(cfg, "seed", 0))
     check_whole_number(tcfg.epochs, "train.epochs")  # 2.5 trained 2 epochs and reported 2
     check_whole_number(tcfg.batch_size, "train.batch_size")
+    for key in ("data_limit.train", "data_limit.test"):  # 0.5 failed in slicing, after the data was read
+        if _get(cfg, key) is not None:
+            check_whole_number(_get(cfg, key), key, hint=" images (or null for all)")
+    check_whole_number(_get(cfg, "keep_checkpoints", 2), "keep_checkpoints", least=0, hint=" (0 = all)")  # -1 kept every one
+    check_whole_number(_get(cfg, "save_every", 1), "save_every", hint=" epochs")
     epochs, batch_size = int(tcfg.epochs), int(tcfg.batch_size)
     if batch_size < 2 and "simclr" in str(_get(tcfg, "name", "")):
         raise ConfigError("train.batch_size=1 gives SimCLR no negatives (the loss is 0, nothing is learnt): use at least 2")

@@ -299,6 +299,26 @@ def test_randomised_defence_is_detected(digits):
                             unbounded_steps=2, smoothing_samples=0).noise_floor is None  # deterministic: no noise
 
 
+def test_kernel_rounding_is_not_randomness(digits):
+    """A GPU's atomic adds change the last bits of a deterministic network between passes: exact equality called it
+    randomised, and with eot=1 randomness_handled failed and the defence was flagged."""
+    from perceptual.audit import is_randomised
+
+    class Jitter(torch.nn.Module):
+        def __init__(self, inner, size):
+            super().__init__()
+            self.inner, self.size = inner, size
+
+        def forward(self, z):
+            logits = self.inner(z)
+            return logits * (1 + self.size * torch.randn_like(logits))
+
+    model, x, _ = digits
+    assert not is_randomised(Jitter(model, 1e-7), x[:8])  # float32 rounding
+    assert is_randomised(Jitter(model, 1e-2), x[:8]) and is_randomised(Noisy(model), x[:8])
+    assert not is_randomised(model, x[:8])
+
+
 def test_the_noise_floor_is_the_worst_case_of_unattacked_predictions():
     y = torch.zeros(10, dtype=torch.long)
     calls = iter(range(100))

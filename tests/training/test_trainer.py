@@ -111,6 +111,9 @@ def test_a_completed_run_without_its_checkpoints_is_reused_not_trained_over(make
         (["train.epochs=0"], ConfigError, r"train.epochs must be a whole number >= 1, got 0"),
         (["train.epochs=2.5"], ConfigError, r"train.epochs must be a whole number >= 1, got 2.5"),  # trained 2 and reported 2
         (["train.batch_size=32.9"], ConfigError, r"train.batch_size must be a whole number >= 1, got 32.9"),
+        (["keep_checkpoints=-1"], ConfigError, r"keep_checkpoints must be a whole number >= 0 \(0 = all\), got -1"),
+        (["save_every=0"], ConfigError, r"save_every must be a whole number >= 1 epochs, got 0"),
+        (["data_limit.train=0.5"], ConfigError, r"data_limit.train must be a whole number >= 1 images \(or null for all\), got 0.5"),
         # refused only after both ImageNet folders (a million files) were walked, or asking for a train folder first
         (["data=imagenet", "data.root=/nonexistent"], ConfigError, r"training needs an in-memory data set \(cifar10, cifar100, digits\), got 'imagenet'"),
         # used only after every epoch, or read as another count (0 epochs before stopping trained one)
