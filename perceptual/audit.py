@@ -533,11 +533,11 @@ def alignment_position(defence: dict[str, float], standard: dict[str, float], ro
     the references do not differ on any of them (a NaN measure, e.g. a task without trials, is left out, not spread).
 
     With one measure this is (d - s) / (r - s). It is not the mean of the per-measure ratios: a measure on which the
-    references barely differ makes its ratio huge and would decide the mean alone (in the README's digits audit the
-    references' hard-clustering scores differed by 1.3 points, the wrong way round, and the mean put a k-WTA network at
-    +3.7, near the robust reference, where the projection gives -0.25). The projection
-    weighs each measure by its reference gap, so such a measure counts for little, and a measure on which the robust
-    reference is the less aligned one still counts with the right sign.
+    references barely differ makes its ratio huge and would decide the mean alone (in the README's digits audit on its
+    first machine the references' hard-clustering scores differed by 1.3 points, the wrong way round, and the mean put a
+    k-WTA network at +3.7, near the robust reference, where the projection gives -0.25). The projection weighs each
+    measure by its reference gap, so such a measure counts for little, and a measure on which the robust reference is
+    the less aligned one still counts with the right sign.
 
     None too where the references are not ordered: the robust reference is not the more aligned over the shared
     measures (sum (r - s) <= 0, small or under-trained references). The line then runs from the more aligned model to
