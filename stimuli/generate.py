@@ -165,6 +165,15 @@ class ModelRef:
         }
         if self.settings:  # left out when empty, so sets made before settings were recorded keep their fingerprint
             provenance["settings"] = self.settings
+        # Also left out where they add nothing (so older sets keep their fingerprint): a representation with weights of
+        # its own (an encoder beside a probe), whose new weights were taken for the old set's; a pool other than auto's.
+        if self.representation is not None and self.classifier is not None:
+            shared = {t.data_ptr() for t in (*self.classifier.parameters(), *self.classifier.buffers())}
+            if any(t.data_ptr() not in shared for t in (*self.representation.parameters(), *self.representation.buffers())):
+                provenance["representation_sha256"] = weights_hash(self.representation)
+        pool, default_pool = getattr(self.representation, "pool", None), getattr(self.representation, "default_pool", None)
+        if pool is not None and default_pool is not None and pool != default_pool:
+            provenance["pool"] = pool
         return provenance
 
 
@@ -686,13 +695,17 @@ def _run_plan(
     out = Path(out)
     if n_shards < 1 or not 0 <= shard < n_shards:
         raise ValueError(f"need 0 <= shard < n_shards, got shard={shard} n_shards={n_shards}")
+    if plan.static_images.shape[1] not in (1, 3):  # write_set's refusal, before the engine runs rather than after
+        raise ValueError(f"stimulus-set images need 1 or 3 channels (PNGs hold grey or RGB), got {plan.static_images.shape[1]}")
     chunks = plan.chunks()
     mine = [c for c in chunks if c.index % n_shards == shard]
-    if not mine:
+    if len(chunks) < n_shards:  # refused in every shard: shard 0 ran the whole set before shard 3 learnt it could not merge
+        n_items = len(plan.result_rows)
         raise ValueError(
-            f"shard {shard} of {n_shards} has no work: the set has only "
-            + (f"{len(chunks)} chunks of {plan.chunk_size} items" if plan.chunk_size else f"{len(chunks)} chunk(s), one per objective (chunk_size=None)")
-            + "; use fewer shards or a smaller chunk_size"
+            f"n_shards={n_shards} needs at least {n_shards} chunks, one per shard, but the set's {n_items} items make only "
+            + (f"{len(chunks)} chunk(s) of up to {plan.chunk_size} items" if plan.chunk_size
+               else f"{len(chunks)} chunk(s), one per objective (chunk_size=null)")
+            + f": use n_shards={len(chunks)} or fewer, or chunk_size={max(1, -(-n_items // n_shards))} or smaller"
         )
     n_total = len(plan.static_rows) + len(plan.result_rows)
     shard_info = None if n_shards == 1 else {"index": shard, "count": n_shards, "n_images": n_total}
@@ -853,8 +866,8 @@ def make_controversial_set(
     directions = tuple(str(d) for d in directions)
     if not directions or len(set(directions)) != len(directions) or set(directions) - set(DIRECTIONS):
         raise ValueError(f"directions must be distinct values of {DIRECTIONS}, got {list(directions)}")
-    if int(restarts) < 1:
-        raise ValueError(f"restarts must be at least 1, got {restarts}")
+    if isinstance(restarts, bool) or not isinstance(restarts, numbers.Integral) or restarts < 1:  # 1.5 and true ran 1 restart
+        raise ValueError(f"restarts must be a whole number >= 1, got {restarts!r}")
     if start not in CONTROVERSIAL_STARTS:
         raise ValueError(f"start must be one of {CONTROVERSIAL_STARTS}, got {start!r}")
     if start == "origin" and not (math.isfinite(start_sigma) and start_sigma > 0):

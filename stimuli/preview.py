@@ -32,9 +32,9 @@ def _grid_cells(manifest: pd.DataFrame, max_rows: int) -> tuple[list[str], list[
             one = results[results["direction"] == d].head(1)
             if not len(one) or "pushed_model" not in one:
                 return f"result {d}"
-            return f"{one['model'].iloc[0]} keeps,\n{one['pushed_model'].iloc[0]} pushed"
+            return f"{d}: {one['model'].iloc[0]} keeps,\n{one['pushed_model'].iloc[0]} pushed"  # d tells one architecture's two apart
 
-        titles = ["origin", "start (noise)"] + [direction_title(d) for d in directions]
+        titles = ["origin", "start (restart 0)"] + [direction_title(d) for d in directions]  # noise, or the origin plus noise
         rows = []
         for origin in origins["id"][:max_rows]:
             mine = results[(results["origin_id"] == origin)]

@@ -626,6 +626,12 @@ def merge_sets(inputs: Sequence[str | Path], out: str | Path, *, overwrite: bool
             same = False
         if not same and (out / TRIALS_DIR).is_dir():  # they name the images of the set being replaced
             shutil.rmtree(out / TRIALS_DIR)
+    elif (out / IMAGES_DIR).is_dir():  # not a set: write_set would delete its PNGs that are no image of this one
+        foreign = sorted(p.name for p in (out / IMAGES_DIR).glob("*.png") if p.stem not in rows)
+        if foreign:
+            raise StimulusSetError(f"{out / IMAGES_DIR} holds {len(foreign)} PNG(s) that are no image of this set ({', '.join(foreign[:3])}"
+                                   f"{', ...' if len(foreign) > 3 else ''}) and no stimulus set: merging would delete them; move them "
+                                   "or choose another out")
     table = manifest_table([rows[i] for i in ordered], [c for c in first.manifest.columns])
     write_set(
         out, torch.stack([images[i] for i in ordered]), table, kind=first.kind, parameters=first.parameters,

@@ -39,6 +39,7 @@ split between the two, where the authors ran ``n`` of each.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -60,6 +61,8 @@ def stream_seed(seed: int, purpose: str) -> int:
     """A 31-bit seed for one purpose (targets, noise seeds, train seeds ...) derived from the base seed
     (:func:`invert.stream_seed` in the ``repalign.stimuli`` namespace), so that the draws for different
     purposes never share a random stream."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Real) or not float(seed).is_integer():
+        raise ValueError(f"seed must be a whole number, got {seed!r}")  # int(1.5) drew what seed=1 draws
     return _stream_seed("repalign.stimuli", f"{int(seed)}:{purpose}")
 
 
@@ -153,6 +156,8 @@ def select_targets(dataset: Any, n: int = 100, seed: int = 0, split: str | None 
     ([0, 1] image, label) pairs (an ImageNet folder; only the chosen images are read).
     """
     size = len(dataset)
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):  # 2.5 failed in slicing
+        raise ValueError(f"n_targets must be a whole number, got {n!r}")
     if not 1 <= n <= size:
         raise ValueError(f"cannot draw {n} targets from a data set of {size} images: use 1 <= n_targets <= {size}")
     index = torch.randperm(size, generator=keyed_generator(seed, "targets", 0))[:n]
@@ -307,6 +312,8 @@ def make_seeds(
         size = len(train_set)
         if size < 1:
             raise ValueError("train_set is empty: the 'train' seed type needs training images")
+        # One draw per target, keyed by the target alone (so a target keeps its seed whatever n is): independent draws,
+        # so two targets may share a training seed (100 digits targets get 98 distinct ones), as with replacement.
         picks = torch.tensor([int(torch.randint(size, (1,), generator=keyed_generator(seed, "train_seeds", k))) for k in range(n)], dtype=torch.long)
         train_images, train_labels, _ = _materialise(train_set, picks)
         if tuple(train_images.shape[1:]) != shape:

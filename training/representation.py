@@ -120,7 +120,8 @@ class Representation(nn.Module):
         names = list_layers(model)
         node_name = _resolve_layer(net, layer, names)
         self.layer = layer
-        self.pool = ("avg" if layer == penultimate else "flatten") if pool == "auto" else pool
+        self.default_pool = "avg" if layer == penultimate else "flatten"  # what pool="auto" chooses at this layer
+        self.pool = self.default_pool if pool == "auto" else pool
         self.fake_relu = bool(getattr(model, "fake_relu", False) if fake_relu is None else fake_relu)
         with kept_training_flags(model):  # a model training in the caller's loop had its BatchNorm frozen, model.training still True
             self.extractor = create_feature_extractor(net.eval(), return_nodes={node_name: "features"})

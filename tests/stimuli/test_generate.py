@@ -266,8 +266,8 @@ def test_chunk_size_none_inverts_the_whole_set_in_one_engine_call(tmp_path, digi
     assert whole.fingerprint != one_go[0].fingerprint  # recorded: shards and resumed parts must agree on it
     # Each item is stepped on its own, so cutting the set differently changes no result.
     torch.testing.assert_close(whole.images, one_go[0].images, atol=1e-6, rtol=0)
-    with pytest.raises(ValueError, match=r"shard 1 of 2 has no work: the set has only 1 chunk\(s\), one per objective \(chunk_size=None\)"):
-        invert(tmp_path / "sharded", digits, chunk_size=None, shard=1, n_shards=2)
+    with pytest.raises(ValueError, match=r"n_shards=2 needs at least 2 chunks.* 1 chunk\(s\), one per objective \(chunk_size=null\)"):
+        invert(tmp_path / "sharded", digits, chunk_size=None, shard=0, n_shards=2)
 
 
 def test_chunk_size_none_keeps_class_controversial_directions_apart(tmp_path, digits):
@@ -311,9 +311,31 @@ def test_shards_of_different_splits_are_named_apart(tmp_path, digits):
         merge_sets([*halves, third], tmp_path / "m")
 
 
-def test_more_shards_than_chunks_is_an_error(tmp_path, digits):
-    with pytest.raises(ValueError, match="shard 3 of 4 has no work: the set has only 3 chunks"):
-        invert(tmp_path / "x", digits, shard=3, n_shards=4)
+def test_the_fingerprint_sees_a_representations_own_weights_and_its_pool():
+    """An encoder beside a classifier (a probe), or pool="flatten" at the penultimate layer, gave the fingerprint of
+    another set: a rerun into the same folder returned the old images."""
+    from training import Representation, build_model
+
+    classifier = build_model("small_cnn", "digits", width=4)
+    zoo = ModelRef.from_classifier(classifier, name="cnn")
+    assert "representation_sha256" not in zoo.provenance() and "pool" not in zoo.provenance()  # older sets keep theirs
+    probe = ModelRef("probe", tiny_representation(0), tiny_classifier(1))
+    other_encoder = ModelRef("probe", tiny_representation(5), tiny_classifier(1))
+    assert probe.provenance()["weights_sha256"] == other_encoder.provenance()["weights_sha256"]
+    assert probe.provenance()["representation_sha256"] != other_encoder.provenance()["representation_sha256"]
+    flat = ModelRef("cnn", Representation(classifier, pool="flatten"), classifier)
+    assert flat.provenance()["pool"] == "flatten"
+    assert "pool" not in ModelRef("cnn", Representation(classifier, pool="avg"), classifier).provenance()  # auto's choice here
+
+
+def test_more_shards_than_chunks_is_an_error_in_every_shard(tmp_path, digits):
+    """Only the shards without a chunk were refused: shard 0 inverted its part in full, and the set could never merge."""
+    engine = CountingEngine()
+    for shard in (0, 3):
+        with pytest.raises(ValueError, match=r"n_shards=4 needs at least 4 chunks, one per shard, but the set's 8 items make only 3 "
+                                             r"chunk\(s\) of up to 3 items: use n_shards=3 or fewer, or chunk_size=2 or smaller"):
+            invert(tmp_path / "x", digits, engine, shard=shard, n_shards=4)
+    assert engine.calls == 0
 
 
 def test_out_must_be_new_empty_or_a_set(tmp_path, digits):
@@ -324,6 +346,26 @@ def test_out_must_be_new_empty_or_a_set(tmp_path, digits):
     with pytest.raises(StimulusSetError, match="refusing to delete"):
         invert(tmp_path / "busy", digits, overwrite=True)
     assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
+
+
+def test_images_a_png_cannot_hold_are_refused_before_the_engine_runs(tmp_path):
+    four = ModelRef("four", torch.nn.Sequential(torch.nn.Conv2d(4, 2, 3), torch.nn.Flatten()).eval())
+    engine = CountingEngine()
+    with pytest.raises(ValueError, match="need 1 or 3 channels .* got 4"):  # was: after every chunk was inverted
+        make_inversion_set(tmp_path / "x", four, gaussian_targets(2, (4, 8, 8)), seed_types=["gray"], engine=engine, preview=False)
+    assert engine.calls == 0
+
+
+def test_merge_does_not_delete_pngs_of_a_folder_that_is_no_set(tmp_path, digits):
+    shards = [invert(tmp_path / f"shard{i}", digits, shard=i, n_shards=2).path for i in range(2)]
+    out = tmp_path / "merged"
+    (out / "images").mkdir(parents=True)
+    (out / "images" / "my_figure.png").write_bytes(b"mine")
+    with pytest.raises(StimulusSetError, match=r"holds 1 PNG\(s\) that are no image of this set \(my_figure.png\)"):
+        merge_sets(shards, out)
+    assert (out / "images" / "my_figure.png").read_bytes() == b"mine"
+    (out / "images" / "my_figure.png").unlink()
+    assert merge_sets(shards, out).shard is None
 
 
 def test_ood_inversion_set_from_gaussian_targets(tmp_path, digits):
@@ -409,7 +451,9 @@ def test_bad_arguments_are_refused_before_any_work(tmp_path, digits):
     for kwargs, message in [
         ({"directions": ["AB", "AB"]}, "directions must be distinct"),
         ({"directions": ["AC"]}, "directions must be distinct"),
-        ({"restarts": 0}, "restarts must be at least 1"),
+        ({"restarts": 0}, r"restarts must be a whole number >= 1, got 0"),
+        ({"restarts": 1.5}, r"restarts must be a whole number >= 1, got 1.5"),  # ran 1 restart, recorded 1.5
+        ({"restarts": True}, r"restarts must be a whole number >= 1, got True"),
         ({"objective": "adversarial"}, "unknown objective"),
         ({"start": "pink"}, "start must be"),
         ({"chunk_size": 0}, "chunk_size must be at least 1"),

@@ -152,6 +152,15 @@ def test_seed_errors_say_what_to_do(digits):
         make_seeds(targets, ["noise", "noise"])
 
 
+def test_fractional_counts_and_seeds_are_refused(digits):
+    test, _ = digits
+    with pytest.raises(ValueError, match="n_targets must be a whole number, got 2.5"):  # a bare slicing TypeError
+        select_targets(test, 2.5)
+    with pytest.raises(ValueError, match="seed must be a whole number, got 1.5"):  # drew what seed=1 draws, named apart
+        select_targets(test, 2, seed=1.5)
+    assert stream_seed(1.0, "targets") == stream_seed(1, "targets")
+
+
 def test_stream_seeds_separate_purposes():
     assert stream_seed(0, "targets") != stream_seed(0, "noise_seeds") != stream_seed(1, "noise_seeds")
     assert stream_seed(5, "x") == stream_seed(5, "x") < 2**31
