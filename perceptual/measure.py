@@ -287,9 +287,12 @@ def measure_models(
     device = resolve_device(device)
     engine = validate_inputs(specs, n_targets=n_targets, seed_types=seed_types, tasks=tasks, engine=engine, controversial=controversial,
                              noise_kind=noise_kind, chunk_size=chunk_size, accuracy_limit=accuracy_limit,
-                             convergence_threshold=convergence_threshold, attention_rate=attention_rate, gaussian_targets=gaussian_targets)
+                             convergence_threshold=convergence_threshold, attention_rate=attention_rate, gaussian_targets=gaussian_targets,
+                             seed=seed)
     dataset = data_cfg["name"]
     test = dataset_from_config(data_cfg, "test")
+    if controversial:  # what the test split must hold for the controversial score, before any model is inverted
+        check_controversial_data(controversial, test)
     train = dataset_from_config(data_cfg, "train") if "train" in seed_types else None
     panel = panel or make_panel("auto", device=device)
     targets = stimuli.select_targets(test, n=n_targets, seed=seed)
@@ -408,11 +411,12 @@ def _keep_human_columns(report_data: dict, previous: Path) -> None:
 def validate_inputs(specs: Sequence[ModelSpec], *, n_targets: int, seed_types: Sequence[str], tasks: Sequence[str], engine: Any,
                     controversial: Mapping | None, noise_kind: str = "uniform", chunk_size: int | None = None,
                     accuracy_limit: int | None = None, convergence_threshold: float = DEFAULT_THRESHOLD, attention_rate: float = 0.0,
-                    gaussian_targets: Sequence[Mapping] | bool | None = None) -> Engine:
+                    gaussian_targets: Sequence[Mapping] | bool | None = None, seed: int = 0) -> Engine:
     """Check everything a measurement needs before the first model is built, so that a bad value costs
     seconds rather than a run: returns the engine (a bad engine key is refused with the valid keys)."""
     if not specs:
         raise ValueError("no models given: pass models=[{name:resnet18,checkpoint:PATH,label:robust}, ...]")
+    check_whole_number(seed, "seed", least=0)  # -1 and 0.5 failed in the trial draws, after every model was inverted
     ModelSpec.check_unique(specs)
     for spec in specs:
         if spec.checkpoint and not Path(spec.checkpoint).is_file():
@@ -459,6 +463,16 @@ def validate_inputs(specs: Sequence[ModelSpec], *, n_targets: int, seed_types: S
         if objective not in stimuli.CONTROVERSIAL_OBJECTIVES:
             raise ValueError(f"controversial objective={objective!r}: use one of {list(stimuli.CONTROVERSIAL_OBJECTIVES)}")
     return resolved
+
+
+def check_controversial_data(cfg: Mapping, test) -> None:
+    """Refuse a controversial setting the test split cannot serve: more origins than it has images, or the
+    class-controversial score on a folder data set (its exemplars come from an in-memory labelled set)."""
+    n_origins = int(cfg.get("n_origins", 10))
+    if n_origins > len(test):
+        raise ValueError(f"controversial.n_origins={n_origins} exceeds the {len(test)} test images: use at most {len(test)}")
+    if (cfg.get("objective") or "controversial") == "class_controversial" and not hasattr(test, "float_images"):
+        raise ValueError("the class-controversial score needs an in-memory labelled test set (cifar10, cifar100, digits) for its exemplars")
 
 
 def measure_controversial(classifiers, test, panel: Panel, out: Path, cfg: Mapping, engine, seed, device, judge_8bit, config,

@@ -266,9 +266,12 @@ def measurement_statistics(models: Mapping[str, Mapping], tasks: Sequence[str] =
         return ({m: per_target_scores(models[m], task).get(observer, {}) for m in labels},
                 {m: c[observer] for m, c in counts.items()} if all(c is not None and observer in c for c in counts.values()) else None)
 
+    def measured(task: str, seed_type: str) -> bool:  # a seed type nobody measured has no scores (and no trial counts)
+        return all(any(per_target_scores(models[m], task, seed_type).values()) for m in labels)
+
     if len(labels) >= 2:
         comparisons: dict[str, tuple[Ranked, Ranked]] = {}
-        if "2afc" in tasks:
+        if "2afc" in tasks and measured("2afc", "noise") and measured("2afc", "train"):  # seed_types=[noise] read as an old report
             comparisons["2afc: noise vs train seeds"] = (panel("2afc", "noise"), panel("2afc", "train"))
         if "clustering" in tasks and "clustering_hard" in tasks:
             comparisons["random vs hard clustering"] = (panel("clustering"), panel("clustering_hard"))

@@ -143,7 +143,7 @@ def train_references(cfg: DictConfig) -> dict[str, ModelSpec]:
 def _check_alignment_inputs(cfg: DictConfig, specs: list[ModelSpec], defence: torch.nn.Module) -> dict:
     controversial = {"model_a": specs[0].label, "model_b": "robust", **OmegaConf.to_container(cfg.alignment.controversial, resolve=True)}
     validate_inputs(specs, n_targets=int(cfg.alignment.n_targets), seed_types=as_list(cfg.alignment.seed_types, "alignment.seed_types"), tasks=ALIGNMENT_TASKS,
-                    engine=OmegaConf.to_container(cfg.invert, resolve=True), controversial=controversial)
+                    engine=OmegaConf.to_container(cfg.invert, resolve=True), controversial=controversial, seed=cfg.seed)
     try:
         Representation(defence, layer=specs[0].layer)
     except Exception as err:

@@ -38,7 +38,7 @@ def run(cfg: DictConfig) -> dict:
     controversial = {"model_a": "standard", "model_b": "robust", **container["controversial"]}
     validate_inputs([ModelSpec(cfg.model, None, label) for label in ("standard", "robust")], n_targets=cfg.n_targets,
                     seed_types=as_list(cfg.seed_types, "seed_types"), tasks=TASKS, engine=container["invert"], controversial=controversial,
-                    noise_kind=cfg.noise_kind, accuracy_limit=cfg.accuracy_limit, convergence_threshold=cfg.convergence_threshold)
+                    noise_kind=cfg.noise_kind, accuracy_limit=cfg.accuracy_limit, convergence_threshold=cfg.convergence_threshold, seed=cfg.seed)
     threat = threat_from_config(container["threat"])
     configs = pair_configs(cfg, out / "runs")
     panel = make_panel("auto", cfg.observer_net, device=resolve_device(cfg.device))  # where measure_models will run

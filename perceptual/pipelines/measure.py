@@ -23,7 +23,7 @@ def run(cfg: DictConfig) -> dict:
     validate_inputs(specs, n_targets=cfg.n_targets, seed_types=seed_types, tasks=tasks, engine=container["invert"],
                     controversial=container.get("controversial"), noise_kind=cfg.noise_kind, chunk_size=cfg.chunk_size,
                     accuracy_limit=cfg.accuracy_limit, convergence_threshold=cfg.convergence_threshold, attention_rate=cfg.attention_rate,
-                    gaussian_targets=container.get("gaussian_targets"))
+                    gaussian_targets=container.get("gaussian_targets"), seed=cfg.seed)
     threat_from_config(container.get("threat"))
     panel = make_panel(cfg.observers, cfg.observer_net, cfg.lpips_weights, resolve_device(cfg.device))
     return measure_models(

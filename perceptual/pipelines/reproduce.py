@@ -151,12 +151,20 @@ def training_configs(cfg: DictConfig, variants: Sequence[Variant]) -> dict[str, 
     return configs
 
 
+# The keys of scale.measure reproduce passes on (conf/scale/*.yaml); another key is refused, not dropped.
+MEASURE_KEYS = ("n_targets", "seed_types", "tasks", "invert", "threat", "accuracy_limit", "noise_kind", "attention_rate", "judge_8bit", "chunk_size")
+# Those that make the stimulus sets: the measurement folder holds one set per kind, so it is keyed by them alone. The
+# observers, the threat and the tasks are not: the judgements and accuracies are cached in it under their own keys.
+SET_KEYS = ("n_targets", "seed_types", "invert", "noise_kind", "chunk_size")
+
+
 def measurement_dir(cfg: DictConfig, weights_dir: Path, measure_cfg: dict, label: str) -> Path:
-    """One folder per (model, label, measurement settings): a model's inversions and judgements are reused across
-    presets. The label is part of the key because a stimulus set records the name it was made under (one model may
-    be ``cnn-standard`` in one preset and ``cnn-standard_noaug`` in another)."""
-    settings = {k: v for k, v in measure_cfg.items() if k != "tasks"}
-    return Path(cfg.runs_dir) / "measurements" / f"{label}-{weights_dir.name}-{_digest(settings, cfg.observers, cfg.observer_net, cfg.seed)}"
+    """One folder per (model, label, stimulus-set settings): a model's inversions and judgements are reused across
+    presets, and by a rerun with other observers or another threat. The label is part of the key because a stimulus
+    set records the name it was made under (one model may be ``cnn-standard`` in one preset and
+    ``cnn-standard_noaug`` in another)."""
+    settings = {k: measure_cfg[k] for k in SET_KEYS if measure_cfg.get(k) is not None}
+    return Path(cfg.runs_dir) / "measurements" / f"{label}-{weights_dir.name}-{_digest(settings, cfg.seed)}"
 
 
 def engine_config(scale: DictConfig):
@@ -171,6 +179,9 @@ def check_config(cfg: DictConfig) -> None:
         raise ValueError(f"scale=paper trains on the paper's data sets {PAPER_DATA}: add data=cifar10 data.root=PATH (got data={cfg.data.name}; "
                          "ImageNet models are measured from checkpoints with `python -m perceptual measure`)")
     check_n_boot(cfg.n_boot)
+    unknown = sorted(set(cfg.scale.measure) - set(MEASURE_KEYS))
+    if unknown:  # were dropped without a word, while they changed the measurement folder's name
+        raise ValueError(f"scale.measure key(s) {unknown} are not used by reproduce: use {list(MEASURE_KEYS)}")
     # what the result needs from the measurement, before any model trains (at scale=paper: hours)
     if cfg.experiment.result == "scatter" and cfg.scale.measure.get("threat") is None:
         raise ValueError(f"experiment {cfg.experiment.name} plots alignment against robust accuracy: scale.measure.threat must not be null")
@@ -189,8 +200,10 @@ def run(cfg: DictConfig) -> dict:
     tasks = list(measure_cfg["tasks"])
     engine = engine_config(scale)
     specs = [ModelSpec(v.model, None, v.label, kwargs=v.kwargs) for v in variants]
+    options = {k: measure_cfg[k] for k in ("noise_kind", "attention_rate", "judge_8bit", "chunk_size") if k in measure_cfg}
     validate_inputs(specs, n_targets=measure_cfg["n_targets"], seed_types=measure_cfg["seed_types"], tasks=tasks, engine=engine, controversial=None,
-                    accuracy_limit=measure_cfg.get("accuracy_limit"), convergence_threshold=cfg.convergence_threshold)
+                    accuracy_limit=measure_cfg.get("accuracy_limit"), convergence_threshold=cfg.convergence_threshold, seed=cfg.seed,
+                    **{k: v for k, v in options.items() if k != "judge_8bit"})
     threat = threat_from_config(measure_cfg.get("threat"))
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
     configs = training_configs(cfg, variants)  # every config checked before the first model trains
@@ -203,7 +216,7 @@ def run(cfg: DictConfig) -> dict:
     data = measure_models(specs, data_cfg, out / "measure", engine=engine, n_targets=measure_cfg["n_targets"], seed_types=measure_cfg["seed_types"],
                           seed=cfg.seed, panel=panel, tasks=tasks, threat=threat, accuracy_limit=measure_cfg.get("accuracy_limit"),
                           device=cfg.device, config=container, convergence_threshold=float(cfg.convergence_threshold),
-                          gaussian_targets=bool(experiment.gaussian_targets), model_dirs=model_dirs)
+                          gaussian_targets=bool(experiment.gaussian_targets), model_dirs=model_dirs, **options)
     result = experiment_result(experiment.result, data, variants, tasks, experiment.title, out, n_boot=int(cfg.n_boot), seed=int(cfg.seed),
                                comparisons=comparisons)
     seconds = round(time.perf_counter() - started, 1)

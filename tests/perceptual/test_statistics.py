@@ -84,6 +84,21 @@ def test_measurement_statistics_skips_comparisons_whose_tasks_were_not_measured(
     assert stats["paired_differences"]["2afc"]["a - b"]["difference"] == 0.0
 
 
+def test_one_seed_type_is_not_read_as_an_old_report(caplog, monkeypatch):
+    """seed_types=[noise] (the paper's Table 1) with two models logged the warning meant for reports written before
+    trial counts were kept, and used up its one warning, so a real old report later went unnamed."""
+    import perceptual.statistics as statistics
+
+    monkeypatch.setattr(statistics, "_warned_target_weighting", False)
+    per = {"per_target": {"t0": 0.5, "t1": 0.7}, "per_target_trials": {"t0": 2, "t1": 2},
+           "per_target_by_seed_type": {"noise": {"t0": 0.5, "t1": 0.7}}, "per_target_trials_by_seed_type": {"noise": {"t0": 2, "t1": 2}}}
+    models = {m: {"per_observer": {"2afc": {"obs": per}}} for m in ("a", "b")}
+    with caplog.at_level("WARNING", logger="perceptual.statistics"):
+        stats = measurement_statistics(models, tasks=("2afc",), n_boot=50)
+    assert "written before they were kept" not in caplog.text and not statistics._warned_target_weighting
+    assert "2afc: noise vs train seeds" not in stats["ranking_agreement"]
+
+
 @pytest.mark.parametrize("level", [95, 0, 1.0, -0.5, float("nan"), "0.95"])
 def test_an_interval_level_outside_zero_to_one_is_refused(level):
     """level=95 failed inside numpy; level=0 gave a zero-width interval that called two models 'separated'."""

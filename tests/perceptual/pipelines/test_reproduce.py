@@ -75,12 +75,47 @@ def test_the_scale_keeps_each_recipes_own_attack_step():
     (["n_boot=0"], "n_boot is the number of bootstrap draws"),  # NaN intervals
     (["n_boot=-1"], "n_boot is the number of bootstrap draws"),  # every paired difference silently left out
     (["experiment=fig4", "+scale.recipe_schedule.trade.epochs=3"], r"scale.recipe_schedule names no recipe: \['trade'\]"),  # TRADES kept 10
+    # dropped without a word: measured with the defaults
+    (["+scale.measure.noise_knd=super"], r"scale.measure key\(s\) \['noise_knd'\] are not used by reproduce: use \['n_targets'"),
+    (["seed=-1"], "seed must be a whole number >= 0"),  # failed in the trial draws, after every model was inverted
 ])
 def test_bad_presets_are_refused_before_anything_trains(tmp_path, overrides, message):
     cfg = compose("reproduce", [f"out={tmp_path / 'out'}", f"runs_dir={tmp_path / 'runs'}", "progress=false", *overrides])
     with pytest.raises(ValueError, match=message):
         run(cfg)
     assert not (tmp_path / "runs").exists()
+
+
+def test_measure_settings_reach_the_measurement_and_only_set_settings_name_its_folder(tmp_path, monkeypatch):
+    """noise_kind, attention_rate, judge_8bit and chunk_size of scale.measure were dropped; another observer panel or
+    threat gave a new folder, so every model was inverted again."""
+    import perceptual.pipelines.reproduce as reproduce
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def measure_models(specs, data_cfg, out, **kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(reproduce, "train_models", lambda configs: {label: tmp_path / f"{label}.safetensors" for label in configs})
+    monkeypatch.setattr(reproduce, "measure_models", measure_models)
+    settings = ["+scale.measure.noise_kind=super", "+scale.measure.attention_rate=0.1", "+scale.measure.judge_8bit=false",
+                "+scale.measure.chunk_size=16"]
+    with pytest.raises(Stop):
+        run(_config(tmp_path, "experiment=table1", "experiment.architectures=[cnn]", *settings))
+    assert (seen["noise_kind"], seen["attention_rate"], seen["judge_8bit"], seen["chunk_size"]) == ("super", 0.1, False, 16)
+    folders = seen["model_dirs"]
+
+    def folders_with(*overrides):
+        with pytest.raises(Stop):
+            run(_config(tmp_path, "experiment=table1", "experiment.architectures=[cnn]", *settings, *overrides))
+        return seen["model_dirs"]
+
+    assert folders_with("observers=[pixel-l2]", "scale.measure.threat.steps=5", "scale.measure.accuracy_limit=10") == folders
+    assert folders_with("scale.measure.n_targets=6") != folders and folders_with("seed=1") != folders
 
 
 def test_table1_at_test_size_trains_measures_and_reuses_its_models(tmp_path):
