@@ -26,7 +26,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from scipy.stats import pearsonr, spearmanr
 
-from .report import alignment_scatter, format_score, markdown_table, save_figure, scatter_points
+from .report import alignment_scatter, format_score, markdown_table, save_figure, scatter_points, spread
 from .statistics import check_level, check_n_boot, model_difference, percentile_interval
 
 TASK_TITLES = {"2afc": "2AFC", "clustering": "clustering", "clustering_hard": "hard clustering"}
@@ -245,7 +245,7 @@ def grid_result(data: Mapping, variants: Sequence[Variant], tasks: Sequence[str]
                 entry = models[v.label].get(task) or {}
                 xs.append(i + (j - (len(trainings) - 1) / 2) * width)
                 means.append(100 * (entry.get("mean") if entry.get("mean") is not None else math.nan))
-                stds.append(100 * (entry.get("std") or 0.0))
+                stds.append(100 * spread(entry))
             ax.bar(xs, means, width, yerr=stds, capsize=2, label=training)
         ax.axhline(100 / 3 if task.startswith("clustering") else 50, color="grey", lw=0.8, ls="--")
         ax.set_xticks(range(len(architectures)), architectures)

@@ -172,6 +172,13 @@ def format_number(value, spec: str = ".4f") -> str:
     return format(value, spec) if is_number(value) else "–"
 
 
+def spread(entry: Mapping) -> float:
+    """A panel entry's std for an error bar: 0 where it is undefined (None in a report read back, NaN in memory for a
+    one-observer panel), which matplotlib would otherwise draw as a missing bar or refuse."""
+    std = entry.get("std")
+    return float(std) if is_number(std) else 0.0
+
+
 def scatter_points(models: Mapping[str, Mapping], task: str) -> dict[str, Mapping]:
     """The models :func:`alignment_scatter` can place: a robust accuracy and a panel mean for ``task``, both finite."""
     return {name: result for name, result in models.items()
@@ -193,7 +200,7 @@ def alignment_scatter(models: Mapping[str, Mapping], path: str | Path, task: str
     labels = []
     for name, result in points.items():
         entry, robust = result[task], result["robust_accuracy"]
-        ax.errorbar(100 * robust, 100 * entry["mean"], yerr=100 * (entry.get("std") or 0), fmt="o", capsize=3)
+        ax.errorbar(100 * robust, 100 * entry["mean"], yerr=100 * spread(entry), fmt="o", capsize=3)
         labels.append(ax.annotate(name, (100 * robust, 100 * entry["mean"]), textcoords="offset points", xytext=(4, 4), fontsize=8,
                                   arrowprops={"arrowstyle": "-", "color": "grey", "lw": 0.5, "shrinkA": 0, "shrinkB": 3}))
     if task.startswith("clustering"):

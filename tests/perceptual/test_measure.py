@@ -445,6 +445,13 @@ def test_the_alignment_scatter_is_left_out_where_it_has_no_point():
     assert alignment_figures(undefined, "unused") == []
 
 
+def test_an_undefined_spread_draws_no_error_bar():
+    """A one-observer panel's std is NaN in memory (None read back): it went into the error bars as NaN."""
+    from perceptual.report import spread
+
+    assert spread({"std": math.nan}) == spread({"std": None}) == spread({}) == 0.0 and spread({"std": 0.05}) == 0.05
+
+
 def test_crowded_scatter_labels_are_moved_apart():
     """Robust models crowd into one corner of Fig. 4: their names used to be printed over each other."""
     import matplotlib
