@@ -13,7 +13,8 @@ between the two classes gives each model half a point, as the tasks' ties do.
 
 Per observer and model: the fraction of the controversial stimuli on which the observer's choice is that model's
 decision, with a 95 % interval. When the stimuli name their origins (the restarts and both directions from one
-origin are not independent stimuli) the interval is a percentile bootstrap over origins
+origin are not independent stimuli) every origin counts once: the rate is the mean of the origins' rates (an origin
+keeps 0 to all of its stimuli, those the models disagree on), the interval a percentile bootstrap of those rates
 (:func:`perceptual.tasks.bootstrap_interval`), and the verdict is the sign-flip test over origins of each origin's
 rate minus one half (:func:`perceptual.statistics.sign_flip_p_value`, p < 0.05): the bootstrap interval alone sided
 with a model from 1 to 3 origins in a third to all of the runs where each origin sided by a coin toss, and fewer
@@ -108,24 +109,25 @@ def class_controversial_score(stimuli: Tensor, models: Mapping[str, nn.Module], 
     n_origins = len(set(clusters.tolist())) if clusters is not None else None
     out["interval"] = "bootstrap over origins" if clusters is not None else "Wilson over stimuli"
     out["n_origins"] = n_origins
+    inverse = np.unique(clusters, return_inverse=True)[1] if clusters is not None else None
     for name, observer in observers.items():
         choice = nearest_class_choice(observer, stimuli[split], candidates, exemplars, exemplar_labels, k=k).numpy()
-        per_model = {}
+        per_model, origin_rates = {}, {}
         for label, side in ((name_a, 0), (name_b, 1)):
             credit = (choice == side) + 0.5 * (choice == -1)
             if clusters is None:
-                low, high = wilson_interval(float(credit.sum()), n)
-            else:  # one origin: no interval
-                low, high = bootstrap_interval(credit, clusters, n_boot=n_boot, seed=seed) if n_origins > 1 else (math.nan, math.nan)
-            per_model[label] = {"rate": float(credit.mean()), "ci": [low, high]}
+                rate, (low, high) = float(credit.mean()), wilson_interval(float(credit.sum()), n)
+            else:  # the unit of the verdict: pooling stimuli weighted an origin by how many it kept, and could side the other way
+                origin_rates[label] = np.bincount(inverse, weights=credit) / np.bincount(inverse)
+                rate = float(origin_rates[label].mean())
+                low, high = bootstrap_interval(origin_rates[label], n_boot=n_boot, seed=seed) if n_origins > 1 else (math.nan, math.nan)
+            per_model[label] = {"rate": rate, "ci": [low, high]}
         entry = {"per_model": per_model, "ties": int((choice == -1).sum())}
         if clusters is None:
             favoured = max(per_model, key=lambda m: per_model[m]["rate"])
             entry["favours"] = favoured if per_model[favoured]["ci"][0] > 0.5 else None
         else:
-            credit_a = (choice == 0) + 0.5 * (choice == -1)
-            _, inverse = np.unique(clusters, return_inverse=True)
-            lead_a = np.bincount(inverse, weights=credit_a) / np.bincount(inverse) - 0.5  # per origin: how far A leads
+            lead_a = origin_rates[name_a] - 0.5  # per origin: how far A leads
             entry["p_value"] = sign_flip_p_value(lead_a, seed=seed)
             entry["favours"] = (name_a if lead_a.mean() > 0 else name_b) if entry["p_value"] < 0.05 else None
         out["observers"][name] = entry

@@ -731,8 +731,10 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
         c = data["controversial"]
         markdown += [f"## Class-controversial stimuli ({c['model_a']} vs {c['model_b']})", "",
                      "Golan et al. (2020): images the two models classify differently. Each observer chooses between the two models' "
-                     "classes by its nearest class exemplars; the rate is how often that choice is the model's decision (Wilson 95% "
-                     f"interval) over the {c['n_controversial']} of {c['n_stimuli']} stimuli the models disagree on.", ""]
+                     "classes by its nearest class exemplars; the rate is how often that choice is the model's decision, "
+                     + (f"each origin's rate counted once (95% {c.get('interval')}; the verdict a sign-flip test over the "
+                        f"{c.get('n_origins')} origins)" if c.get("n_origins") is not None else f"with a 95% {c.get('interval', 'interval')}")
+                     + f", over the {c['n_controversial']} of {c['n_stimuli']} stimuli the models disagree on.", ""]
         if c.get("observers"):
             names = c["models"]
             markdown += ["| Observer | " + " | ".join(names) + " | sides with |", "|---|" + "---|" * (len(names) + 1)]

@@ -98,6 +98,21 @@ def test_few_origins_decide_nothing_however_many_stimuli_they_hold():
                ["observers"]["pixel-l2"]["per_model"]["right"]["ci"])
 
 
+def test_every_origin_counts_once_in_the_rate_as_in_the_verdict():
+    """The rate and its interval pooled stimuli, so an origin that kept six counted six times, while the verdict took
+    each origin's rate once: the printed rates could side with the model the verdict did not name."""
+    observer = make_observer("pixel-l2")
+    exemplars, labels = _flat([0.1, 0.2, 0.8, 0.9]), torch.tensor([0, 0, 1, 1])
+    models = {"right": Brightness(), "reversed": Brightness(reverse=True)}
+    sided = [0.05, 0.1, 0.95, 0.9, 0.08, 0.92, 0.12]  # seven origins of one stimulus each: the observer decides as "right"
+    stimuli = _flat(sided + [0.5] * 12)  # two origins of six stimuli each, halfway: ties, half credit to each model
+    origins = [f"o{i}" for i in range(7)] + ["big0"] * 6 + ["big1"] * 6
+    result = class_controversial_score(stimuli, models, [observer], exemplars, labels, k=2, origins=origins)["observers"]["pixel-l2"]
+    assert result["ties"] == 12
+    assert result["per_model"]["right"]["rate"] == pytest.approx((7 * 1 + 2 * 0.5) / 9)  # was (7 + 6) / 19, pooled
+    assert result["per_model"]["reversed"]["rate"] == pytest.approx(1 / 9)
+
+
 def test_exemplars_are_drawn_per_class_and_reproducibly():
     images, labels = torch.rand(30, 3, 4, 4), torch.arange(30) % 3
     first, first_labels = class_exemplars(images, labels, per_class=4, seed=1)
@@ -124,4 +139,6 @@ def test_measure_scores_a_class_controversial_pair(tmp_path, tiny_digits_checkpo
     rates = c["observers"]["pixel-l2"]["per_model"]
     assert rates["a"]["rate"] + rates["b"]["rate"] == pytest.approx(1.0)
     assert c["interval"] == "bootstrap over origins"  # the stimuli name their origins
-    assert "Class-controversial stimuli" in (tmp_path / "report.md").read_text()
+    text = (tmp_path / "report.md").read_text()
+    assert "Class-controversial stimuli" in text
+    assert "(95% bootstrap over origins; the verdict a sign-flip test over the" in text and "Wilson" not in text  # it named Wilson
