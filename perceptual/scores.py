@@ -35,6 +35,7 @@ precomputed :class:`ModelOutputs`, so a pipeline runs each model once per image 
 from __future__ import annotations
 
 import copy
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -47,6 +48,8 @@ from torch import Tensor, nn
 from invert.modules import batch_slices, evaluation, module_device
 from invert.rng import seeded_rng
 from invert.validation import check_images
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -235,6 +238,11 @@ class Mahalanobis(ScoreFunction):
         centred = feats - self.means[torch.searchsorted(classes, labels)]
         covariance = centred.T @ centred / len(feats)  # sklearn EmpiricalCovariance, as the authors' code
         self.precision = torch.linalg.pinv(covariance, hermitian=True)
+        rank, dims = len(feats) - len(classes), feats.shape[1]
+        if rank < dims:  # the pseudo-inverse gives no cost to a direction the fit images do not span
+            log.warning("Mahalanobis fit on %d images of %d classes in %d feature dimensions: the covariance has rank at most %d, so "
+                        "features off the fit images' span along %d directions cost nothing; fit on at least %d images (n_fit)",
+                        len(feats), len(classes), dims, rank, dims - rank, dims + len(classes))
         return self
 
     def from_outputs(self, outputs: ModelOutputs) -> Scores:
@@ -344,7 +352,10 @@ class MCDropout(ScoreFunction):
         if id(model) in self._prepared:
             return self._prepared[id(model)][1]
         has_dropout = any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules())
-        if has_dropout and self.insert_dropout is None:
+        if has_dropout:  # insert_dropout is for the models without: one trained with dropout keeps its own rate
+            if self.insert_dropout is not None:
+                log.info("%s has dropout layers of its own: MC dropout samples them, insert_dropout=%s is not applied",
+                         getattr(model, "arch", type(model).__name__), self.insert_dropout)
             prepared = model
         elif self.insert_dropout is None:
             raise ValueError(

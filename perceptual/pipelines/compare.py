@@ -361,6 +361,7 @@ class ComparePipeline:
             "per_condition": per_condition,
             "aggregated": aggregated,
             "excluded": self.excluded,
+            "ranked_conditions": ranked,  # what the averages, the ranking and the error alignment take
             "diagonal": {name: metric.diagonal for name, metric in PAIR_METRIC_REGISTRY.items()},
             "ranking": rankings(trials, aggregated, systems, models, subjects, self.metric_cfg["on_undefined"], exclude=self.excluded),
             "spearman_between_metrics": metric_correlations(aggregated),
@@ -401,7 +402,8 @@ class ComparePipeline:
             results[label] = {}
             for score_name in cfg["scores"]:
                 params = dict((cfg.get("score_params") or {}).get(score_name) or {})
-                key = cache_key(self.identities[label], score_name, params, fit_key, id_key, [k for k, _ in ood.values()])
+                key = cache_key(self.identities[label], score_name, params, fit_key, id_key, [k for k, _ in ood.values()],
+                                *(["v2"] if score_name == "mc_dropout" else []))  # v2: a model's own dropout, none stacked on it
                 path = self.out / "cache" / "unknown" / label / f"{score_name}.json"
                 cached = cached_json(path, key)
                 if cached is None:
@@ -448,7 +450,8 @@ class ComparePipeline:
             "metric_settings": dict(self.metric_cfg),
             **behaviour,
         }
-        data["error_alignment"] = write_error_alignment(error_alignment(behaviour["per_condition"], behaviour["systems"]), self.out)
+        ranked = {c: behaviour["per_condition"][c] for c in behaviour["ranked_conditions"]}  # as the averages: controls left out
+        data["error_alignment"] = write_error_alignment(error_alignment(ranked, behaviour["systems"]), self.out)
         unknown = self._unknown() if self.unknown_cfg.get("enabled", True) else None
         data["seconds"] = round(time.perf_counter() - started, 1)
         write_outputs(data, unknown, self.out, self.conditions, per_condition_figures=bool(self.metric_cfg["per_condition_figures"]))
@@ -526,7 +529,9 @@ def run_with_humans(container: Mapping) -> dict:
     exclude = mvh_exclusions(zip(trials["dataset"], trials["condition"])) if container.get("humans_benchmark_exclusions", True) else None
     data = compare_on_trials(trials, cles_variant=metric_cfg["cles_variant"], on_undefined=metric_cfg["on_undefined"], exclude=exclude)
     data["reader"] = report.as_dict()
-    data["error_alignment"] = write_error_alignment(error_alignment(data["per_condition"], data["systems"]), out)
+    left_out = {f"{experiment}/{condition}" for experiment, conditions in (exclude or {}).items() for condition in conditions}
+    ranked = {cell: matrices for cell, matrices in data["per_condition"].items() if cell not in left_out}  # as the ranking
+    data["error_alignment"] = write_error_alignment(error_alignment(ranked, data["systems"]), out)
     atomic_write_text(out / "trials.csv", trials.to_csv(index=False))
     figures_dir, figures = out / "figures", []
     ranges = {name: metric.value_range for name, metric in PAIR_METRIC_REGISTRY.items()}

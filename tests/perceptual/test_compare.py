@@ -442,6 +442,8 @@ def test_the_panel_ranking_averages_each_generators_conditions_then_the_generato
     observed = data["aggregated"]["observed_consistency"][systems.index("m"), systems.index("subject-s")]
     assert observed == pytest.approx(0.5)  # agree on every ranked contrast level, disagree on greyscale
     assert set(data["accuracy"]) == {c.name for c in parse_conditions(["contrast", "colour"], 224)}  # per condition: all kept
+    # the error alignment takes the ranked conditions too (it took the controls, identical copies for a model)
+    assert set(data["ranked_conditions"]) == set(data["accuracy"]) - {"contrast=1", "contrast=0.03", "contrast=0.01", "colour=colour"}
 
     everything = _constructed_behaviour(benchmark_exclusions=False)
     assert everything["excluded"] == {}
