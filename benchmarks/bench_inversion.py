@@ -94,6 +94,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--compile", action="store_true", help="torch.compile the objective in engine-best(-stop)")
     parser.add_argument("--cuda-graph", default="auto", choices=["auto", "true", "false"], help="engine-best(-stop): replay the step as a CUDA graph")
     parser.add_argument("--repeats", type=int, default=1, help="time each run this many times (round-robin), keep the fastest")
+    parser.add_argument("--warmup-steps", type=int, default=10,
+                        help="untimed run of every contender first at this many steps (first-use kernels, lazy loading; 0: none)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads on CPU (default: all cores)")
     parser.add_argument("--seed", type=int, default=0, help="weights, target choice and noise seeds")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -103,6 +105,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("items", "steps", "batch", "repeats", "patience"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.warmup_steps < 0:
+        parser.error(f"--warmup-steps must be 0 (none) or more, got {args.warmup_steps}")
     if set(RUNS) <= set(args.skip):
         parser.error(f"--skip leaves no run to time: skip at most {len(RUNS) - 1} of {list(RUNS)}")
     return args
@@ -217,10 +221,18 @@ def main(argv=None) -> dict:
         "engine-best": best,
         "engine-best-stop": {**best, "patience": args.patience, "rtol": args.rtol},
     }
-    runs = {"anchor": lambda: run_anchor(args, attacker, targets, seeds)}
-    for name, settings in engine_settings.items():
-        runs[name] = lambda settings=settings: run_engine(args, objective, seeds, **settings)
-    runs = {name: runs[name] for name in RUNS if name not in args.skip}
+
+    def contenders(run_args) -> dict:
+        runs = {"anchor": lambda: run_anchor(run_args, attacker, targets, seeds)}
+        for name, settings in engine_settings.items():
+            runs[name] = lambda settings=settings: run_engine(run_args, objective, seeds, **settings)
+        return {name: runs[name] for name in RUNS if name not in args.skip}
+
+    runs = contenders(args)
+    if args.warmup_steps > 0:  # untimed: the first run paid every contender's first-use costs (a CUDA graph's capture stays timed)
+        for warm in contenders(argparse.Namespace(**{**vars(args), "steps": min(args.warmup_steps, args.steps)})).values():
+            warm()
+            sync(device)
 
     probe = min(2, args.items)
     step_flops = flops_per_item_step(objective, targets[:probe], torch.arange(probe, device=device))

@@ -3,13 +3,14 @@
 #
 #   bash benchmarks/gpu_session.sh OUT STEP...      STEP: test, inversion, measure, training (or all)
 #
-# Estimated H100 times (from the issue's and earlier runs' numbers): test ~4 min, inversion ~4 min, measure ~5 min,
-# training ~4 min; run test+inversion, measure and training as three jobs where each job has a 10-minute limit.
+# Estimated H100 times (from the issue's and earlier runs' numbers): test ~8 min (the H100 run of 543 tests took 224 s;
+# the suite has about twice as many now), inversion ~4 min, measure ~5 min, training ~4 min; where each job has a
+# 10-minute limit, run test, inversion, measure and training as four jobs.
 # Uses `python3` with the project on PYTHONPATH (no virtual environment: a machine that cannot reach PyPI runs the
 # interpreter that already holds torch). Besides torch, torchvision, numpy, scipy, scikit-learn, scikit-image, pandas,
 # matplotlib, pillow, jinja2, tqdm, safetensors and pytest, it needs hydra-core, omegaconf, antlr4-python3-runtime,
-# kornia, kornia_rs, lpips, markdown-it-py with mdurl and, for the anchors, robustness with cox, dill and tensorboardX
-# (carry them as wheels where they are missing). CIFAR-10 comes from $CIFAR_ROOT (a folder holding cifar-10-batches-py/; default
+# kornia, kornia_rs, lpips, markdown-it-py with mdurl, PyYAML and packaging and, for the anchors, robustness with cox,
+# dill, tensorboardX and protobuf (carry them as wheels where they are missing). CIFAR-10 comes from $CIFAR_ROOT (a folder holding cifar-10-batches-py/; default
 # ../shared/data/cifar-10-mini): without it the inversion targets are random images and measure cannot run.
 set -uo pipefail
 usage="usage: bash benchmarks/gpu_session.sh OUT STEP... (STEP: test, inversion, measure, training, all)"

@@ -49,6 +49,10 @@ def import_robustness():
         for submodule in ("attacker", "cifar_models", "datasets", "model_utils"):  # attributes of the package once imported
             importlib.import_module(f"robustness.{submodule}")
     except ImportError as err:
+        missing = getattr(err, "name", None) or ""
+        if missing and missing.split(".")[0] != "robustness":  # e.g. protobuf under tensorboardX: not robustness itself
+            raise ImportError(f"`robustness` is installed but its dependency {missing!r} is not: install it (pip install "
+                              f"{missing.split('.')[0]}). Original error: {err}") from err
         raise ImportError(
             "the `robustness` library is not installed: pip install 'repalign[robustness]' "
             f"(or robustness==1.2.1.post2). Original error: {err}"
