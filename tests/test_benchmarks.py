@@ -180,7 +180,7 @@ def test_the_deterministic_cost_benchmark_refuses_a_machine_without_cuda(tmp_pat
 @pytest.mark.parametrize("script, args, message", [
     ("bench_inversion.py", ["--repeats", "0"], "--repeats must be at least 1, got 0"),  # KeyError: 'results' at the end
     ("bench_inversion.py", ["--items", "0"], "--items must be at least 1"),
-    ("bench_inversion.py", ["--warmup-steps=-1"], "--warmup-steps must be 0 .none. or more"),
+    ("bench_inversion.py", ["--warmup-steps=-1"], "--warmup-steps must be 0 (none) or more"),
     ("bench_inversion.py", ["--skip", "engine-best", "engine-best-stop", "engine", "anchor"], "--skip leaves no run to time"),
     ("early_stopping_study.py", ["--patience", "50", "0"], "every --patience must be at least 1"),  # ZeroDivisionError
 ])
