@@ -221,6 +221,7 @@ def compare_on_trials(trials: pd.DataFrame, *, cles_variant: str = "paper", on_u
         "excluded_conditions": {d: list(c) for d, c in (exclude or {}).items()},
         "accuracy": accuracy, "accuracy_mean": accuracy_mean,
         "per_condition": per_condition, "aggregated": aggregated,
+        "ranked_conditions": [f"{d}/{c}" for d, c in ranked],  # what the averages and the ranking take (the panel's key)
         "diagonal": {name: PAIR_METRIC_REGISTRY[name].diagonal for name in metrics},
         "ranking": rankings(trials, aggregated, systems, models, subjects, on_undefined, images="shared", exclude=exclude,
                             panel_values=panel_values),

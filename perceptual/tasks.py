@@ -114,6 +114,12 @@ def bootstrap_interval(credit: np.ndarray, clusters: np.ndarray | None = None, n
     return percentile_interval(sums[draws].sum(1) / counts[draws].sum(1), level)
 
 
+def _per_target(judged: pd.DataFrame) -> tuple[dict[str, float], dict[str, int]]:
+    """Each target's mean credit and its number of trials."""
+    stats = judged.groupby("target_id", sort=True)["credit"].agg(["mean", "size"])
+    return {str(k): float(v) for k, v in stats["mean"].items()}, {str(k): int(v) for k, v in stats["size"].items()}
+
+
 def summarize(judged: pd.DataFrame, by: str | None = "seed_type", interval: str = "bootstrap", seed: int = 0) -> dict:
     """Accuracy (mean credit) with a 95 % interval, ties and n; overall, per ``by`` group and per target.
 
@@ -139,13 +145,11 @@ def summarize(judged: pd.DataFrame, by: str | None = "seed_type", interval: str 
     out = {"overall": score(real), "interval": interval}
     if by is not None and by in real:
         out[f"by_{by}"] = {str(k): score(g) for k, g in real.groupby(by, sort=True)}
-    out["per_target"] = {str(k): float(g["credit"].mean()) for k, g in real.groupby("target_id", sort=True)}
-    out["per_target_trials"] = {str(k): len(g) for k, g in real.groupby("target_id", sort=True)}  # weights: the rows pool trials
+    out["per_target"], out["per_target_trials"] = _per_target(real)  # the trial counts weigh them: the rows pool trials
     if by is not None and by in real:  # per-target scores within each group, for paired statistics across groups
-        groups = list(real.groupby(by, sort=True))
-        out[f"per_target_by_{by}"] = {str(group): {str(k): float(g["credit"].mean()) for k, g in frame.groupby("target_id", sort=True)}
-                                      for group, frame in groups}
-        out[f"per_target_trials_by_{by}"] = {str(group): {str(k): len(g) for k, g in frame.groupby("target_id", sort=True)} for group, frame in groups}
+        per_group = {str(group): _per_target(frame) for group, frame in real.groupby(by, sort=True)}
+        out[f"per_target_by_{by}"] = {group: scores for group, (scores, _) in per_group.items()}
+        out[f"per_target_trials_by_{by}"] = {group: trials for group, (_, trials) in per_group.items()}
     out["attention_pass_rate"] = float(checks["credit"].mean()) if len(checks) else None
     out["attention_checks"] = len(checks)
     return out

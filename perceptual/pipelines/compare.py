@@ -529,8 +529,7 @@ def run_with_humans(container: Mapping) -> dict:
     exclude = mvh_exclusions(zip(trials["dataset"], trials["condition"])) if container.get("humans_benchmark_exclusions", True) else None
     data = compare_on_trials(trials, cles_variant=metric_cfg["cles_variant"], on_undefined=metric_cfg["on_undefined"], exclude=exclude)
     data["reader"] = report.as_dict()
-    left_out = {f"{experiment}/{condition}" for experiment, conditions in (exclude or {}).items() for condition in conditions}
-    ranked = {cell: matrices for cell, matrices in data["per_condition"].items() if cell not in left_out}  # as the ranking
+    ranked = {cell: data["per_condition"][cell] for cell in data["ranked_conditions"]}  # as the ranking: exclusions left out
     data["error_alignment"] = write_error_alignment(error_alignment(ranked, data["systems"]), out)
     atomic_write_text(out / "trials.csv", trials.to_csv(index=False))
     figures_dir, figures = out / "figures", []
