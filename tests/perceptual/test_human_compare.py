@@ -283,6 +283,7 @@ def test_the_ranking_nests_every_metric_per_experiment_without_the_benchmarks_ex
         per_experiment.append(np.nanmean(per_human))
     assert values["misclassification_agreement"] == pytest.approx(np.mean(per_experiment))
     assert data["excluded_conditions"] == {"colour": ["cr"]} and "colour/cr" in data["per_condition"]  # kept per condition
+    assert "colour/cr" not in data["ranked_conditions"] and "colour/bw" in data["ranked_conditions"]  # compare's error alignment takes these
     summary = human_summary_markdown(data)
     assert "leave out its controls" in summary and "humans (mean ± sample std)" in summary
     cell, accuracy = next(iter(data["accuracy"].items()))
