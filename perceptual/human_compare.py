@@ -127,7 +127,7 @@ def pair_matrices_on_trials(trials: pd.DataFrame, systems: Sequence[str], *, cla
 
     out = {}
     cells = dict(list(trials.groupby(["dataset", "condition"], sort=True)))
-    ordered = [(d, c) for d in sorted({d for d, _ in cells}) for c in condition_order([c for dd, c in cells if dd == d])]
+    ordered = [(d, c) for d in sorted({d for d, _ in cells}) for c in condition_order([c for dd, c in cells if dd == d], d)]
     for dataset, condition in ordered:  # the benchmark's condition order, so families and tables read in order
         cell = cells[(dataset, condition)]
         answers = {s: _responses(g, classes) for s, g in cell.groupby("subject")}
@@ -209,7 +209,7 @@ def compare_on_trials(trials: pd.DataFrame, *, cles_variant: str = "paper", on_u
     accuracy, accuracy_by_experiment = {}, defaultdict(lambda: defaultdict(list))
     for dataset, experiment in trials.groupby("dataset", sort=True):
         cells = dict(list(experiment.groupby("condition")))
-        for condition in condition_order(cells):  # the benchmark's order: 0.4 < 0.45 < 1 < inf
+        for condition in condition_order(cells, dataset):  # the benchmark's order: undistorted first
             accuracy[f"{dataset}/{condition}"] = cells[condition].groupby("subject")["correct"].mean().to_dict()
             if (dataset, condition) in ranked:
                 for system, value in accuracy[f"{dataset}/{condition}"].items():

@@ -224,13 +224,18 @@ def shape_bias_per_category(trials: pd.DataFrame, humans: Any = None, dataset: s
 # The benchmark's order (``datasets/experiments.py``) for its conditions that are not numbers: colour before greyscale,
 # true colour before opponent colour, the original before the equalised power spectrum.
 NAMED_CONDITION_ORDER = ("cr", "bw", "true", "false", "0", "pow")  # compared in lower case: the raw CSVs write true/false
+# Experiments whose numbers the benchmark lists from the largest down, so that every experiment runs from the undistorted
+# condition to the most distorted one: 100 % contrast first, the unfiltered high-pass image (``inf``) first.
+DESCENDING_EXPERIMENTS = ("contrast", "high-pass")
 
 
-def condition_order(conditions: Collection) -> list:
-    """Conditions in plotting order: numerically where all are numbers (``0.7`` < ``3``; contrast's ``c05`` by its
-    percentage, so ``c10`` < ``c15`` < ``c100``; eidolon's ``<reach>-<coherence>-<grain>`` by reach), else in the
-    benchmark's order for its named conditions (:data:`NAMED_CONDITION_ORDER`) and then as strings. Numbers ascend,
-    where the benchmark lists contrast and high-pass from the undistorted end."""
+def condition_order(conditions: Collection, dataset: str | None = None) -> list:
+    """Conditions in the benchmark's plotting order (``data_conditions`` in model-vs-human's ``datasets/experiments.py``).
+
+    Numerically where all are numbers (``0.7`` < ``3``; contrast's ``c05`` by its percentage; eidolon's
+    ``<reach>-<coherence>-<grain>`` by reach), ascending except for the :data:`DESCENDING_EXPERIMENTS` (``dataset``:
+    contrast from ``c100`` down, high-pass from ``inf`` down); else in the benchmark's order for its named conditions
+    (:data:`NAMED_CONDITION_ORDER`) and then as strings."""
     values = [str(c) for c in conditions]
 
     def number(text: str) -> float | None:
@@ -241,12 +246,13 @@ def condition_order(conditions: Collection) -> list:
             return None
 
     if all(number(v) is not None for v in values):
-        return sorted(values, key=lambda v: (number(v), v))
+        return sorted(values, key=lambda v: (number(v), v), reverse=dataset in DESCENDING_EXPERIMENTS)
     rank = {name: i for i, name in enumerate(NAMED_CONDITION_ORDER)}
     return sorted(values, key=lambda v: (rank.get(v.lower(), len(rank)), v))
 
 
 __all__ = [
-    "CUE_CONFLICT", "NAMED_CONDITION_ORDER", "accuracy_per_subject", "accuracy_summary", "condition_order", "consistency_matrix", "consistency_summary",
+    "CUE_CONFLICT", "DESCENDING_EXPERIMENTS", "NAMED_CONDITION_ORDER",
+    "accuracy_per_subject", "accuracy_summary", "condition_order", "consistency_matrix", "consistency_summary",
     "is_human_test", "pairwise_consistency", "shape_bias_per_category", "shape_bias_table",
 ]

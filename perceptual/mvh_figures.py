@@ -23,6 +23,28 @@ from .mvh_analysis import condition_order
 from .report import save_figure
 
 HUMAN_COLOUR = "#a51c30"  # the benchmark draws humans in red
+CHANCE = 1 / 16  # 16-class guessing rate, drawn as in the benchmark's accuracy plots
+# The benchmark's x-axis labels (``xlabel`` in model-vs-human's ``datasets/experiments.py``); eidolon ticks are the reach.
+AXIS_LABELS = {
+    "colour": "colour", "contrast": "contrast in percent", "high-pass": "filter standard deviation",
+    "low-pass": "filter standard deviation", "phase-scrambling": "phase noise width [°]", "power-equalisation": "power spectrum",
+    "false-colour": "colour", "rotation": "rotation angle [°]", "uniform-noise": "uniform noise width",
+    "eidolonI": "reach (coherence 1.0)", "eidolonII": "reach (coherence 0.3)", "eidolonIII": "reach (coherence 0.0)",
+}
+
+
+def _tick_labels(dataset: str, conditions: Sequence[str]) -> list[str]:
+    """The benchmark's tick labels: contrast in percent (``c05`` → 5), eidolon by its reach (``16-10-10`` → 16)."""
+    if dataset == "contrast":
+        return [str(int(c[1:])) if str(c)[1:].isdigit() else str(c) for c in conditions]
+    if dataset.startswith("eidolon"):
+        return [str(c).split("-")[0] for c in conditions]
+    return [str(c) for c in conditions]
+
+
+def _condition_axis(ax, dataset: str, order: Sequence[str]) -> None:
+    ax.set_xticks(np.arange(len(order)), _tick_labels(dataset, order), rotation=45 if len(order) > 4 else 0, fontsize=7)
+    ax.set_xlabel(AXIS_LABELS.get(dataset, "condition"), fontsize=8)
 
 
 def _pyplot():
@@ -82,7 +104,7 @@ def accuracy_figure(per_subject: pd.DataFrame, path: str | Path, title: str = "A
     colours = _model_colours(models if models is not None else per_subject.loc[~per_subject["is_human"], "subject"].unique())
     for ax, dataset in zip(axes, datasets):
         rows = per_subject[per_subject["dataset"] == dataset]
-        order = condition_order(rows["condition"].unique())
+        order = condition_order(rows["condition"].unique(), dataset)
         x = np.arange(len(order))
         humans = rows[rows["is_human"]].groupby("condition")["accuracy"]
         n_humans = rows.loc[rows["is_human"], "subject"].nunique()
@@ -91,10 +113,10 @@ def accuracy_figure(per_subject: pd.DataFrame, path: str | Path, title: str = "A
             _band(ax, x, stats["min"], stats["mean"], stats["max"], "humans")
         for model, group in rows[~rows["is_human"]].groupby("subject"):
             ax.plot(x, group.set_index("condition")["accuracy"].reindex(order), "s--", markersize=3, color=colours[model], label=model)
-        ax.set_xticks(x, order, rotation=45 if len(order) > 4 else 0, fontsize=7)
+        ax.axhline(CHANCE, color="grey", linestyle=":", linewidth=0.8, label="chance (1/16)")
+        _condition_axis(ax, dataset, order)
         ax.set_ylim(0, 1)
         ax.set_title(f"{dataset} ({n_humans} human subjects)", fontsize=9)
-        ax.set_xlabel("condition", fontsize=8)
         ax.set_ylabel("16-class accuracy", fontsize=8)
     _shared_legend(fig, axes)
     fig.suptitle(title)
@@ -111,7 +133,7 @@ def error_consistency_figure(pairs: pd.DataFrame, path: str | Path, title: str =
     colours = _model_colours(models if models is not None else pairs.loc[pairs["kind"] == "model-human", "subject_a"].unique())
     for ax, dataset in zip(axes, datasets):
         rows = pairs[pairs["dataset"] == dataset]
-        order = condition_order(rows["condition"].unique())
+        order = condition_order(rows["condition"].unique(), dataset)
         x = np.arange(len(order))
         human = rows[rows["kind"] == "human-human"]
         n_pairs = len(human) // len(order)
@@ -122,10 +144,9 @@ def error_consistency_figure(pairs: pd.DataFrame, path: str | Path, title: str =
             ax.plot(x, group.groupby("condition")["error_consistency"].mean().reindex(order), "s--", markersize=3, color=colours[model],
                     label=f"{model} vs humans")
         ax.axhline(0, color="grey", linewidth=0.6)
-        ax.set_xticks(x, order, rotation=45 if len(order) > 4 else 0, fontsize=7)
+        _condition_axis(ax, dataset, order)
         ax.set_ylim(-0.2, 1)
         ax.set_title(f"{dataset} ({n_pairs} human pairs)", fontsize=9)
-        ax.set_xlabel("condition", fontsize=8)
         ax.set_ylabel("error consistency (kappa)", fontsize=8)
     _shared_legend(fig, axes)
     fig.suptitle(title + " (0: independent errors, 1: the same errors)")
@@ -155,14 +176,16 @@ def consistency_matrix_figure(matrix: pd.DataFrame, path: str | Path, title: str
 
 def shape_bias_figure(per_category: pd.DataFrame, overall: pd.DataFrame, path: str | Path,
                       title: str = "Shape bias on cue-conflict images", models: Sequence[str] | None = None) -> Path:
-    """Shape bias per shape category (rows) for every subject (grey dots), the humans pooled (red diamonds) and each
-    model (squares, in its colour of the other figures); the overall values in the legend. ``per_category``:
+    """Shape bias per shape category (rows) for every subject (grey dots), the mean of the human subjects (red diamonds,
+    as the benchmark's ``plot_shape_bias_boxplot``; its matrix plot pools the human trials instead) and each model
+    (squares, in its colour of the other figures); the overall values in the legend, beside the axes so that no
+    marker is hidden. ``per_category``:
     :func:`perceptual.mvh_analysis.shape_bias_per_category`, ``overall``: :func:`perceptual.mvh_analysis.shape_bias_table`,
     ``models`` as in :func:`accuracy_figure`."""
     plt = _pyplot()
     categories = sorted(per_category["category"].unique())
     y = np.arange(len(categories))
-    fig, ax = plt.subplots(figsize=(6, 0.35 * len(categories) + 1.5))
+    fig, ax = plt.subplots(figsize=(8.5, 0.35 * len(categories) + 1.5))
     totals = overall.set_index("subject")["shape_bias"]
     subjects = [s for s in per_category["subject"].unique() if s not in ("all humans", "mean of humans")]
     human_subjects = set(overall.loc[(overall["scope"] == "subject") & overall["is_human"], "subject"])
@@ -183,7 +206,7 @@ def shape_bias_figure(per_category: pd.DataFrame, overall: pd.DataFrame, path: s
     ax.set_xlabel("fraction of shape decisions (1 − fraction of texture decisions)")
     ax.set_ylabel("shape category")
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower left")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
     ax.set_title(title + "\n(shape bias = shape / (shape + texture) decisions; same-class images excluded)", fontsize=9)
     fig.tight_layout()
     return save_figure(fig, Path(path))

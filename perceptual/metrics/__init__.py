@@ -27,7 +27,16 @@ from .mvh import SIXTEEN_CLASS_IMAGENET_INDICES, SIXTEEN_CLASS_NAMES, imagenet_t
 from .ranking import mean_rank, pairwise_matrix, spearman_between
 from .representational import linear_cka
 from .survey import cronbach_alpha, fleiss_kappa, survey_sample_size
-from .trials import MVH_EXCLUDED_CONDITIONS, TRIAL_COLUMNS, TrialAggregate, aggregate_trials, condition_key, is_excluded, mvh_exclusions
+from .trials import (
+    MVH_EXCLUDED_CONDITIONS,
+    TRIAL_COLUMNS,
+    TrialAggregate,
+    aggregate_trials,
+    condition_key,
+    is_excluded,
+    mvh_exclusions,
+    ood_accuracy,
+)
 from .unknown import (
     aupr_in,
     aupr_out,
@@ -59,6 +68,7 @@ __all__ = [
     "error_consistency",
     "accuracy_difference",
     "aggregate_trials",
+    "ood_accuracy",
     "TrialAggregate",
     "TRIAL_COLUMNS",
     "MVH_EXCLUDED_CONDITIONS",

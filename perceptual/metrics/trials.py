@@ -2,7 +2,8 @@
 
 Follows ``get_raw_benchmark_df`` and ``format_benchmark_df`` in bethgelab/model-vs-human
 (``modelvshuman/plotting/plot.py``), which build the "accuracy difference", "observed consistency" and
-"error consistency" columns of its benchmark table.
+"error consistency" columns of its benchmark table, and ``get_mean_over_datasets`` for its "OOD accuracy" table
+(:func:`ood_accuracy`).
 """
 from __future__ import annotations
 
@@ -75,11 +76,11 @@ _METRIC_FUNCTIONS = {error_consistency: "error_consistency", observed_consistenc
 
 @dataclass(frozen=True)
 class TrialAggregate:
-    """Result of :func:`aggregate_trials`.
+    """Result of :func:`aggregate_trials` (and of :func:`ood_accuracy`).
 
     ``models``: model → value against humans, averaged over data sets. ``humans``: the human-to-human value
-    (distinct pairs), averaged over data sets; NaN when no data set has two humans. The ``*_per_dataset``
-    fields hold the values before the last average.
+    (distinct pairs), averaged over data sets; NaN when no data set has two humans (for :func:`ood_accuracy`: the
+    humans' own pooled accuracy). The ``*_per_dataset`` fields hold the values before the last average.
     """
 
     metric: str
@@ -284,4 +285,45 @@ def aggregate_trials(trials: Any, metric: Any = "error_consistency", humans: Any
         humans=nanmean(humans_per_dataset.values()),
         models_per_dataset=models_per_dataset,
         humans_per_dataset=humans_per_dataset,
+    )
+
+
+def ood_accuracy(trials: Any, humans: Any = None, exclude: Mapping[Any, Sequence[Any]] | None = None) -> TrialAggregate:
+    """The benchmark's "OOD accuracy": 16-class accuracy per data set over its kept conditions' trials pooled, then the
+    mean over data sets.
+
+    Follows ``get_mean_over_datasets`` with ``SixteenClassAccuracy`` in bethgelab/model-vs-human (``plotting/plot.py``),
+    the first of its two benchmark tables: for each data set, a model's accuracy over all its trials in the conditions
+    left after ``exclude`` (as in :func:`aggregate_trials`), and the humans' accuracy over every human trial of the data
+    set together (one pooled decision maker, not a mean of subjects); then the plain mean over the data sets an observer
+    has trials in. ``trials`` and ``humans`` as in :func:`aggregate_trials`; the result's ``humans`` is the pooled human
+    value (NaN where no data set has a human).
+    """
+    is_human = human_test(humans)
+    columns = _columns(trials)
+    if exclude:
+        columns = _without_conditions(columns, exclude)
+    totals: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])  # (dataset, observer) → [correct, trials]
+    for subject, dataset, correct in zip(columns["subject"], columns["dataset"], columns["correct"]):
+        observer = (True, None) if is_human(subject) else (False, subject)
+        total = totals[(dataset, observer)]
+        total[0] += int(correct)
+        total[1] += 1
+    models_per_dataset: dict[Any, dict[Any, float]] = defaultdict(dict)
+    humans_per_dataset: dict[Any, float] = {}
+    for (dataset, (human, model)), (right, n) in totals.items():
+        if human:
+            humans_per_dataset[dataset] = right / n
+        else:
+            models_per_dataset[dataset][model] = right / n
+    model_datasets: dict[Any, list[float]] = defaultdict(list)
+    for dataset in _sorted(models_per_dataset):
+        for model, value in models_per_dataset[dataset].items():
+            model_datasets[model].append(value)
+    return TrialAggregate(
+        metric="ood_accuracy",
+        models={m: float(np.mean(v)) for m, v in model_datasets.items()},
+        humans=float(np.mean(list(humans_per_dataset.values()))) if humans_per_dataset else float("nan"),
+        models_per_dataset={d: models_per_dataset[d] for d in _sorted(models_per_dataset)},
+        humans_per_dataset={d: humans_per_dataset[d] for d in _sorted(humans_per_dataset)},
     )

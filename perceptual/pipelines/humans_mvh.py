@@ -4,10 +4,12 @@ Reads the benchmark's trial CSVs (:func:`perceptual.human_trials.read_trials`; a
 with the full report unless ``strict=false``) and computes, per experiment and condition (:mod:`perceptual.mvh_analysis`):
 the human-human error consistency over every pair of subjects (the benchmark's ceiling for models), human accuracy with
 its spread across subjects, and the shape bias on the cue-conflict trials per subject, pooled and as the mean of the
-subjects. Model decisions in the same format (``models=[PATH, ...]``) join as further observers, matched by source
-image: their accuracy, their error consistency with the humans, their shape bias, and the benchmark's aggregate
-(:func:`perceptual.metrics.aggregate_trials`: accuracy difference, observed and error consistency) with its mean rank,
-over the conditions the benchmark's table keeps (``benchmark_exclusions=false``: all of them).
+subjects; and the benchmark's two tables over the conditions they keep (``benchmark_exclusions=false``: all of them):
+OOD accuracy (:func:`perceptual.metrics.ood_accuracy`) and the aggregate (:func:`perceptual.metrics.aggregate_trials`:
+accuracy difference, observed and error consistency), with the humans' row in every run. Model decisions in the same
+format (``models=[PATH, ...]``) join as further observers, matched by source image: their accuracy, their error
+consistency with the humans, their shape bias, and their rows of the two tables with the OOD-accuracy rank and the
+benchmark's mean rank.
 
 Output directory (``out``)::
 
@@ -37,7 +39,7 @@ from training.sweeps import job_path
 
 from ..human_compare import check_shared_images
 from ..human_trials import read_trials
-from ..metrics import aggregate_trials, condition_key, mean_rank, mvh_exclusions
+from ..metrics import aggregate_trials, condition_key, is_excluded, mean_rank, mvh_exclusions, ood_accuracy
 from ..mvh_analysis import (
     CUE_CONFLICT,
     accuracy_per_subject,
@@ -58,17 +60,23 @@ def _fmt(value: float, digits: int = 3) -> str:
 
 
 def _in_condition_order(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows sorted by experiment, then condition in plotting order (0.4 < 0.45 < 1 < inf; eidolon by reach)."""
+    """Rows sorted by experiment, then condition in the benchmark's plotting order (:func:`condition_order`)."""
     rank = {}
     for dataset, group in frame.groupby("dataset"):
-        rank.update({(dataset, c): i for i, c in enumerate(condition_order(group["condition"].unique()))})
+        rank.update({(dataset, c): i for i, c in enumerate(condition_order(group["condition"].unique(), dataset))})
     keys = [rank[(d, c)] for d, c in zip(frame["dataset"], frame["condition"])]
     return frame.assign(_order=keys).sort_values(["dataset", "_order"], kind="stable").drop(columns="_order").reset_index(drop=True)
 
 
-def _model_benchmark(trials: pd.DataFrame, models: Sequence[str], on_undefined: str, exclusions: bool) -> dict:
-    """The benchmark's three aggregate metrics per model (conditions, then humans, then experiments) and its mean rank;
-    with ``exclusions``, over the conditions the benchmark's table keeps (:data:`MVH_EXCLUDED_CONDITIONS` left out).
+HUMANLIKE_METRICS = ("accuracy_difference", "observed_consistency", "error_consistency")
+
+
+def _benchmark(trials: pd.DataFrame, models: Sequence[str], on_undefined: str, exclusions: bool) -> dict:
+    """The benchmark's two tables: OOD accuracy (:func:`perceptual.metrics.ood_accuracy`) with its rank, and the three
+    "most human-like" aggregate metrics per model (conditions, then humans, then experiments) with their mean rank; with
+    ``exclusions``, over the conditions the benchmark's table keeps (:data:`MVH_EXCLUDED_CONDITIONS` left out). The
+    humans' row (pairs of subjects; their pooled OOD accuracy) is there with or without models: without models, over
+    every experiment, the benchmark's human baseline.
 
     As in the reference (one list of experiments for every model and the humans), the table is over the experiments every
     model has decisions for; a model's other experiments are named in ``left_out``. Consistency is over the images both
@@ -77,22 +85,30 @@ def _model_benchmark(trials: pd.DataFrame, models: Sequence[str], on_undefined: 
     leaves NaN unranked in the reference. A model without decisions in some of the kept conditions averages over the ones
     it has; they are named in ``missing_conditions``."""
     covered = {m: set(trials.loc[trials["subject"] == m, "dataset"]) for m in models}
-    common = sorted(set.intersection(*covered.values()))
+    common = sorted(set.intersection(*covered.values()) if models else set(trials["dataset"]))
     left_out = {m: sorted(covered[m] - set(common)) for m in models if covered[m] - set(common)}
     if not common:
-        return {"experiments": [], "left_out": left_out, "missing_conditions": {}, "values": {}, "humans": {}, "mean_rank": {}, "excluded_conditions": {},
-                "note": "the models share no experiment: run them separately to rank them"}
+        return {"experiments": [], "left_out": left_out, "missing_conditions": {}, "values": {}, "humans": {}, "mean_rank": {},
+                "ood_accuracy_rank": {}, "excluded_conditions": {}, "note": "the models share no experiment: run them separately to rank them"}
     trials = trials[trials["dataset"].isin(common)]
     excluded = mvh_exclusions(zip(trials["dataset"], trials["condition"])) if exclusions else {}
     metrics = {name: aggregate_trials(trials, name, on_undefined=on_undefined, exclude=excluded, images="shared")
-               for name in ("accuracy_difference", "observed_consistency", "error_consistency")}
+               for name in HUMANLIKE_METRICS}
+    metrics["ood_accuracy"] = ood_accuracy(trials, exclude=excluded)
     values = {m: {name: result.models.get(m, float("nan")) for name, result in metrics.items()} for m in models}
-    ranked = [m for m in models if all(np.isfinite(v) for v in values[m].values())]
-    ranks = mean_rank(np.array([[values[m][n] for n in metrics] for m in ranked]), [False, True, True]) if len(ranked) > 1 else [1.0] * len(ranked)
-    rank_of = dict(zip(ranked, ranks))
     return {"experiments": common, "left_out": left_out, "missing_conditions": _missing_conditions(trials, models, excluded),
             "values": values, "humans": {name: result.humans for name, result in metrics.items()},
-            "mean_rank": {m: float(rank_of.get(m, float("nan"))) for m in models}, "excluded_conditions": excluded}
+            "mean_rank": _ranks(values, HUMANLIKE_METRICS, [False, True, True]),
+            "ood_accuracy_rank": _ranks(values, ("ood_accuracy",), [True]), "excluded_conditions": excluded}
+
+
+def _ranks(values: Mapping[str, Mapping[str, float]], names: Sequence[str], higher_is_better: Sequence[bool]) -> dict:
+    """Each model's mean rank over the metrics ``names`` (:func:`perceptual.metrics.mean_rank`); a model with an undefined
+    value is not ranked (NaN) and the others are ranked among themselves."""
+    ranked = [m for m in values if all(np.isfinite(values[m][n]) for n in names)]
+    ranks = mean_rank(np.array([[values[m][n] for n in names] for m in ranked]), list(higher_is_better)) if len(ranked) > 1 else [1.0] * len(ranked)
+    rank_of = dict(zip(ranked, ranks))
+    return {m: float(rank_of.get(m, float("nan"))) for m in values}
 
 
 def _missing_conditions(trials: pd.DataFrame, models: Sequence[str], excluded: Mapping[str, Sequence[str]]) -> dict:
@@ -101,7 +117,7 @@ def _missing_conditions(trials: pd.DataFrame, models: Sequence[str], excluded: M
     kept = trials[[(d, condition_key(c)) not in dropped for d, c in zip(trials["dataset"], trials["condition"])]]
     conditions = {d: set(g["condition"]) for d, g in kept[~kept["subject"].isin(models)].groupby("dataset")}
     has = {(m, d): set(g["condition"]) for (m, d), g in kept[kept["subject"].isin(models)].groupby(["subject", "dataset"])}
-    missing = {m: {d: condition_order(c - has.get((m, d), set())) for d, c in conditions.items() if c - has.get((m, d), set())}
+    missing = {m: {d: condition_order(c - has.get((m, d), set()), d) for d, c in conditions.items() if c - has.get((m, d), set())}
                for m in models}
     return {m: per for m, per in missing.items() if per}
 
@@ -115,7 +131,7 @@ def _conditions_as_humans_spell_them(models: pd.DataFrame, humans: pd.DataFrame)
     if unknown:
         named = "; ".join(f"{s} in {d}: condition {c!r}" for s, d, c in unknown[:5]) + (" ..." if len(unknown) > 5 else "")
         datasets = sorted({d for _, d, _ in unknown})
-        theirs = {d: condition_order(humans.loc[humans["dataset"] == d, "condition"].unique()) for d in datasets}
+        theirs = {d: condition_order(humans.loc[humans["dataset"] == d, "condition"].unique(), d) for d in datasets}
         raise ValueError(f"model decisions in conditions the humans do not have ({named}); the humans' conditions are {theirs}")
     return models.assign(condition=[spelling[k] for k in keys])
 
@@ -125,6 +141,18 @@ def _human_consistency(pairs: pd.DataFrame) -> pd.DataFrame:
     if (pairs["kind"] == "human-human").any():
         return consistency_summary(pairs)
     return pd.DataFrame(columns=["dataset", "condition", "n_pairs", "n_defined", "mean", "std", "min", "max", "observed_mean"])
+
+
+def _human_consistency_per_experiment(pairs: pd.DataFrame, excluded: Mapping[str, Sequence[str]]) -> dict:
+    """{experiment: human-human error consistency} in the benchmark's nesting (each pair's mean over the conditions not in
+    ``excluded``, then the mean over pairs: :func:`perceptual.metrics.aggregate_trials`); experiments with one subject
+    are absent."""
+    human = pairs[pairs["kind"] == "human-human"]
+    human = human[[not is_excluded(d, c, excluded) for d, c in zip(human["dataset"], human["condition"])]]
+    if human.empty:
+        return {}
+    per_pair = human.groupby(["dataset", "subject_a", "subject_b"])["error_consistency"].mean()
+    return {d: float(v) for d, v in per_pair.groupby(level="dataset").mean().items()}
 
 
 def _human_rows(data: Mapping) -> list[tuple[dict, dict]]:
@@ -187,7 +215,8 @@ def analyse(root: str | Path, out: str | Path, *, experiments: Sequence[str] | N
     has_cue = CUE_CONFLICT in set(trials["dataset"])
     shape = shape_bias_table(trials) if has_cue else None
     shape_categories = shape_bias_per_category(trials) if has_cue else None
-    benchmark = _model_benchmark(trials, model_names, on_undefined, benchmark_exclusions) if model_names else None
+    benchmark = _benchmark(trials, model_names, on_undefined, benchmark_exclusions)
+    excluded = mvh_exclusions(zip(humans["dataset"], humans["condition"])) if benchmark_exclusions else {}
     out = Path(out)
     _clear_previous_outputs(out)
     tables = {"accuracy": per_subject, "accuracy_humans": human_accuracy, "pairs": pairs, "error_consistency_humans": human_consistency}
@@ -211,7 +240,7 @@ def analyse(root: str | Path, out: str | Path, *, experiments: Sequence[str] | N
         "reader": report.as_dict(), "model_reader": model_report.as_dict() if model_report else None,
         "n_subjects": {d: int(g["subject"].nunique()) for d, g in humans.groupby("dataset")},
         "human_error_consistency": human_consistency.to_dict(orient="records"),
-        "human_error_consistency_per_experiment": {d: float(g["mean"].mean()) for d, g in human_consistency.groupby("dataset")},
+        "human_error_consistency_per_experiment": _human_consistency_per_experiment(pairs, excluded),
         "human_accuracy": human_accuracy.to_dict(orient="records"),
         "shape_bias": shape.to_dict(orient="records") if has_cue else None,
         "models": model_names,
@@ -254,14 +283,22 @@ def summary_markdown(data: Mapping) -> str:
         lacking = "; ".join(f"{m}: " + ", ".join(f"{d} {' '.join(c)}" for d, c in per.items())
                             for m, per in data["benchmark"].get("missing_conditions", {}).items())
         coverage += f". Conditions a model has no decisions in (its values average over the others): {lacking}" if lacking else ""
-        lines += ["", "## Models against the humans (the benchmark's aggregate: conditions, then humans, then experiments)", "",
-                  f"Over {scope}{coverage}." + (f" {data['benchmark']['note']}." if data["benchmark"].get("note") else ""), "",
-                  "| model | accuracy difference | observed consistency | error consistency | mean rank |", "|---|---|---|---|---|"]
+        if not data["models"]:
+            coverage = f" in every experiment ({', '.join(data['benchmark']['experiments'])})"
+        lines += ["", "## The benchmark's tables (OOD accuracy; accuracy difference, observed and error consistency: conditions, then "
+                  "humans, then experiments)", "",
+                  f"Over {scope},{coverage}." + (f" {data['benchmark']['note']}." if data["benchmark"].get("note") else "")
+                  + " The humans' OOD accuracy pools every human trial of an experiment; their consistency is over pairs of subjects.", "",
+                  "| observer | OOD accuracy | OOD rank | accuracy difference | observed consistency | error consistency | mean rank |",
+                  "|---|---|---|---|---|---|---|"]
         for m, v in data["benchmark"]["values"].items():
-            lines.append(f"| {m} | {_fmt(v['accuracy_difference'])} | {_fmt(v['observed_consistency'])} | {_fmt(v['error_consistency'])} | "
+            lines.append(f"| {m} | {_fmt(v['ood_accuracy'])} | {_fmt(data['benchmark']['ood_accuracy_rank'][m], 1)} | "
+                         f"{_fmt(v['accuracy_difference'])} | {_fmt(v['observed_consistency'])} | {_fmt(v['error_consistency'])} | "
                          f"{_fmt(data['benchmark']['mean_rank'][m], 2)} |")
         h = data["benchmark"]["humans"]
-        lines.append(f"| humans (pairs) | {_fmt(h['accuracy_difference'])} | {_fmt(h['observed_consistency'])} | {_fmt(h['error_consistency'])} | |")
+        if h:
+            lines.append(f"| humans | {_fmt(h['ood_accuracy'])} | | {_fmt(h['accuracy_difference'])} | {_fmt(h['observed_consistency'])} | "
+                         f"{_fmt(h['error_consistency'])} | |")
     lines += ["", "## Figures", ""] + [f"![{p}]({p})" for p in data["figures"]]
     return "\n".join(lines) + "\n"
 
@@ -293,9 +330,16 @@ def main(cfg: DictConfig) -> None:
         for r in data["shape_bias"]:
             if not r["is_human"]:
                 print(f"  {r['subject']}: shape bias {_fmt(r['shape_bias'])}")
-    if data["benchmark"]:
-        for m, v in data["benchmark"]["values"].items():
-            print(f"  {m}: error consistency with humans {_fmt(v['error_consistency'])}, mean rank {_fmt(data['benchmark']['mean_rank'][m], 2)}")
+    if data["benchmark"]["humans"]:
+        bench, h = data["benchmark"], data["benchmark"]["humans"]
+        scope = "the benchmark's conditions" if bench["excluded_conditions"] else "every condition"
+        print(f"the benchmark's tables over {scope} of {len(bench['experiments'])} experiment(s):")
+        print(f"  humans: OOD accuracy {_fmt(h['ood_accuracy'])} (pooled), between subjects: accuracy difference "
+              f"{_fmt(h['accuracy_difference'])}, observed consistency {_fmt(h['observed_consistency'])}, "
+              f"error consistency {_fmt(h['error_consistency'])}")
+        for m, v in bench["values"].items():
+            print(f"  {m}: OOD accuracy {_fmt(v['ood_accuracy'])} (rank {_fmt(bench['ood_accuracy_rank'][m], 1)}), error consistency "
+                  f"with humans {_fmt(v['error_consistency'])}, mean rank {_fmt(bench['mean_rank'][m], 2)}")
     print(f"report: {(Path(cfg.out) / 'summary.md').resolve()}  ({data['seconds']:.0f} s)")
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -75,7 +76,11 @@ def test_the_command_reports_humans_and_models(tmp_path):
     shape = {r["subject"]: r["shape_bias"] for r in report["shape_bias"]}
     assert shape == pytest.approx({"subject-01": 1.0, "subject-02": 0.5, "toynet": 0.0, "all humans": 0.75, "mean of humans": 0.75})
     assert report["models"] == ["toynet"] and set(report["benchmark"]["values"]["toynet"]) == {
-        "accuracy_difference", "observed_consistency", "error_consistency"}
+        "ood_accuracy", "accuracy_difference", "observed_consistency", "error_consistency"}
+    # OOD accuracy over the kept conditions (colour's control cr left out): toynet bw 1/2, cue-conflict 1/3; the humans
+    # pooled: bw 3/4, cue-conflict 5/6
+    assert report["benchmark"]["values"]["toynet"]["ood_accuracy"] == pytest.approx((1 / 2 + 1 / 3) / 2)
+    assert report["benchmark"]["humans"]["ood_accuracy"] == pytest.approx((3 / 4 + 5 / 6) / 2)
     model_accuracy = {(r["dataset"], r["condition"]): r["accuracy"] for r in report["model_accuracy"]}
     assert model_accuracy == {("colour", "bw"): 0.5, ("colour", "cr"): 0.5, ("cue-conflict", "0"): pytest.approx(1 / 3)}
     assert sorted(report["figures"]) == ["figures/accuracy.png", "figures/error_consistency.png", "figures/matrix_colour.png",
@@ -183,7 +188,7 @@ def test_model_conditions_are_matched_in_the_humans_spelling_and_unknown_ones_re
 def test_models_are_compared_on_the_experiments_they_all_have_and_an_undefined_one_is_not_ranked(tmp_path):
     """The reference ranks every model (and the humans' row) on one list of experiments; a model with no trials left after
     the benchmark's exclusions (colour's control cr alone) has NaN and no rank, and the others are ranked."""
-    root, models = raw_folder(tmp_path / "raw"), model_folder(tmp_path / "models")
+    root, models = raw_folder(tmp_path / "raw"), model_folder(tmp_path / "models", bw_decisions=("car", "dog"))
     _model_decisions(models, "colournet", "colour", "cr", [("oven-1.png", "oven", "oven"), ("bear-2.png", "bear", "bear")])
     _model_decisions(models, "colournet", "colour", "bw", [("car-3.png", "car", "car"), ("dog-4.png", "dog", "cat")], session=2)
     _model_decisions(models, "controlnet", "colour", "cr", [("oven-1.png", "oven", "oven"), ("bear-2.png", "bear", "cat")])
@@ -194,9 +199,14 @@ def test_models_are_compared_on_the_experiments_they_all_have_and_an_undefined_o
     expected = mean_rank([[bench["values"][m][n] for n in ("accuracy_difference", "observed_consistency", "error_consistency")] for m in ranked],
                          [False, True, True])
     assert [bench["mean_rank"][m] for m in ranked] == pytest.approx(list(expected))
+    # OOD accuracy in colour's bw: colournet 1/2, toynet 1 (car, dog); the higher ranks first, controlnet has none
+    assert bench["values"]["colournet"]["ood_accuracy"] == 0.5 and bench["values"]["toynet"]["ood_accuracy"] == 1.0
+    assert bench["ood_accuracy_rank"]["toynet"] == 1.0 and bench["ood_accuracy_rank"]["colournet"] == 2.0
+    assert bench["ood_accuracy_rank"]["controlnet"] != bench["ood_accuracy_rank"]["controlnet"]
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "in experiments colour (those every model has); left out of this table: toynet: cue-conflict" in summary
-    assert "| controlnet | – | – | – | – |" in summary
+    assert "| controlnet | – | – | – | – | – | – |" in summary
+    assert "| toynet | 1.000 | 1.0 |" in summary
 
 
 def test_experiments_filter_the_models_too_and_a_rerun_leaves_no_old_output(tmp_path):
@@ -213,6 +223,25 @@ def test_experiments_filter_the_models_too_and_a_rerun_leaves_no_old_output(tmp_
         (write_trials_root / "edge_subject-01_session_1.csv").write_text(
             "subj,Session,trial,rt,object_response,category,condition,imagename\nsubject-01,1,1,0.5,oven,oven,0,0001_edg_s01_0_oven_00_oven1.png\n")
         analyse(root, tmp_path / "edge-out", models=[models], experiments=["edge"])
+
+
+def test_a_humans_only_run_reports_the_benchmarks_human_row_over_the_kept_conditions(tmp_path, capsys):
+    """Without models the run had no benchmark row, and its per-experiment human error consistency averaged every condition,
+    the benchmark's excluded controls too. Here subject-02 answers cr as subject-01 does: kappa 1 in cr, 0 in bw."""
+    root, out = raw_folder(tmp_path / "raw"), tmp_path / "out"
+    path = root / "colour" / "colour_subject-02_session_1.csv"
+    path.write_text(path.read_text().replace(",bear,bear,cr,", ",cat,bear,cr,"))
+    perceptual_main(["humans-mvh", f"root={root}", f"out={out}", "figures=false"])
+    data = json.loads((out / "report.json").read_text())
+    humans = data["benchmark"]["humans"]
+    assert data["benchmark"]["excluded_conditions"] == {"colour": ["cr"]} and data["benchmark"]["values"] == {}
+    assert humans["ood_accuracy"] == pytest.approx((3 / 4 + 5 / 6) / 2)  # bw pooled 3 of 4; cue-conflict 5 of 6
+    assert data["human_error_consistency_per_experiment"]["colour"] == pytest.approx(0.0)  # bw alone, not (1 + 0) / 2
+    assert humans["error_consistency"] == pytest.approx(np.nanmean(list(data["human_error_consistency_per_experiment"].values())))
+    assert "| humans | 0.792 | |" in (out / "summary.md").read_text()
+    assert "humans: OOD accuracy 0.792 (pooled)" in capsys.readouterr().out
+    every = analyse(root, tmp_path / "every", figures=False, benchmark_exclusions=False)
+    assert every["human_error_consistency_per_experiment"]["colour"] == pytest.approx(0.5)
 
 
 def test_the_command_line_prints_the_human_numbers(tmp_path, capsys):

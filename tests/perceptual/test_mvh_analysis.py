@@ -152,6 +152,10 @@ def test_condition_order():
     assert condition_order(["false", "true"]) == ["true", "false"]  # as the raw CSVs write false-colour's conditions
     assert condition_order(["pow", "0"]) == ["0", "pow"]
     assert condition_order(["c100", "c05", "c10", "c15", "c01"]) == ["c01", "c05", "c10", "c15", "c100"]
+    # the benchmark lists contrast and high-pass from the undistorted end (experiments.py's data_conditions)
+    assert condition_order(["c100", "c05", "c10", "c15", "c01"], "contrast") == ["c100", "c15", "c10", "c05", "c01"]
+    assert condition_order(["3", "0.7", "inf", "1"], "high-pass") == ["inf", "3", "1", "0.7"]
+    assert condition_order(["3", "0", "40"], "low-pass") == ["0", "3", "40"]
 
 
 @pytest.fixture(scope="module")

@@ -46,14 +46,26 @@ def test_accuracy_figure_draws_the_human_band_and_model_lines(captured, tmp_path
     figures.accuracy_figure(accuracy_per_subject(trials()), tmp_path / "a.png")
     (fig,) = captured
     ax = fig.axes[0]
-    assert ax.get_title() == "high-pass (2 human subjects)" and ax.get_xlabel() == "condition" and ax.get_ylabel() == "16-class accuracy"
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["0.4", "3", "inf"]  # numeric order, not string order
+    assert ax.get_title() == "high-pass (2 human subjects)" and ax.get_ylabel() == "16-class accuracy"
+    assert ax.get_xlabel() == "filter standard deviation"  # the benchmark's axis label for the experiment
+    # numeric order, not string order, and from the undistorted image (inf) to the strongest filter, as the benchmark plots it
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["inf", "3", "0.4"]
     lines = {line.get_label(): line.get_ydata() for line in ax.get_lines()}
-    np.testing.assert_allclose(lines["humans (mean)"], [0.375, 0.625, 0.875])
-    np.testing.assert_allclose(lines["net"], [0.0, 0.25, 0.5])
+    np.testing.assert_allclose(lines["humans (mean)"], [0.875, 0.625, 0.375])
+    np.testing.assert_allclose(lines["net"], [0.5, 0.25, 0.0])
+    np.testing.assert_allclose(lines["chance (1/16)"], [1 / 16, 1 / 16])
     band = ax.collections[0].get_paths()[0].vertices[:, 1]
     assert band.min() == pytest.approx(0.25) and band.max() == pytest.approx(1.0)  # lowest and highest subject
     assert fig._suptitle.get_text() == "Accuracy against condition"
+
+
+def test_contrast_and_eidolon_ticks_are_the_benchmarks_labels(captured, tmp_path):
+    table = pd.concat([trials().replace({"condition": {"0.4": "c05", "3": "c50", "inf": "c100"}}).assign(dataset="contrast"),
+                       trials().replace({"condition": {"0.4": "1-10-10", "3": "16-10-10", "inf": "128-10-10"}}).assign(dataset="eidolonI")])
+    figures.accuracy_figure(accuracy_per_subject(table), tmp_path / "a.png")
+    contrast, eidolon = captured[0].axes[:2]
+    assert [t.get_text() for t in contrast.get_xticklabels()] == ["100", "50", "5"] and contrast.get_xlabel() == "contrast in percent"
+    assert [t.get_text() for t in eidolon.get_xticklabels()] == ["1", "16", "128"] and eidolon.get_xlabel() == "reach (coherence 1.0)"
 
 
 def test_error_consistency_figure_and_matrix(captured, tmp_path):
@@ -64,9 +76,9 @@ def test_error_consistency_figure_and_matrix(captured, tmp_path):
     lines = {line.get_label(): line.get_ydata() for line in ax.get_lines() if not line.get_label().startswith("_")}
     human = pairs[pairs["kind"] == "human-human"].set_index("condition")["error_consistency"]
     assert ax.get_title() == "high-pass (1 human pairs)"
-    np.testing.assert_allclose(lines["human-human (mean)"], human.loc[["0.4", "3", "inf"]].to_numpy())
+    np.testing.assert_allclose(lines["human-human (mean)"], human.loc[["inf", "3", "0.4"]].to_numpy())
     model = pairs[pairs["kind"] == "model-human"].groupby("condition")["error_consistency"].mean()
-    np.testing.assert_allclose(lines["net vs humans"], model.loc[["0.4", "3", "inf"]].to_numpy())
+    np.testing.assert_allclose(lines["net vs humans"], model.loc[["inf", "3", "0.4"]].to_numpy())
     matrix = consistency_matrix(pairs, "high-pass")
     figures.consistency_matrix_figure(matrix, tmp_path / "m.png", "high-pass")
     ax = captured[1].axes[0]
@@ -107,6 +119,9 @@ def test_shape_bias_figure(captured, tmp_path):
     np.testing.assert_allclose(lines["humans, mean of subjects (0.75)"], [1.0, 0.5])  # cat: both by shape; dog: (1 + 0) / 2
     np.testing.assert_allclose(lines["net (0.00)"], [0.0, 0.0])
     assert ax.get_xlabel().startswith("fraction of shape decisions")
+    # the legend sits beside the axes: in the lower left it hid texture-biased models' markers (x near 0)
+    legend_box = ax.get_legend().get_window_extent(captured[0].canvas.get_renderer())
+    assert legend_box.x0 >= ax.get_window_extent().x1
     # each model in its colour of the other figures: matplotlib's cycle gave the 4th model the humans' red, and others shifted
     nets = [f"net{i}" for i in range(5)]
     many = pd.concat([table[table["subject"] != "net"]] + [table[table["subject"] == "net"].assign(subject=n) for n in nets])

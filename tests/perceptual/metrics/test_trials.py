@@ -247,3 +247,26 @@ def test_the_benchmark_exclusions_match_the_raw_csvs_spelling_of_numbers():
     # the reference's own spelling excludes the same cells
     reference = {"uniform-noise": ["0.0", "0.6", "0.9"], "false-colour": ["True"]}
     assert aggregate_trials(rows, "observed_consistency", exclude=reference) == aggregate_trials(kept, "observed_consistency")
+
+
+def test_ood_accuracy_pools_each_data_set_then_averages_over_data_sets():
+    """model-vs-human's OOD accuracy (``get_mean_over_datasets`` with ``SixteenClassAccuracy``): each observer's trials of
+    a data set pooled over its kept conditions, the humans as one pooled decision maker, then the plain mean over data sets."""
+    from perceptual.metrics import ood_accuracy
+
+    spec = {
+        ("A", "x", "m"): [1, 1, 1, 0], ("A", "y", "m"): [1, 0, 0, 0],
+        ("A", "x", "subject-01"): [1, 1, 1, 1], ("A", "y", "subject-01"): [1, 1, 0, 0], ("A", "x", "subject-02"): [1, 0],
+        ("B", "z", "m"): [0, 0, 0, 1], ("B", "z", "subject-01"): [1, 1, 1, 0],
+    }
+    result = ood_accuracy(_rows(spec))
+    assert result.metric == "ood_accuracy"
+    assert result.models_per_dataset == {"A": {"m": pytest.approx(4 / 8)}, "B": {"m": pytest.approx(1 / 4)}}
+    # the humans pooled: 7 of 10 trials in A (the mean of the subjects' 6/8 and 1/2 would be 0.625)
+    assert result.humans_per_dataset == {"A": pytest.approx(7 / 10), "B": pytest.approx(3 / 4)}
+    assert result.models == {"m": pytest.approx((4 / 8 + 1 / 4) / 2)} and result.humans == pytest.approx((7 / 10 + 3 / 4) / 2)
+    kept = ood_accuracy(_rows(spec), exclude={"A": ["y"]})
+    assert kept.models["m"] == pytest.approx((3 / 4 + 1 / 4) / 2) and kept.humans == pytest.approx((5 / 6 + 3 / 4) / 2)
+    assert ood_accuracy(_rows(spec), humans={"subject-01"}).models_per_dataset["A"]["subject-02"] == pytest.approx(1 / 2)
+    with pytest.raises(ValueError, match=r"cells \[\('A', 'w'\)\] do not occur in the trials"):
+        ood_accuracy(_rows(spec), exclude={"A": ["w"]})
