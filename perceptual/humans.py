@@ -611,7 +611,9 @@ def human_scores(package: SurveyPackage, responses: Responses, max_attention_fai
     for e in excluded:
         counts[e["reason"]] = counts.get(e["reason"], 0) + e["answers"]
     return {
-        "package": package.fingerprint, "submissions": responses.submissions, "kept_submissions": int(kept["submission"].nunique()),
+        "package": package.fingerprint, "submissions": responses.submissions,
+        "copies": sum(e["reason"] == COPY for e in responses.excluded),  # the same attempt in another file: not a rejected one
+        "kept_submissions": int(kept["submission"].nunique()),
         "kept_answers": int(len(kept)), "excluded_counts": counts, "excluded": excluded,
         "prolific_without_answers": list(responses.prolific_without_answers),
         "attention": attention.to_dict("records"), "max_attention_failures": max_attention_failures, "min_median_rt_ms": min_median_rt_ms,
@@ -787,7 +789,10 @@ def markdown_summary(data: Mapping) -> str:
     pct = lambda v: "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f}"  # noqa: E731
     minimum = data.get("min_median_rt_ms") or 0
     speed = f", median time per trial at least {minimum:g} ms" if minimum > 0 else ""
-    lines = ["# Human survey results", "", f"Package {data['package']}: {data['submissions']} submissions read, "
+    copies = data.get("copies") or 0
+    read = f"{data['submissions']} submissions read" + (f" ({data['submissions'] - copies} attempts; {copies} further copies of them, "
+                                                         "such as a JSON and a CSV download of one attempt, counted once)" if copies else "")
+    lines = ["# Human survey results", "", f"Package {data['package']}: {read}, "
              f"{data['kept_submissions']} kept after validation and attention checks (at most {data['max_attention_failures']} failures{speed}).", "",
              "| Model | Task | Accuracy (%) | 95% CI workers | 95% CI trials | Workers | Answers |", "|---|---|---|---|---|---|---|"]
     for model, tasks in data["models"].items():

@@ -447,6 +447,11 @@ def test_of_two_attempts_the_earliest_is_kept_and_copies_are_not_counted_as_atte
     assert responses.answers["source"].str.endswith(f"responses-{sid}-W1.json").all()  # the 10:00 attempt, though read later
     assert (responses.answers["choice"].to_numpy() == [a["choice"] for a in first["answers"]]).all()
     assert responses.exclusion_counts() == {LATER_ATTEMPT: n, COPY: 2 * n}
+    # the headline counts attempts apart from copies: "4 submissions read, 1 kept" looked like 3 rejected attempts
+    data = human_scores(package, responses, n_boot=50)
+    assert data["submissions"] == 4 and data["copies"] == 2
+    assert "4 submissions read (2 attempts; 2 further copies of them, such as a JSON and a CSV download of one attempt, counted once)" in (
+        markdown_summary(data))
     # without start times (the CSV downloads alone) the first file read is kept
     _page_csv(tmp_path / "first.csv", package, first)
     only_csv = read_responses([answers / f"responses-{sid}-W1 (1).csv", tmp_path / "first.csv"], package)
