@@ -69,6 +69,17 @@ SURVEY_TASKS = TASKS + ("controversial",)  # controversial: from controversial s
 TRIAL_ORDERS = ("per_participant", "fixed")  # each participant's page shuffles the trials once, or everyone sees the package's order
 PROLIFIC_COMPLETE = "https://app.prolific.com/submissions/complete?cc={code}"
 PLACEHOLDER_BASE_URL = "https://YOUR-HOST/PATH"  # the default: input.csv's survey_url works only once it is replaced
+DISPLAY_PX = 128  # the size pages aim at (CSS pixels), reached by enlarging small images a whole number of times
+
+
+def display_size(height: int, width: int) -> tuple[int, int, int]:
+    """(height, width, factor): the CSS size a page shows a ``height`` x ``width`` image at, every image pixel as
+    ``factor`` x ``factor`` screen pixels (nearest neighbour where ``factor`` > 1): a whole-number enlargement to about
+    :data:`DISPLAY_PX` (32 px CIFAR at 4x, 8 px digits at 16x) and never a reduction. Before, every image was forced to
+    128 px (96 px as a clustering row), which drops about 100 of a 224-px image's pixel rows and columns: people judged
+    another image than the one the observers score, and rows and columns of one trial at different sizes."""
+    factor = max(1, round(DISPLAY_PX / max(int(height), int(width))))
+    return int(height) * factor, int(width) * factor, factor
 
 
 def _template_env() -> jinja2.Environment:
@@ -143,7 +154,7 @@ def _check_options(sets: Mapping, tasks: Sequence[str], trials_per_survey: int, 
         raise ValueError(f"tasks {repeated} are listed more than once: name each task once")
     check_whole_number(trials_per_survey, "trials_per_survey")
     if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not minutes > 0:
-        raise ValueError(f"minutes (the duration of a full survey of trials_per_survey trials) must be a number > 0, got {minutes!r}")
+        raise ValueError(f"minutes (the duration of a full survey of trials_per_survey judgements) must be a number > 0, got {minutes!r}")
     check_attention_rate(attention_rate)
     if trial_order not in TRIAL_ORDERS:
         raise ValueError(f"unknown trial_order {trial_order!r}: use one of {TRIAL_ORDERS}")
@@ -311,6 +322,16 @@ def _balance_sides(hand: list[dict], rng: np.random.Generator, excess: dict[tupl
     return balanced
 
 
+def trials_per_page(records: Sequence[Mapping], trials_per_survey: int) -> int:
+    """How many of a task's trials one survey holds, so that every survey asks at most ``trials_per_survey`` judgements and
+    takes at most a full survey's ``minutes``: a 2AFC trial asks one, a clustering trial one per row (6 with two seed types),
+    so a clustering survey holds ``trials_per_survey // 6`` trials; before, it held ``trials_per_survey`` and ran six
+    times as long (two hours at the defaults). At least two trials where the task has them (one may be an attention
+    check), and never more than ``trials_per_survey``."""
+    per_trial = max((len(r["rows"]) for r in records), default=1)
+    return min(trials_per_survey, max(2, trials_per_survey // per_trial)) if per_trial > 1 else trials_per_survey
+
+
 def announced_minutes(minutes: float, n_judgements: int, trials_per_survey: int) -> int:
     """The duration a survey of ``n_judgements`` announces when a full one of ``trials_per_survey`` 2AFC trials (one
     judgement each) takes ``minutes``. A clustering trial asks one judgement per row (6 with two seed types), so a page of
@@ -357,10 +378,10 @@ def build_survey(
 ) -> dict:
     """Write a survey package for ``sets`` ({model label: inversion set or its path}) to ``out``; return its manifest.
 
-    Each task's trials (with ``attention_rate`` checks) from every set are dealt round-robin over models into
-    ceil(n / ``trials_per_survey``) surveys. ``minutes`` is the duration of a full survey of ``trials_per_survey`` 2AFC
-    trials; each page announces its own share, a clustering row counting as a 2AFC trial (:func:`announced_minutes`), as
-    does ``input.csv``. ``base_url`` is the address the package's ``surveys/`` folder will be served at
+    Each task's trials (with ``attention_rate`` checks) from every set are dealt round-robin over models into surveys of
+    at most ``trials_per_survey`` judgements: that many 2AFC trials, or clustering trials whose rows add up to no more
+    (:func:`trials_per_page`). ``minutes`` is the duration of a full survey of ``trials_per_survey`` judgements; each page
+    announces its own share (:func:`announced_minutes`), as does ``input.csv``. ``base_url`` is the address the package's ``surveys/`` folder will be served at
     (:func:`check_base_url`). ``trial_order``: ``per_participant`` (each participant's page shuffles the survey's trials
     once) or ``fixed``. The package is written
     into a temporary folder next to ``out`` and renamed into place, so a crash never leaves a half package. ``overwrite``
@@ -388,7 +409,7 @@ def build_survey(
             records = [r for label, s in loaded.items() if s.kind == "inversion" for r in _trial_records(label, s, task, seed, attention_rate, distance)]
         if not records:
             raise ValueError(f"no set gives {task} trials: {task} needs {'a controversial' if task == 'controversial' else 'an inversion'} set")
-        records, n_surveys = _with_a_check_per_survey(records, trials_per_survey, task)
+        records, n_surveys = _with_a_check_per_survey(records, trials_per_page(records, trials_per_survey), task)
         excess: dict[tuple, int] = {}  # (check or real, model, seed type) -> left minus right answers in this task's surveys
         for k, hand in enumerate(_deal(records, n_surveys, rng)):
             surveys.append({"survey_id": f"{task}-{k:03d}", "task": task, "trials": _balance_sides(hand, rng, excess)})
@@ -450,6 +471,7 @@ def _write_package(root: Path, loaded: Mapping[str, StimulusSet], surveys: list[
     fingerprint = hashlib.sha256(canonical_json({"sets": identity, "trials": truth}).encode()).hexdigest()[:16]
     env = _template_env()
     template = env.get_template("survey.html.j2")
+    shown_height, shown_width, factor = display_size(*next(iter(loaded.values())).images.shape[2:])  # one shape: _check_sets_comparable
     script = (Path(__file__).parent / "templates" / "survey.js").read_text()
     survey_rows = []
     for survey, page_trials in pages:
@@ -467,7 +489,7 @@ def _write_package(root: Path, loaded: Mapping[str, StimulusSet], surveys: list[
         n_judgements = sum(len(r["rows"]) for r in survey["trials"])  # a 2AFC trial is one, a clustering trial one per row
         survey_minutes = announced_minutes(minutes, n_judgements, config["trials_per_survey"])
         html = template.render(title=title, task=task, prompt=PROMPTS[task], minutes=survey_minutes, n_trials=len(page_trials),
-                               data_json=data_json, script=script)
+                               data_json=data_json, script=script, image_height=shown_height, image_width=shown_width, enlarged=factor > 1)
         (folder / "index.html").write_text(html, encoding="utf-8")
         survey_rows.append({
             "survey_id": sid, "task": survey["task"], "n_trials": len(page_trials), "n_judgements": n_judgements, "minutes": survey_minutes,

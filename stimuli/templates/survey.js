@@ -131,10 +131,17 @@
     $("progress-text").textContent = "Question " + (i + 1) + " of " + data.trials.length;
     $("progress-fill").style.width = (100 * i / data.trials.length) + "%";
     var stage = $("stage");
+    // A participant answering with Tab and Space keeps a button focused across the re-render (the stage is rebuilt).
+    var focused = stage.contains(document.activeElement) ? document.activeElement.getAttribute("data-choice") : null;
     stage.innerHTML = "";
     stage.setAttribute("data-trial", trial.trial_id);
     if (shownTrial !== trial.trial_id) { shownTrial = trial.trial_id; readyTrial = null; }
     if (trial.task === "2afc") render2afc(trial, stage); else renderClustering(trial, stage);
+    if (focused !== null) {
+      var scope = trial.task === "2afc" ? stage : stage.querySelector(".row.current") || stage;
+      var again = scope.querySelector('button[data-choice="' + focused + '"]');
+      if (again) again.focus({ preventScroll: true });
+    }
     setReady(stage, readyTrial === trial.trial_id);
     if (readyTrial !== trial.trial_id) whenImagesLoaded(stage, trial, i);
   }
@@ -190,6 +197,10 @@
     next.disabled = a.choices.indexOf(null) >= 0;
     next.addEventListener("click", function (e) { if (e.detail <= 1) completeClustering(trial); });
     stage.appendChild(next);
+    // Keys 1-3 answer the highlighted row: keep it on screen, below the sticky columns (rows further down were answered unseen).
+    var current = stage.querySelector(".row.current");
+    current.style.scrollMarginTop = (cols.offsetHeight + 8) + "px";
+    current.scrollIntoView({ block: "nearest" });
   }
   function answerRow(trial, r, k) {
     var a = state.answers[trial.trial_id];
@@ -289,6 +300,8 @@
     } else if (e.key === "1" || e.key === "2" || e.key === "3") {
       answerRow(trial, currentRow, Number(e.key) - 1);
     } else if (e.key === "Enter") {
+      var el = document.activeElement;
+      if (el && el.tagName === "BUTTON" && el.id !== "next") return;  // Enter presses the focused row button, as a click would
       e.preventDefault(); completeClustering(trial);
     }
   });

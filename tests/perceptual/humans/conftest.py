@@ -35,9 +35,10 @@ def inversion_sets(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def survey_package(inversion_sets, tmp_path_factory):
-    """2AFC (2 × 12 trials + 6 checks) in 2 surveys, random and hard clustering (2 × 6 triplets + 3 checks) in 1 survey each."""
+    """2AFC (2 × 12 trials + 6 checks) in 2 surveys; random and hard clustering (2 × 6 triplets + 3 checks, one repeated) in
+    4 surveys each of 3 triplets and a check (24 judgements at most: 4 trials of 6 rows)."""
     out = tmp_path_factory.mktemp("survey-package") / "package"
-    build_survey(inversion_sets, out, tasks=("2afc", "clustering", "clustering_hard"), trials_per_survey=15, attention_rate=0.2, seed=0)
+    build_survey(inversion_sets, out, tasks=("2afc", "clustering", "clustering_hard"), trials_per_survey=24, attention_rate=0.2, seed=0)
     return out
 
 

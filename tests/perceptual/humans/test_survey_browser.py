@@ -490,3 +490,58 @@ def test_a_trial_takes_answers_once_its_images_have_loaded(survey_package, tmp_p
             assert driver.find_element(_by("ID"), "stage").get_attribute("data-ready") == "true"  # preloaded: shown at once
     finally:
         driver.quit()
+
+
+def test_narrow_screens_small_windows_and_keyboard_rows_keep_everything_reachable(survey_package, server, tmp_path):
+    """At 320 px the left 2AFC option started off-screen, where no scrolling reaches; the 1/2/3 keys answered clustering
+    rows below the window, unseen; Enter on a focused row button was swallowed; and the images were forced to 128 px
+    (96 px as rows), whatever the set's size."""
+    from selenium.webdriver.common.keys import Keys
+
+    from stimuli.survey import display_size
+
+    driver = _driver(tmp_path)
+    try:
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {"width": 320, "height": 640, "deviceScaleFactor": 1, "mobile": False})
+        driver.get(f"{server}/2afc-000/index.html?workerId=N1&assignmentId=A-N1")
+        driver.find_element(_by("ID"), "consent-box").click()
+        driver.find_element(_by("ID"), "start").click()
+        _ready(driver)
+        edges = driver.execute_script("return Array.from(document.querySelectorAll('#stage button.option'))"
+                                      ".map(function (b) { var r = b.getBoundingClientRect(); return [r.left, r.right]; })")
+        assert len(edges) == 2 and min(left for left, _ in edges) >= 0, edges
+        height, width, factor = display_size(32, 32)  # the sets' 32 x 32 images, every pixel 4 x 4 screen pixels
+        sizes = driver.execute_script("return Array.from(document.querySelectorAll('#stage img.stim'))"
+                                      ".map(function (i) { return [i.clientWidth, i.clientHeight, i.naturalWidth, getComputedStyle(i).imageRendering]; })")
+        assert all(s == [width, height, 32, "pixelated"] for s in sizes) and factor == 4, sizes
+
+        # A short window: the highlighted row stays in view under the sticky columns as keys answer the rows above it.
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {"width": 1000, "height": 500, "deviceScaleFactor": 1, "mobile": False})
+        driver.get(f"{server}/clustering-000/index.html?workerId=N2&assignmentId=A-N2")
+        driver.find_element(_by("ID"), "consent-box").click()
+        driver.find_element(_by("ID"), "start").click()
+        n_rows = len(driver.find_elements(_by("CSS_SELECTOR"), "#stage .row"))
+        body = driver.find_element(_by("TAG_NAME"), "body")
+        sizes = driver.execute_script("return Array.from(document.querySelectorAll('#stage img.stim')).map(function (i) { return i.clientWidth; })")
+        assert set(sizes) == {width}  # rows as large as the columns
+        for r in range(n_rows - 2):
+            _press(driver, "1")
+            view = driver.execute_script(
+                "var row = document.querySelector('#stage .row.current').getBoundingClientRect(),"
+                " cols = document.querySelector('#stage .columns').getBoundingClientRect();"
+                "return [row.top, row.bottom, cols.bottom, window.innerHeight];")
+            assert view[0] >= view[2] - 1 and view[1] <= view[3] + 1, (r, view)  # below the columns, above the window's bottom
+        # Enter on a focused row button chooses it, and focus stays on that choice in the next row
+        driver.execute_script("document.querySelector('#stage .row.current button[data-choice=\"2\"]').focus()")
+        driver.switch_to.active_element.send_keys(Keys.ENTER)
+        chosen = driver.execute_script("return Array.from(document.querySelectorAll('#stage .row')).map(function (row) {"
+                                       " var b = row.querySelector('button.chosen'); return b ? b.getAttribute('data-choice') : null; })")
+        assert chosen == ["0"] * (n_rows - 2) + ["2", None], chosen
+        active = driver.execute_script("var a = document.activeElement; return [a.closest('.row') && a.closest('.row').getAttribute('data-row'),"
+                                       " a.getAttribute('data-choice')]")
+        assert active == [str(n_rows - 1), "2"]
+        body.send_keys("2")
+        body.send_keys(Keys.ENTER)  # with the last row's focus gone to the body, Enter goes on to the next trial
+        assert driver.find_element(_by("ID"), "progress-text").text.startswith("Question 2 of ")
+    finally:
+        driver.quit()

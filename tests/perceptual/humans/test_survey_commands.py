@@ -48,7 +48,7 @@ def _compose(name, overrides):
 def package_dir(inversion_sets, tmp_path_factory):
     out = tmp_path_factory.mktemp("cmd") / "package"
     sets = ",".join(str(s.path) for s in inversion_sets.values())
-    cfg = _compose("stimuli_survey", [f"sets=[{sets}]", f"out={out}", "trials_per_survey=10", "attention_rate=0.2", "base_url=https://example.org/study"])
+    cfg = _compose("stimuli_survey", [f"sets=[{sets}]", f"out={out}", "trials_per_survey=24", "attention_rate=0.2", "base_url=https://example.org/study"])
     survey_command(cfg)
     return out
 
@@ -424,9 +424,17 @@ def test_each_survey_announces_its_own_share_of_a_full_surveys_minutes(package_d
         assert survey["minutes"] == announced[survey["survey_id"]] == expected
         page = (package_dir / "surveys" / survey["survey_id"] / "index.html").read_text()
         assert f"It takes about {expected} minutes" in page
-    by_task = {s["task"]: s for s in manifest["surveys"]}
-    clustering, two_afc = by_task["clustering"], by_task["2afc"]
-    assert clustering["n_trials"] < two_afc["n_trials"] and clustering["minutes"] > two_afc["minutes"]  # fewer trials, more judgements
+    # a survey holds at most trials_per_survey judgements: a clustering trial has 6 rows, so 15 // 6 = 2 trials (before: 15
+    # trials, 90 judgements, six times a full survey's minutes)
+    for survey in manifest["surveys"]:
+        assert survey["n_judgements"] <= per_survey and survey["minutes"] <= 20
+        if survey["task"].startswith("clustering"):
+            assert survey["n_trials"] <= per_survey // 6
+    from stimuli.survey import trials_per_page
+
+    six_rows, one_row = [{"rows": [{}] * 6}], [{"rows": [{}]}]
+    assert [trials_per_page(six_rows, n) for n in (40, 12, 10, 1)] == [6, 2, 2, 1]  # two at least (one may be a check), never above n
+    assert [trials_per_page(one_row, n) for n in (40, 1)] == [40, 1]
     for bad in (0, -5, "20", True):
         with pytest.raises(ValueError, match="minutes"):
             build_survey(dict(inversion_sets), tmp_path / "bad", minutes=bad)
@@ -476,3 +484,16 @@ def test_the_package_fingerprint_does_not_depend_on_where_the_sets_lie(inversion
     assert relative["fingerprint"] == absolute["fingerprint"]
     swapped = dict(zip(inversion_sets, reversed([s.path for s in inversion_sets.values()])))  # other labels, other meaning
     assert build_survey(swapped, tmp_path / "c", tasks=("2afc",))["fingerprint"] != absolute["fingerprint"]
+
+
+def test_pages_enlarge_small_images_by_whole_numbers_and_never_shrink_large_ones():
+    """Every image was shown at 128 px (96 px as a clustering row): a 224-px ImageNet set lost about 100 of its pixel rows
+    and columns on the page, so people judged other images than the observers scored."""
+    from stimuli.survey import _template_env, display_size
+
+    assert display_size(32, 32) == (128, 128, 4) and display_size(8, 8) == (128, 128, 16) and display_size(28, 28) == (140, 140, 5)
+    assert display_size(224, 224) == (224, 224, 1) and display_size(300, 200) == (300, 200, 1) and display_size(32, 64) == (64, 128, 2)
+    template = _template_env().get_template("survey.html.j2")
+    page = template.render(title="t", task="2afc", prompt="p", minutes=1, n_trials=1, data_json="{}", script="", image_height=224,
+                           image_width=224, enlarged=False)
+    assert "img.stim { width: 224px; height: 224px; border" in page and "pixelated" not in page and "96px" not in page
