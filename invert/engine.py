@@ -227,6 +227,7 @@ class Engine:
         if not callable(objective):
             raise TypeError(f"objective must be callable (an nn.Module), got {type(objective).__name__}")
         objective = _as_objective(objective)
+        _check_image_shape(init, getattr(objective, "image_shape", None))
         init = _match_items(init, objective.num_items)
         device = init.device
         for tensor in list(objective.parameters()) + list(objective.buffers()):
@@ -339,6 +340,15 @@ def _graph_mode(cfg: InvertConfig, device: torch.device) -> str:
         logger.info("cuda_graph=True on %s: running the captured loop's structure eagerly (no graphs off CUDA)", device)
         return "masked"
     return "off"
+
+
+def _check_image_shape(init: Tensor, image_shape: Optional[tuple]) -> None:
+    """Refuse starting images of another (C, H, W) than the objective's reference images: a pooled representation gives
+    features of one length at any size, so 16 x 16 seeds against 32 x 32 targets would run to the end and come back at 16 x 16."""
+    if image_shape is not None and tuple(init.shape[1:]) != tuple(image_shape):
+        shape = "x".join(map(str, image_shape))
+        raise ValueError(f"init's images are {'x'.join(map(str, init.shape[1:]))} (C x H x W) but the objective's targets or origins are "
+                         f"{shape}: resize or crop the seeds to {shape} (e.g. torch.nn.functional.interpolate) before inverting")
 
 
 def _match_items(init: Tensor, num_items: Optional[int]) -> Tensor:

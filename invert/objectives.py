@@ -72,11 +72,17 @@ class Objective(nn.Module):
 
     ``num_items`` is the number of items the objective holds per-item buffers for (targets, origins,
     classes), or None when it has none (a prior, a plain function); the engine checks it against the
-    number of starting images.
+    number of starting images. ``image_shape`` is the (C, H, W) of the reference images it was built from, or None;
+    the engine checks the starting images against it (a pooled representation takes any size, so a seed of the
+    wrong size would otherwise be optimised without a word).
     """
 
     @property
     def num_items(self) -> int | None:
+        return None
+
+    @property
+    def image_shape(self) -> tuple[int, ...] | None:
         return None
 
     def forward(self, x: Tensor, items: Tensor | None = None, step: Step = 0) -> Tensor:  # pragma: no cover
@@ -103,6 +109,13 @@ class SumObjective(Objective):
         if len(counts) > 1:
             raise ValueError(f"the summed objectives hold different numbers of items: {sorted(counts)}")
         return counts.pop() if counts else None
+
+    @property
+    def image_shape(self) -> tuple[int, ...] | None:
+        shapes = {term.image_shape for term in self.terms} - {None}
+        if len(shapes) > 1:
+            raise ValueError(f"the summed objectives were built from images of different shapes: {sorted(shapes)}")
+        return shapes.pop() if shapes else None
 
     def forward(self, x: Tensor, items: Tensor | None = None, step: Step = 0) -> Tensor:
         total = self.terms[0](x, items, step)
@@ -141,6 +154,7 @@ class InversionLoss(Objective):
         *,
         target_features: Tensor | None = None,
         chunk_size: int = 256,
+        image_shape: Sequence[int] | None = None,
     ):
         super().__init__()
         if (targets is None) == (target_features is None):
@@ -148,12 +162,19 @@ class InversionLoss(Objective):
         self.representation = representation
         if target_features is None:
             target_features = compute_features(representation, targets, chunk_size)
+            image_shape = targets.shape[1:]
+        self._image_shape = tuple(int(v) for v in image_shape) if image_shape is not None else None
         self._set_targets(target_features.detach().flatten(1).float())
 
     @classmethod
-    def from_features(cls, representation: nn.Module, target_features: Tensor) -> "InversionLoss":
-        """Build from precomputed target features, shape (N, ...)."""
-        return cls(representation, target_features=target_features)
+    def from_features(cls, representation: nn.Module, target_features: Tensor, image_shape: Sequence[int] | None = None) -> "InversionLoss":
+        """Build from precomputed target features, shape (N, ...); ``image_shape``, the targets' (C, H, W), lets the engine
+        refuse starting images of another size."""
+        return cls(representation, target_features=target_features, image_shape=image_shape)
+
+    @property
+    def image_shape(self) -> tuple[int, ...] | None:
+        return self._image_shape
 
     def _set_targets(self, features: Tensor) -> None:
         self.register_buffer("target_features", features, persistent=False)
@@ -192,6 +213,10 @@ class DistanceToReferences(Objective):
     def num_items(self) -> int:
         return self.references.shape[0]
 
+    @property
+    def image_shape(self) -> tuple[int, ...]:
+        return tuple(self.references.shape[1:])
+
     def forward(self, x: Tensor, items: Tensor | None = None, step: Step = 0) -> Tensor:
         return self.distance(x, rows(self.references, items, x.shape[0], "references")).reshape(x.shape[0]).float()
 
@@ -228,6 +253,10 @@ class ControversialLoss(Objective):
     def num_items(self) -> int:
         return self.keep.num_items
 
+    @property
+    def image_shape(self) -> tuple[int, ...] | None:
+        return self.keep.image_shape
+
     def forward(self, x: Tensor, items: Tensor | None = None, step: Step = 0) -> Tensor:
         return self.keep(x, items, step) - self.lam * self.push(x, items, step)
 
@@ -261,6 +290,10 @@ class TwoWayControversialLoss(Objective):
     def num_items(self) -> int:
         return self.d1.num_items
 
+    @property
+    def image_shape(self) -> tuple[int, ...] | None:
+        return self.d1.image_shape
+
     def forward(self, x: Tensor, items: Tensor | None = None, step: Step = 0) -> Tensor:
         d1, d2 = self.d1(x, items, step), self.d2(x, items, step)
         first = rows(self.first_keeps, items, x.shape[0], "origins")
@@ -273,6 +306,8 @@ def _class_buffer(classes: Union[int, Sequence[int], Tensor], name: str) -> Tens
         raise ValueError(f"{name} must be whole class indices, got {tensor.dtype} values {[round(float(v), 6) for v in tensor.flatten()[:5]]}")
     if tensor.ndim > 1:
         raise ValueError(f"{name} must be an int or a 1-D sequence of class indices, got shape {tuple(tensor.shape)}")
+    if (tensor < 0).any():  # -1 would index the last class from the end, or stop the first step (a device assert on CUDA)
+        raise ValueError(f"{name} must be class indices >= 0, got {sorted({int(v) for v in tensor[tensor < 0].flatten()[:5]})}")
     return tensor.long()
 
 
@@ -380,9 +415,13 @@ PADDING_MODES = ("reflection", "border", "zeros")  # grid_sample's
 
 class TransformRobust(Objective):
     """Averages an objective over ``samples`` random transformations of the input (the authors'
-    ``trans_robust`` option, after Lucid's ``transform.standard_transforms``): a shift of up to
-    ``jitter[0]`` pixels, a scale from ``scales`` and a rotation (degrees) from ``angles`` about the
-    centre, then a second shift of up to ``jitter[1]`` — composed into one affine warp (kornia).
+    ``trans_robust`` option, after Lucid's ``transform.standard_transforms``): shifts t1 and t2 of up to
+    ``jitter[0]`` and ``jitter[1]`` pixels, a scale s from ``scales`` and a rotation R (degrees from ``angles``)
+    about the centre c, composed into one affine warp whose output pixel q samples the input at
+    ``s R (q + t1 - c) + c + t2`` (:meth:`transforms`). On the image itself that is the reverse: a shift by -t2,
+    a rotation by the opposite angle and a scale by 1/s about the centre, then a shift by -t1. The shift and angle
+    draws are symmetric about 0, so this differs from Lucid's order (shift 8, scale and rotate, shift 4) in that the
+    larger shift comes last and is not scaled or rotated, and in zooming by 1/1.1 to 1/0.9 rather than 0.9 to 1.1.
 
     The draws are a pure function of (``seed``, ``item_offset`` + item, step, sample), so an item
     sees the same transformations in any batch and on any device. Differs from Lucid on purpose: one

@@ -730,3 +730,31 @@ def test_a_bf16_runs_task_loss_is_rescored_in_float32():
     targets = torch.rand(3, 3, 16, 16)
     result = Engine(InvertConfig(steps=0, precision="bf16", progress=False)).run(InversionLoss(representation, targets), targets)
     assert (result.best_loss > 1e-3).all() and torch.equal(result.task_loss, torch.zeros(3))
+
+
+def _pooled(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten()).eval()
+
+
+def test_starting_images_of_another_size_than_the_targets_are_refused(wave_images):
+    """A pooled representation gives features of one length at any size: 8 x 8 seeds against 16 x 16 targets ran to the
+    end and came back at 8 x 8, without a word."""
+    representation, targets, tiny_representation = _pooled(0), wave_images(2), _pooled
+    engine = Engine(InvertConfig(steps=2, **QUICK))
+    small = noise_images(2, (3, 8, 8), seed=1)
+    assert representation(small).shape == representation(targets).shape  # the mismatch the engine must catch
+    refusal = r"init's images are 3x8x8 \(C x H x W\) but the objective's targets or origins are 3x16x16: resize or crop the seeds"
+    for objective in (InversionLoss(representation, targets), ControversialLoss(representation, tiny_representation(1), targets),
+                      TwoWayControversialLoss(representation, tiny_representation(1), targets, torch.tensor([True, False])),
+                      InversionLoss.from_features(representation, representation(targets).detach(), image_shape=(3, 16, 16))):
+        with pytest.raises(ValueError, match=refusal):
+            engine.run(objective, small)
+    unknown = InversionLoss.from_features(representation, representation(targets).detach())  # no shape given: nothing to check
+    assert engine.run(unknown, small).images.shape == (2, 3, 8, 8)
+    assert engine.run(InversionLoss(representation, targets), noise_images(2, (3, 16, 16), seed=1)).images.shape == (2, 3, 16, 16)
+
+
+def test_negative_class_indices_are_refused_when_the_objective_is_built(tiny_classifier):
+    with pytest.raises(ValueError, match=r"class2 must be class indices >= 0, got \[-1\]"):
+        ClassControversialLoss(tiny_classifier(0), tiny_classifier(1), 0, [1, -1])

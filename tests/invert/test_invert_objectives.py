@@ -303,3 +303,25 @@ def test_seeded_rng_seeds_only_the_generators_it_restores(monkeypatch):
     with seeded_rng(7, "cpu"):
         assert torch.equal(torch.rand(3), inside)  # the same seed, the same draws
     assert reseeded_all == []
+
+
+def test_transform_robust_samples_the_input_at_the_documented_map():
+    """The docstring's map, s R (q + t1 - c) + c + t2 from an output pixel q to where it samples the input: with scale 2,
+    no rotation and only the first shift, an output column q samples x = 2 (q + t1 - c) + c."""
+    from invert import Objective
+
+    class Grab(Objective):
+        def forward(self, x, items=None, step=0):
+            self.seen = x.detach()
+            return x.flatten(1).sum(1)
+
+    size, centre = 33, 16
+    columns = (torch.arange(size, dtype=torch.float32) / (size - 1)).expand(1, 1, size, size).clone()  # value = source x / 32
+    grab = Grab()
+    warp = TransformRobust(grab, samples=1, jitter=(4, 0), scales=(2.0,), angles=(0.0,), seed=0)
+    shift = warp.transforms(torch.tensor([0]), 0, size, size)[0, 0, 2] - (centre - 2 * centre)  # b = 2 (t1 - c) + c
+    t1 = float(shift) / 2
+    warp(columns, torch.tensor([0]), 0)
+    sampled = grab.seen[0, 0, centre] * (size - 1)
+    for q in (12, 14, 16):
+        assert float(sampled[q]) == pytest.approx(2 * (q + t1 - centre) + centre, abs=1e-3)
