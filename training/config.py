@@ -299,12 +299,27 @@ def _composition_message(err: Exception, overrides: Sequence[str] = ()) -> str:
         key = packaged[0].split("@", 1)[1] if packaged else group  # the package: stimuli's model_a= alias of model@model_a=
         hint = f" Did you mean {' or '.join(f'{key}={c}' for c in close)}?" if close else ""
         return (f"unknown {group} config {choice!r} ({key}={choice}: no {group}/{choice}.yaml on the config search path).{hint}"
-                f" Valid choices: {', '.join(options)}")
+                f" Valid choices: {', '.join(options)}{_launcher_hint(err.missing_cfg_file)}")
     message = str(err).split("\nConfig search path:")[0].strip()
+    cause = str(err.__cause__ or "").strip().splitlines()
+    if cause and cause[0] not in message:  # "Error merging override hydra.launcher.timeout_min=4h" said nothing of why
+        message += f": {cause[0]}"
+    message += _launcher_hint(message)
     twice = re.match(r"(\S+) appears more than once in the final defaults list", message)
     if twice:  # '+invert=fast' adds a second invert config to the one the command already chooses
         message += f": choose another with {twice.group(1)}=NAME (no +)"
     return message
+
+
+def _launcher_hint(text: str) -> str:
+    """How to get the Slurm and local-process launchers, where ``text`` names one and hydra-submitit-launcher is missing
+    (its configs are what ``slurm_gpu`` extends: without it both fail to load, and the valid choices omit them)."""
+    from importlib.util import find_spec
+
+    if "hydra/launcher" not in text or find_spec("hydra_plugins.hydra_submitit_launcher") is not None:
+        return ""
+    return (". The submitit launchers (hydra/launcher=slurm_gpu, submitit_slurm, submitit_local) need hydra-submitit-launcher: "
+            'pip install -e ".[slurm]"')
 
 
 def _is_group(key: str) -> bool:
@@ -362,6 +377,17 @@ def check_overrides(config_name: str, arguments: Sequence[str]) -> DictConfig:
                 except ConfigError as err:
                     raise ConfigError(f"{err} (in the sweep's jobs with {o.key_or_group}={value})") from None
     _check_values(config_name, parsed, overrides)
+    # '+group=choice' adds a whole config group: one the command's config does not choose is read by no code.
+    groups = [o for o in parsed if (o.is_add() or o.is_force_add()) and not o.package and "." not in o.key_or_group
+              and "/" not in o.key_or_group and _is_group(o.key_or_group)]
+    if groups:
+        base = compose(config_name, [line for o, line in zip(parsed, overrides) if o not in groups])
+        unread = [o for o in groups if o.key_or_group not in base]
+        if unread:
+            used = sorted(k for k in base if _is_group(str(k)))
+            o = unread[0]
+            raise ConfigError(f"{o.input_line} adds the {o.key_or_group} config group, which conf/{config_name}.yaml does not use, so no "
+                              f"code would read it; this command's groups are {', '.join(used) or 'none'}")
     # '+key=value' adds a key Hydra accepts and no command reads: one new to a closed node is a typo.
     added = {o.key_or_group for o in parsed if (o.is_add() or o.is_force_add()) and not o.key_or_group.startswith("hydra.")
              and ("." in o.key_or_group or not _is_group(o.key_or_group))}  # '+group=choice' adds a config group

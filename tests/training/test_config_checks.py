@@ -199,6 +199,35 @@ def test_an_unknown_config_group_choice_is_refused_with_the_valid_choices():
         check_overrides("measure", ["invert.steps=[1,2"])
 
 
+def test_an_added_config_group_the_command_does_not_use_is_refused():
+    """'+scale=paper' to measure, '+model=resnet18' to sweep: accepted, recorded in the report, read by no code."""
+    with pytest.raises(ConfigError, match=r"^\+scale=paper adds the scale config group, which conf/measure.yaml does not use, so no code "
+                                          r"would read it; this command's groups are data, invert$"):
+        check_overrides("measure", ["+scale=paper"])
+    with pytest.raises(ConfigError, match=r"\+model=resnet18 adds the model config group.*this command's groups are none"):
+        check_overrides("sweep", ["+model=resnet18"])
+    with pytest.raises(ConfigError, match=r"\+train=pgd,trades adds the train config group"):
+        check_overrides("measure", ["-m", "+train=pgd,trades"])
+    assert check_overrides("train", ["train=pgd"]).train.name == "pgd"  # choosing a group the command uses is fine
+
+
+def test_a_launcher_setting_of_the_wrong_type_says_why_and_a_missing_plugin_says_how_to_install_it(monkeypatch):
+    """Hydra's reason ("could not be converted to Integer") was dropped from the one-line message; without
+    hydra-submitit-launcher, slurm_gpu "could not load" and submitit_local was "not a valid choice" without a word of why."""
+    import importlib.util
+
+    from training.config import _launcher_hint
+
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher is not installed")
+    with pytest.raises(ConfigError, match=r"hydra.launcher.timeout_min=4h: Value '4h' of type 'str' could not be converted to Integer"):
+        check_overrides("train", ["hydra/launcher=slurm_gpu", "hydra.launcher.timeout_min=4h"])
+    assert _launcher_hint("In 'hydra/launcher/slurm_gpu': Could not load 'hydra/launcher/submitit_slurm'.") == ""  # installed here
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if "submitit" in name else real(name, *a))
+    hint = _launcher_hint("In 'hydra/launcher/slurm_gpu': Could not load 'hydra/launcher/submitit_slurm'.")
+    assert hint.endswith('need hydra-submitit-launcher: pip install -e ".[slurm]"') and _launcher_hint("unknown key 'train.x'") == ""
+
+
 def test_a_bad_group_choice_exits_with_one_line_and_no_traceback(tmp_path):
     done = subprocess.run([sys.executable, "-m", "training", "train=pdg", f"run_dir={tmp_path}"], capture_output=True, text=True,
                           cwd=REPO_ROOT, timeout=120)
