@@ -50,7 +50,9 @@ class SweepSource:
     """A kind of job result. ``filename`` is the file a job of this kind writes in its folder; ``recognise`` tells
     this kind's file from another command's file of the same name; ``rows`` gives a job's rows (one per model, each
     with a ``model`` entry and the metric columns); ``config`` gives the config the job ran with (None when it was
-    not saved). ``plotted`` names the metric columns drawn in the figure."""
+    not saved). ``plotted`` names the metric columns drawn in the figure. ``started`` names what a job of this kind
+    writes in its folder before its result (a training run's ``metrics.jsonl``): a folder holding one and no result is a
+    job still running or one that crashed, listed with the status :data:`NO_RESULT`."""
     kind: str
     filename: str
     metrics: tuple[SweepMetric, ...]
@@ -58,6 +60,7 @@ class SweepSource:
     recognise: Callable[[Mapping], bool]
     rows: Callable[[Mapping], list[dict]]
     config: Callable[[Mapping, Path], Mapping | None]
+    started: tuple[str, ...] = ()
 
 
 SWEEP_SOURCES: dict[str, SweepSource] = {}
@@ -115,6 +118,7 @@ register_sweep_source(SweepSource(
     recognise=lambda data: isinstance(data.get("models"), Mapping) and "observers" in data and "n_targets" in data,
     rows=_measure_rows,
     config=lambda data, folder: data.get("config"),
+    started=("models",),  # a model's inversions and scores, cached before the report
 ))
 register_sweep_source(SweepSource(
     kind="training", filename="summary.json",
@@ -127,6 +131,7 @@ register_sweep_source(SweepSource(
     rows=lambda data: [{"model": data.get("model"), "status": data.get("status"), "stopped": data.get("stopped"),
                         **{k: data.get(k) for k in ("clean_accuracy", "robust_accuracy", "epochs_completed", "train_seconds", "images_per_second")}}],
     config=_training_config,
+    started=("metrics.jsonl", "checkpoints"),
 ))
 register_sweep_source(SweepSource(
     kind="audit", filename="audit.json",
@@ -136,6 +141,7 @@ register_sweep_source(SweepSource(
     recognise=lambda data: "verdict" in data and isinstance(data.get("robustness"), Mapping),
     rows=_audit_rows,
     config=lambda data, folder: data.get("config"),
+    started=("cache",),  # the attacks' results, cached before the verdict
 ))
 
 
@@ -231,6 +237,28 @@ def find_jobs(root: str | Path, sources: Mapping[str, SweepSource] | None = None
     return jobs
 
 
+NO_RESULT = "no result (running, or stopped by a crash, a kill or a time limit)"
+
+
+def find_started_jobs(root: str | Path, jobs: Sequence[tuple[Path, SweepSource, Mapping]],
+                      sources: Mapping[str, SweepSource] | None = None) -> list[tuple[Path, SweepSource]]:
+    """Folders below ``root`` where a job started and wrote no result: a folder holding something a source's jobs write
+    first (:attr:`SweepSource.started`) and not its result file, outside every job of ``jobs`` (:func:`find_jobs`) and
+    below no other such folder. A job killed by the out-of-memory killer or by Slurm, or one that raised, left its
+    config and checkpoints and no result; the summary dropped it without a word, and the swept key with it."""
+    root = Path(root)
+    sources = SWEEP_SOURCES if sources is None else sources
+    found: list[tuple[Path, SweepSource]] = []
+    candidates = sorted(((path.parent, source) for source in sources.values() for name in source.started for path in root.rglob(name)),
+                        key=lambda item: (len(item[0].relative_to(root).parts), str(item[0])))
+    for folder, source in candidates:
+        inside = [job for job, _, _ in jobs] + [f for f, _ in found]
+        if (folder / source.filename).exists() or any(folder == f or f in folder.parents for f in inside):
+            continue
+        found.append((folder, source))
+    return found
+
+
 def _sort_key(value: Any) -> tuple:
     number = numeric_value(value)
     return (0, number, "") if number is not None else (1, 0.0, "" if value is None else str(value))
@@ -244,6 +272,11 @@ def collect_sweep(root: str | Path, sources: Mapping[str, SweepSource] | None = 
     if not root.is_dir():
         raise FileNotFoundError(f"root={root} is not a folder: give the `out` (or `run_dir`) that the sweep wrote its jobs below")
     jobs = find_jobs(root, sources)
+    started = find_started_jobs(root, jobs, sources)
+    if started:
+        log.warning("%d job(s) below %s started and wrote no result (still running, or stopped by a crash, a kill or a time limit): %s",
+                    len(started), root, ", ".join(folder.relative_to(root).as_posix() for folder, _ in started))
+    jobs = jobs + [(folder, source, {}) for folder, source in started]  # {}: rows of their own, below
     if not jobs:
         looked_for = ", ".join(f"{s.filename} ({s.kind})" for s in sources.values())
         raise FileNotFoundError(f"no finished job below {root}: looked for {looked_for}. Give the `out` (or `run_dir`) the sweep "
@@ -265,7 +298,8 @@ def collect_sweep(root: str | Path, sources: Mapping[str, SweepSource] | None = 
         records = []
         for folder, _, data in of_kind:
             job = folder.relative_to(root).as_posix()
-            records += [{"job": job, **{k: configs[job].get(k) for k in swept}, **row} for row in source.rows(data)]
+            rows = source.rows(data) if data else [{"model": None, "status": NO_RESULT}]
+            records += [{"job": job, **{k: configs[job].get(k) for k in swept}, **row} for row in rows]
         records.sort(key=lambda r: ([_sort_key(r[k]) for k in swept], str(r["model"]), r["job"]))
         tables[kind] = SweepTable(source, pd.DataFrame.from_records(records), swept, without_config)
         if without_config:
@@ -457,5 +491,6 @@ def write_sweep_summary(root: str | Path, out: str | Path | None = None, *, x: s
     return tables
 
 
-__all__ = ["SWEEP_SOURCES", "SweepMetric", "SweepSource", "SweepTable", "choose_x", "collect_sweep", "find_jobs", "flatten_config",
+__all__ = ["NO_RESULT", "SWEEP_SOURCES", "SweepMetric", "SweepSource", "SweepTable", "choose_x", "collect_sweep", "find_jobs", "find_started_jobs",
+           "flatten_config",
            "numeric_value", "register_sweep_source", "sweep_figure", "sweep_markdown", "write_sweep_summary"]

@@ -14,6 +14,7 @@ Writes ``run_dir`` (config, metrics.jsonl, checkpoints, model.safetensors, summa
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -21,14 +22,32 @@ import hydra
 from omegaconf import DictConfig
 
 from .config import expand_path_options, run_checked
-from .sweeps import job_path
+from .sweeps import groups_in_template, job_path
 from .trainer import format_summary, train
+
+logger = logging.getLogger("training")
+
+
+def requeued() -> bool:
+    """Whether this process is a Slurm job started again after a requeue (submitit requeues a job that reaches its time
+    limit, with the same command line): Slurm counts the restarts in ``SLURM_RESTART_COUNT``."""
+    try:
+        return int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0
+    except ValueError:
+        return False
 
 
 @hydra.main(config_path="pkg://conf", config_name="train", version_base=None)
 def main(cfg: DictConfig) -> None:
+    # A swept group the run_dir template names (train=standard,pgd with runs/${data.name}-${model.name}-${train.name})
+    # already gives each job its own run_dir: no second level named train=pgd below runs/...-pgd.
+    groups = groups_in_template(cfg, "run_dir", ("data", "model", "train"))
     expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
-    cfg.run_dir = str(job_path(cfg.run_dir))  # a multirun's jobs train in folders of their own
+    cfg.run_dir = str(job_path(cfg.run_dir, groups=groups))  # a multirun's jobs train in folders of their own
+    if requeued() and not cfg.resume:  # the same command again: without resume it refused the folder its first run wrote
+        logger.warning("requeued Slurm job (SLURM_RESTART_COUNT=%s): continuing %s as with resume=true",
+                    os.environ["SLURM_RESTART_COUNT"], cfg.run_dir)
+        cfg.resume = True
     result = train(cfg)
     if result.completed and int(os.environ.get("RANK", "0")) == 0:  # one summary, from rank 0 under torchrun
         print(format_summary(result.summary))

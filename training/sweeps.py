@@ -113,6 +113,15 @@ def _sweep_arguments(hydra_cfg) -> list[str] | None:
     return [*sweep.overrides.task, *(f"{key}={value}" for key, value in params.items())]
 
 
+def groups_in_template(cfg, key: str, groups: Iterable[str]) -> tuple[str, ...]:
+    """The config ``groups`` whose values the unresolved template of ``cfg[key]`` names (``run_dir:
+    runs/${data.name}-${model.name}-${train.name}``): a sweep over them already writes apart, so its jobs' folders need no
+    level named after them (:func:`job_path`'s ``groups=``; an explicit path names none). Read it before the path is
+    expanded, which replaces the template by its value."""
+    template = str(OmegaConf.to_container(cfg, resolve=False)[key])
+    return tuple(group for group in groups if "${" + group + "." in template)
+
+
 def job_path(base: str | Path, exclude: Iterable[str] = RUN_LOCATION_KEYS, groups: Iterable[str] = ()) -> Path:
     """``base`` itself, or in a Hydra multirun ``base / job_name(...)`` of this job's values for the
     swept keys (see the module docstring). Call it from a ``@hydra.main`` function; elsewhere (tests,
@@ -134,4 +143,4 @@ def job_path(base: str | Path, exclude: Iterable[str] = RUN_LOCATION_KEYS, group
     return Path(base) / name if name else Path(base)
 
 
-__all__ = ["RUN_LOCATION_KEYS", "is_job_of", "is_run_location", "job_name", "job_path", "override_parser", "swept_keys"]
+__all__ = ["RUN_LOCATION_KEYS", "groups_in_template", "is_job_of", "is_run_location", "job_name", "job_path", "override_parser", "swept_keys"]

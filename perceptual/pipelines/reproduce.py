@@ -34,7 +34,7 @@ from invert.config import load_preset
 from training.config import expand_path_options, flat_items, resolve_device, resolved_path_text
 from training.io import atomic_write_json, atomic_write_text
 from training.recipes import RECIPES
-from training.sweeps import job_path
+from training.sweeps import groups_in_template, job_path
 from training.trainer import run_identity
 
 from ..experiments import RESULTS, Variant, comparison_pairs, experiment_result
@@ -239,10 +239,9 @@ def run(cfg: DictConfig) -> dict:
 
 
 def groups_in_out(cfg: DictConfig) -> tuple[str, ...]:
-    """The config groups the ``out`` template names (``reports/experiments/${experiment.name}-...``): a sweep over them
-    already writes apart, so its jobs' folders need no level named after them (an explicit ``out=`` names none)."""
-    template = str(OmegaConf.to_container(cfg, resolve=False)["out"])
-    return tuple(group for group in ("experiment", "scale", "data") if "${" + group + "." in template)
+    """The config groups the ``out`` template names (``reports/experiments/${experiment.name}-...``):
+    :func:`training.sweeps.groups_in_template`."""
+    return groups_in_template(cfg, "out", ("experiment", "scale", "data"))
 
 
 @hydra.main(config_path="pkg://conf", config_name="reproduce", version_base=None)

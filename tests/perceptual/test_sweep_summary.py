@@ -226,3 +226,27 @@ def test_a_result_of_another_kind_inside_a_job_is_named_not_dropped_in_silence(t
     assert [folder.name for folder, _, _ in jobs] == ["lr=0.1", "lr=0.2"]
     assert f"{inner / 'report.json'} (a measure result) lies inside the job {tmp_path / 'lr=0.1'}" in caplog.text
     assert f"root={inner}" in caplog.text and "notes" not in caplog.text
+
+
+def test_a_job_that_crashed_before_its_result_is_listed_not_dropped(tmp_path, caplog):
+    """A run killed by the out-of-memory killer or Slurm leaves its config, metrics and checkpoints but no summary.json:
+    the summary left it out without a word ("the jobs' configs do not differ"), and the swept key with it."""
+    root = tmp_path / "sweep"
+    write_training_job(root / "train.optimizer.lr=0.1", 0.1, 0.8)
+    crashed = root / "train.optimizer.lr=0.05"
+    crashed.mkdir(parents=True)
+    (crashed / "config.yaml").write_text(f"run_dir: {crashed}\ndevice: cpu\nseed: 0\ntrain:\n  name: standard\n  optimizer:\n    lr: 0.05\n")
+    (crashed / "metrics.jsonl").write_text('{"epoch": 1}\n')
+    (crashed / "checkpoints" / "epoch-0001").mkdir(parents=True)
+    with caplog.at_level(logging.WARNING):
+        tables = write_sweep_summary(root, figures=False)
+    table = tables["training"]
+    assert table.swept == ["train.optimizer.lr"] and list(table.frame["job"]) == ["train.optimizer.lr=0.05", "train.optimizer.lr=0.1"]
+    assert table.frame.set_index("job").loc["train.optimizer.lr=0.05", "status"].startswith("no result (running, or stopped by a crash")
+    assert "1 job(s) below" in caplog.text and "train.optimizer.lr=0.05" in caplog.text
+    summary = (root / "sweep.md").read_text()
+    assert "## training (2 jobs)" in summary and "Not finished, so without a final result: train.optimizer.lr=0.05 (no result" in summary
+    # a finished job's own checkpoints and metrics are not a second job
+    write_training_job(root / "train.optimizer.lr=0.2", 0.2, 0.7)
+    (root / "train.optimizer.lr=0.2" / "metrics.jsonl").write_text('{"epoch": 1}\n')
+    assert len(collect_sweep(root)["training"].frame) == 3

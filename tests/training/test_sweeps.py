@@ -137,6 +137,47 @@ def test_reproduce_sweeps_keep_their_bookkeeping_apart_and_their_results_where_t
     assert groups_in_out(cfg) == ("experiment", "scale", "data") and groups_in_out(explicit) == ()
 
 
+def test_a_training_sweep_over_a_group_its_run_dir_names_adds_no_level_named_after_it():
+    """train=standard,pgd wrote runs/digits-small_cnn-standard/train=standard and runs/digits-small_cnn-pgd/train=pgd;
+    the default run_dir names data, model and train already, so the jobs write apart without that level."""
+    from training.sweeps import groups_in_template, job_name
+
+    with initialize_config_module(config_module="conf", version_base=None):
+        cfg = compose(config_name="train")
+        explicit = compose(config_name="train", overrides=["run_dir=runs/recipes"])
+    groups = groups_in_template(cfg, "run_dir", ("data", "model", "train"))
+    assert groups == ("data", "model", "train") and groups_in_template(explicit, "run_dir", ("data", "model", "train")) == ()
+    assert job_name(["train=pgd", "seed=1"], groups=groups) == "seed=1" and job_name(["train=pgd"], groups=groups) == ""
+    assert job_name(["train=pgd"], groups=()) == "train=pgd"  # an explicit run_dir=runs/recipes: runs/recipes/train=pgd
+
+
+def test_a_requeued_slurm_job_resumes_its_run(monkeypatch):
+    """submitit requeues a job that reaches its time limit with the same command line: without resume=true the training
+    refused the folder its first run had written (the README's Slurm line has no resume=true)."""
+    from training.__main__ import requeued
+
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    assert not requeued()
+    for value, expected in (("0", False), ("1", True), ("3", True), ("", False)):
+        monkeypatch.setenv("SLURM_RESTART_COUNT", value)
+        assert requeued() is expected
+
+
+def test_the_same_training_command_run_again_as_a_requeued_job_continues(tmp_path):
+    command = [sys.executable, "-m", "training", "train.epochs=2", "stop_after_epochs=1", "train.batch_size=32", "data_limit.train=64",
+               "data_limit.test=32", "train.eval.every=0", "train.eval.final_subset=16", "progress=false", f"run_dir={tmp_path / 'run'}"]
+    first = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = subprocess.run(command[:4] + command[5:], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV)
+    assert again.returncode != 0 and "already holds a run" in again.stderr  # by hand: refused without resume=true
+    requeued = subprocess.run(command[:4] + command[5:], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                              env={**ENV, "SLURM_RESTART_COUNT": "1"})
+    assert requeued.returncode == 0, requeued.stderr[-3000:]
+    assert "requeued Slurm job" in requeued.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["epochs"] == 2
+
+
 @needs_submitit
 def test_slurm_preset_asks_for_one_gpu_per_job():
     with initialize_config_module(config_module="conf", version_base=None):
