@@ -37,6 +37,7 @@ RUN_LOCATION_KEYS = (
     "out", "run_dir", "device", "resume", "stop_after_epochs", "overwrite", "keep_parts", "preview", "shard", "n_shards",
     "progress", "progress_every", "save_every", "keep_checkpoints", "data.download",
 )
+SHARD_KEYS = ("shard", "n_shards")  # a sweep over shards writes one set's shards/ layout under one out, for merge
 _MAX_NAME = 200  # bytes; file systems allow 255 per path component
 
 
@@ -139,6 +140,11 @@ def job_path(base: str | Path, exclude: Iterable[str] = RUN_LOCATION_KEYS, group
     elif arguments is not None:
         swept = swept_keys(arguments)
         overrides = [o for o in overrides if _key(o) in swept]
+        shared = sorted(k for k in swept if _excluded(k, exclude) and not _excluded(k, SHARD_KEYS))
+        if shared and not job_name(overrides, exclude, groups):  # shards share their out on purpose: merge joins them
+            log.warning("the swept key(s) %s only say where or how a job runs, so every job of this sweep writes to %s and a later job "
+                        "replaces an earlier one's results; sweep a key that changes the result, or give each job its own out/run_dir",
+                        ", ".join(shared), base)
     name = job_name(overrides, exclude, groups)
     return Path(base) / name if name else Path(base)
 

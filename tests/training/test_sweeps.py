@@ -89,6 +89,20 @@ def test_a_job_whose_multirun_yaml_is_another_sweeps_is_named_after_all_its_over
     assert "multirun.yaml is another sweep's" in caplog.text
 
 
+def test_a_sweep_over_where_jobs_run_alone_warns_that_they_share_one_folder(tmp_path, caplog, monkeypatch):
+    """measure -m device=cpu,auto wrote both jobs' reports to one out, the second over the first, without a word; a sweep over
+    shards shares its out on purpose (merge joins the shards) and says nothing."""
+    sweep_dir = tmp_path / "multirun" / "12-00-00"
+    for arguments, job, warned in ((["device=cpu,auto"], ["device=cpu"], True), (["shard=0,1", "n_shards=2"], ["shard=0", "n_shards=2"], False),
+                                   (["device=cpu,auto", "seed=0,1"], ["device=cpu", "seed=1"], False)):
+        caplog.clear()
+        _write_multirun_yaml(sweep_dir, arguments)
+        _as_multirun_job(monkeypatch, sweep_dir, job)
+        with caplog.at_level("WARNING", logger="training.sweeps"):
+            job_path(tmp_path / "out")
+        assert ("every job of this sweep writes to" in caplog.text) is warned, (arguments, caplog.text)
+
+
 def test_a_job_belongs_to_a_sweep_when_it_has_its_keys_and_one_of_its_values_for_each():
     arguments = ["train=trades", "train.beta=1,3,6", "shard=range(2)", "train.attack.eps=8/255,16/255", "+x=[1,2]", "model=glob(res*)"]
     assert is_job_of(["train=trades", "train.beta=6", "shard=1", "train.attack.eps=16/255", "+x=[1,2]", "model=resnet18"], arguments)
