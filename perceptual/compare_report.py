@@ -205,6 +205,9 @@ def summary_markdown(data: dict, unknown: dict | None, figures: Sequence[str]) -
               *(["Left out of the averages and the ranking, as model-vs-human's table leaves them out (controls, humans under 20 %): "
                  + ", ".join(name for names in data["excluded"].values() for name in names) + " (metrics.benchmark_exclusions=false keeps them).", ""]
                 if data.get("excluded") else []),
+              *([f"Left out too, whatever metrics.benchmark_exclusions says: {', '.join(data['below_resolution'])}, where every image is one "
+                 "flat grey at this image size (below its resolution): every system answers one class there, and any two would agree "
+                 "perfectly.", ""] if data.get("below_resolution") else []),
               "| Model | " + " | ".join(metrics) + " | mean rank (mvh) | mean rank (all) |", "|---" * (len(metrics) + 3) + "|"]
     for m in models:
         lines.append(f"| {m} | " + " | ".join(_fmt(ranking["values"][m].get(k)) for k in metrics)

@@ -24,7 +24,8 @@ Deliberate differences that apply throughout:
   at 224 px.
 * Sets are built from whole data-set images (e.g. 32 px CIFAR), not from 224 px ImageNet crops.
 * Stored sets round to 8 bits (``stimuli.quantise``), as the 2018 reference's ``save_img`` does through
-  ``scipy.misc.toimage``/``bytescale`` (``+ 0.5`` then truncation: round half up); only exact ties may differ.
+  ``scipy.misc.toimage``/``bytescale`` (``+ 0.5`` then truncation in float64: round half up); exact ties (which
+  ``torch.round`` sends to the even level) and float32 near-ties may differ by one level, a few pixels in 10^5.
   Its 2023 refactor (rgeirhos/generalisation-humans-DNNs a0d7270) truncates (``(image * 255).astype("uint8")``),
   darker by half a level on average: not followed.
 * Parameters are numbers or the grid's words (``contrast=0.03``, ``colour=greyscale``), not the benchmark's
@@ -379,9 +380,22 @@ def _parse_parameter(generator: str, value: Any) -> Any:
     return int(number) if generator == "rotation" and number.is_integer() else number
 
 
+# Names a model-vs-human user may reach for that are not generators here: why, and what to use instead.
+NOT_GENERATORS = {
+    "eidolon": "eidolon I-III are not implemented (they need the Eidolon toolbox's partially coherent disarray)",
+    "salt_and_pepper": "the 2018 paper's salt-and-pepper noise is not implemented; uniform_noise is",
+    "false_colour": "the benchmark's false-colour experiment is opponent_colour here (opponent_colour=opponent; =true is the control)",
+    "greyscale": "greyscale is a condition of the colour generator: colour=greyscale",
+    "phase_scrambling": "phase scrambling is phase_noise here (phase_noise=90: the noise width in degrees)",
+    "power_equalization": "power_equalisation is spelt with an s: power_equalisation=equalised",
+}
+
+
 def _spec(generator: str) -> GeneratorSpec:
     if generator not in GENERATORS:
-        raise ValueError(f"unknown distortion generator {generator!r}: use one of {sorted(GENERATORS)}")
+        key = generator.lower().replace("-", "_")
+        why = next((text for name, text in NOT_GENERATORS.items() if key.startswith(name)), None)
+        raise ValueError(f"unknown distortion generator {generator!r}: " + (f"{why}. " if why else "") + f"use one of {sorted(GENERATORS)}")
     return GENERATORS[generator]
 
 

@@ -190,6 +190,7 @@ class ComparePipeline:
             if self.metric_cfg[key] not in choices:
                 raise ValueError(f"metrics.{key} must be one of {choices}, got {self.metric_cfg[key]!r}")
         self.excluded = benchmark_excluded(self.conditions) if self.metric_cfg["benchmark_exclusions"] else {}
+        self.below_resolution: list[str] = []  # conditions of flat grey images at the data's size, set with the data
         if all(c.name in self.excluded.get(c.generator, ()) for c in self.conditions):
             raise ValueError(f"every condition ({[c.name for c in self.conditions]}) is one model-vs-human's table leaves out (a control, or "
                              "humans under 20 %): nothing is left to average or rank; add others, or set metrics.benchmark_exclusions=false")
@@ -254,9 +255,33 @@ class ComparePipeline:
         if not hasattr(self.test, "images"):
             raise ValueError(f"compare needs an in-memory data set (digits, cifar10, cifar100); {self.dataset} is a folder data set")
         self.targets = stimuli.select_targets(self.test, n=min(self.n_images, len(self.test)), seed=self.seed)
+        self._leave_out_flat_conditions(self.targets.images.shape[-1])
         self.classes = list(self.test.classes)
         self.labels = self.targets.labels.numpy()
         self.image_ids = self.targets.source_index
+
+    def _leave_out_flat_conditions(self, size: int) -> None:
+        """Leave the conditions that turn every image of ``size`` px into one flat grey (high-pass below the resolution,
+        :meth:`stimuli.distortions.Distortion.below_resolution`) out of the averages and the ranking, whatever
+        ``benchmark_exclusions`` says: there every system answers one class for every image, so any two get an error
+        consistency of 1 and the averages of every model pair rise with them."""
+        self.below_resolution = [c.name for c in self.conditions if c.below_resolution(size)]
+        if self.below_resolution:
+            log.warning("left out of the averages and the ranking: %s (flat grey at %d px, below the images' resolution)",
+                        ", ".join(self.below_resolution), size)
+        left_out = {name for names in self.excluded.values() for name in names} | set(self.below_resolution)
+        if all(c.name in left_out for c in self.conditions):
+            raise ValueError(f"every condition ({[c.name for c in self.conditions]}) is left out (model-vs-human's exclusions, or a flat grey "
+                             f"image at {size} px): nothing is left to average or rank; add other conditions")
+
+    def _left_out(self) -> dict[str, list[str]]:
+        """{generator: [condition, ...]} that the averages and the ranking leave out: the benchmark's exclusions and the flat
+        conditions."""
+        left_out = {generator: list(names) for generator, names in self.excluded.items()}
+        for c in self.conditions:
+            if c.name in self.below_resolution and c.name not in left_out.get(c.generator, []):
+                left_out.setdefault(c.generator, []).append(c.name)
+        return left_out
 
     def _build_models(self) -> None:
         self.models: dict[str, torch.nn.Module] = {}
@@ -351,7 +376,8 @@ class ComparePipeline:
                                                     on_undefined=self.metric_cfg["on_undefined"])
             accuracy[name] = {s: float(np.mean(r.predictions == self.labels)) for s, r in ordered.items()}
         generator_of = {c.name: c.generator for c in self.conditions}
-        excluded = {name for names in self.excluded.values() for name in names}
+        left_out = self._left_out()
+        excluded = {name for names in left_out.values() for name in names}
         ranked = [c for c in per_condition if c not in excluded]
         aggregated = {metric: nested_mean({c: per_condition[c][metric] for c in ranked}, generator_of, nanmean_matrices) for metric in PAIR_METRIC_REGISTRY}
         return {
@@ -361,9 +387,10 @@ class ComparePipeline:
             "per_condition": per_condition,
             "aggregated": aggregated,
             "excluded": self.excluded,
+            "below_resolution": list(self.below_resolution),  # flat grey images: left out too
             "ranked_conditions": ranked,  # what the averages, the ranking and the error alignment take
             "diagonal": {name: metric.diagonal for name, metric in PAIR_METRIC_REGISTRY.items()},
-            "ranking": rankings(trials, aggregated, systems, models, subjects, self.metric_cfg["on_undefined"], exclude=self.excluded),
+            "ranking": rankings(trials, aggregated, systems, models, subjects, self.metric_cfg["on_undefined"], exclude=left_out),
             "spearman_between_metrics": metric_correlations(aggregated),
         }
 

@@ -478,3 +478,37 @@ def test_the_benchmark_exclusions_are_model_vs_humans_on_this_toolkits_grids():
             assert sorted(parameters) == sorted(int(c[1:]) / 100 for c in theirs)
         elif isinstance(parameters[0], float):
             assert sorted(parameters) == sorted(float(c) for c in theirs), generator
+
+
+def test_conditions_of_flat_grey_images_are_left_out_of_the_averages_and_the_ranking(tmp_path):
+    """At 32 px high-pass 1 stores every image as one grey level: two systems that answer one class there agree on every
+    image (error consistency 1) and raised every average, benchmark_exclusions or not."""
+    from types import SimpleNamespace
+
+    conditions = ["high_pass=1", "high_pass=3", "rotation=90"]
+    pipeline = ComparePipeline([ModelSpec("small_cnn", label="m")], {"name": "digits", "root": None}, tmp_path, conditions=conditions,
+                               observers=["pixel-l2"], progress=False, metrics={"benchmark_exclusions": False})
+    pipeline._leave_out_flat_conditions(32)
+    assert pipeline.below_resolution == ["high_pass=1"]
+    labels = np.array([0, 1, 0, 1])
+    pipeline.labels, pipeline.classes, pipeline.models = labels, ["zero", "one"], {"m": None}
+    pipeline.decider = SimpleNamespace(subject_names=["subject-s"])
+    answers = {"high_pass=1": {"m": [0, 0, 0, 0], "subject-s": [0, 0, 0, 0]},  # one class for the flat images: alike
+               "high_pass=3": {"m": [0, 1, 1, 1], "subject-s": [1, 1, 0, 1]}, "rotation=90": {"m": [0, 0, 0, 1], "subject-s": [0, 1, 1, 1]}}
+    responses, rows = {}, []
+    for condition in pipeline.conditions:
+        responses[condition.name] = {}
+        for system, predictions in answers[condition.name].items():
+            predictions = np.array(predictions)
+            responses[condition.name][system] = Responses(predictions, np.eye(2)[predictions])
+            rows += [{"subject": system, "dataset": condition.generator, "condition": condition.name, "image_id": i,
+                      "correct": bool(predictions[i] == labels[i])} for i in range(4)]
+    data = pipeline._behaviour(pd.DataFrame(rows), responses)
+    assert data["below_resolution"] == ["high_pass=1"] and data["excluded"] == {}
+    assert data["ranked_conditions"] == ["high_pass=3", "rotation=90"]
+    systems = data["systems"]
+    observed = data["aggregated"]["observed_consistency"][systems.index("m"), systems.index("subject-s")]
+    assert observed == pytest.approx((2 / 4 + 2 / 4) / 2)  # high-pass 3 alone for high-pass, then rotation: not (1 + 1/2) / 2
+    with pytest.raises(ValueError, match=r"every condition \(\['high_pass=1', 'high_pass=0.7'\]\) is left out .*flat grey image at 32 px"):
+        ComparePipeline([ModelSpec("small_cnn", label="m")], {"name": "digits", "root": None}, tmp_path, conditions=["high_pass=1", "high_pass=0.7"],
+                        observers=["pixel-l2"])._leave_out_flat_conditions(32)

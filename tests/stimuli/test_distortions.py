@@ -186,6 +186,11 @@ def test_parse_conditions_grids_names_and_errors():
     assert names[:8] == [f"contrast={v}" for v in ("1", "0.5", "0.3", "0.15", "0.1", "0.05", "0.03", "0.01")]
     assert names[8:] == ["low_pass=40", "rotation=90"]
     assert [d.name for d in parse_conditions("high_pass")][0] == "high_pass=inf"
+    # the benchmark's names that are not generators here say why and what to use
+    for name, why in (("eidolonI=8", "eidolon I-III are not implemented"), ("false-colour=True", "is opponent_colour here"),
+                      ("salt_and_pepper=0.1", "salt-and-pepper noise is not implemented"), ("phase_scrambling=90", "is phase_noise here")):
+        with pytest.raises(ValueError, match=f"unknown distortion generator '{name.split('=')[0]}': .*{why}.*use one of"):
+            parse_conditions([name], 224)
     with pytest.raises(ValueError, match="unknown distortion generator 'blur'"):
         parse_conditions(["blur"])
     with pytest.raises(ValueError, match="listed twice"):
