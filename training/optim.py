@@ -1,7 +1,8 @@
 """Optimisers and learning-rate schedules for the training recipes.
 
 * SGD with momentum and weight decay (``torch.optim.SGD``), decay on every parameter as the
-  ``robustness`` library, TRADES, MART and Wong et al. do.
+  ``robustness`` library, TRADES, MART and Wong et al. do (SimCLR's reference leaves batch norm out of it: use LARS
+  for SimCLR, which does too).
 * :class:`LARS` as in SimCLR's reference code (google-research/simclr ``lars_optimizer.py``):
   ``g += wd * w``; ``lr_layer = lr * eta * ||w|| / ||g||`` (1 when either norm is 0); momentum on
   ``lr_layer * g``. Biases and batch-norm parameters (every parameter with fewer than two

@@ -25,8 +25,11 @@ under LARS: the trust ratio cancels it for the weights, but not against the weig
 batch-norm parameters (no trust ratio) step by lr × gradient. With it, ``conf/train/simclr.yaml``'s lr and weight
 decay are the reference's CIFAR-10 command's.
 
-Differences from the reference: the projection head has batch norm on its hidden layer only and biases on both
-linear layers (the reference code drops the biases and adds a batch norm without shift on the output); with
+Differences from the reference: the projection head has two layers (SimCLR v1's; the code whose CIFAR-10 command
+gives weight decay 1e-4 is v2's, with three by default, and v1's command gave 1e-6), batch norm on its hidden layer
+only and biases on both linear layers (the reference code drops the biases and adds a batch norm without shift on the
+output); with ``train.optimizer.name=sgd`` batch-norm parameters are decayed too (the reference's momentum path
+leaves them out; LARS does here as there); with
 several processes the negatives are the local batch's (the reference gathers across TPU cores); the probe is
 trained on features of un-augmented images computed once (the reference trains it with crop and flip), with the
 features standardised during fitting and the standardisation folded into the layer's weights afterwards.

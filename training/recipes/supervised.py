@@ -48,8 +48,9 @@ class StandardRecipe(Recipe):
 
 class PGDRecipe(Recipe):
     """PGD adversarial training (Madry et al., ICLR 2018; the ``robustness`` library's ``adv_train``):
-    minimise the cross-entropy on the PGD example of each (augmented) image. L2 or Linf; the paper's
-    CIFAR L2 setting is eps 1.0. The attack runs in eval batch-norm mode, as the library's
+    minimise the cross-entropy on the PGD example of each (augmented) image. L2 or Linf; the paper trained
+    CIFAR at Linf 8/255 (2/255 x 7 steps), the robustness library (Engstrom et al.) its CIFAR L2 models at
+    eps 1.0. The attack runs in eval batch-norm mode, as the library's
     ``AttackerModel`` does; the last iterate is used (its ``use_best=False``; the library's training default
     is ``use_best=1``), from a random start by default (``random_start``: as Madry et al.'s code; the
     library's default is no random start)."""
