@@ -14,7 +14,9 @@ Wilson's score interval (Wilson, 1927; with half-credit ties the credit sum stan
 count). The bootstrap is the default because trials are not independent: a clustering trial's three
 rows share their columns, a result is a row in about three trials, and the results of one target
 share it; Wilson's interval treats every row as a new draw and, on clustering rows, covered the
-true accuracy in about 70 % of simulated runs instead of 95 %.
+true accuracy in about 70 % of simulated runs instead of 95 %. Below :data:`perceptual.statistics.SIGN_FLIP_MIN_N`
+targets (a converged-only score may have that few) the bootstrap over targets is far too narrow (one target gives an
+interval of zero width), and the score takes Wilson's interval instead; ``ci_method`` says which.
 
 Ties follow the survey, not the reference's simulated score: the authors' notebook counts a 2AFC
 result correct when ``d(result, target) <= d(result, seed)``, so a tie earns full credit there and
@@ -30,7 +32,7 @@ import pandas as pd
 import torch
 
 from .observers import Observer
-from .statistics import check_level, percentile_interval
+from .statistics import SIGN_FLIP_MIN_N, check_level, percentile_interval
 
 TIE_TOLERANCE = 1e-7
 
@@ -133,14 +135,16 @@ def summarize(judged: pd.DataFrame, by: str | None = "seed_type", interval: str 
     real = judged[~judged["attention_check"]]
 
     def score(frame: pd.DataFrame) -> dict:
-        n = len(frame)
+        n, n_targets = len(frame), int(frame["target_id"].nunique())
         credit = frame["credit"].to_numpy(float)
         acc = float(credit.mean()) if n else math.nan
-        if interval == "wilson":
+        method = "wilson" if interval == "wilson" or n_targets < SIGN_FLIP_MIN_N else "bootstrap"  # too few targets to resample
+        if method == "wilson":
             low, high = wilson_interval(float(credit.sum()), n)
         else:
-            low, high = bootstrap_interval(credit, frame["target_id"].to_numpy(), seed=seed) if n else (math.nan, math.nan)
-        return {"accuracy": acc, "ci_low": low, "ci_high": high, "n": n, "ties": int(frame["tie"].sum())}
+            low, high = bootstrap_interval(credit, frame["target_id"].to_numpy(), seed=seed)
+        return {"accuracy": acc, "ci_low": low, "ci_high": high, "ci_method": method, "n": n, "n_targets": n_targets,
+                "ties": int(frame["tie"].sum())}
 
     out = {"overall": score(real), "interval": interval}
     if by is not None and by in real:

@@ -148,6 +148,18 @@ def test_default_interval_counts_targets_not_rows():
     assert wilson_six["ci_high"] - wilson_six["ci_low"] < 0.5 * (wilson_once["ci_high"] - wilson_once["ci_low"])
 
 
+def test_too_few_targets_to_resample_take_wilsons_interval():
+    """One target with credits 1, 0, 1, 1 gave the interval [0.75, 0.75]: resampling one target always draws it again
+    (a converged-only score can have that few targets)."""
+    one = pd.DataFrame({"target_id": "t0", "seed_type": "noise", "attention_check": False, "tie": False, "credit": [1.0, 0.0, 1.0, 1.0]})
+    overall = summarize(one)["overall"]
+    assert overall["ci_method"] == "wilson" and overall["n_targets"] == 1
+    assert (overall["ci_low"], overall["ci_high"]) == pytest.approx(wilson_interval(3.0, 4)) and overall["ci_high"] - overall["ci_low"] > 0.5
+    many = pd.DataFrame({"target_id": [f"t{i}" for i in range(6)], "seed_type": "noise", "attention_check": False, "tie": False,
+                         "credit": [1.0, 0.0, 1.0, 1.0, 0.0, 1.0]})
+    assert summarize(many)["overall"]["ci_method"] == "bootstrap"
+
+
 def test_lpips_batched_equals_the_package_pair_by_pair():
     torch.manual_seed(0)
     x = torch.rand(5, 3, 32, 32)
