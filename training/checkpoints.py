@@ -214,8 +214,15 @@ def _strip_prefixes(key: str, prefixes: tuple[str, ...] = _WRAPPER_PREFIXES) -> 
 
 def _from_robustness(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """robustness layout: the classifier under module.model., a duplicate under module.attacker.model., and
-    InputNormalize buffers new_mean / new_std of shape (3, 1, 1)."""
-    out = {"net." + k[len("module.model."):]: v for k, v in state.items() if k.startswith("module.model.")}
+    InputNormalize buffers new_mean / new_std of shape (3, 1, 1). A network trained with ``add_custom_forward=True``
+    (robustness's way to train torchvision architectures it lacks) sits one ``model.`` deeper; robustness's ImageNet
+    AlexNet names its last linear layer ``last_layer``, torchvision's ``classifier.6``."""
+    classifier = {k[len("module.model."):]: v for k, v in state.items() if k.startswith("module.model.")}
+    if classifier and all(k.startswith("model.") for k in classifier):
+        classifier = {k[len("model."):]: v for k, v in classifier.items()}
+    if any(k.startswith("last_layer.") for k in classifier) and not any(k.startswith("classifier.6.") for k in classifier):
+        classifier = {("classifier.6." + k[len("last_layer."):] if k.startswith("last_layer.") else k): v for k, v in classifier.items()}
+    out = {"net." + k: v for k, v in classifier.items()}
     for ours, theirs in (("normalize.mean", "module.normalizer.new_mean"), ("normalize.std", "module.normalizer.new_std")):
         if theirs in state:
             out[ours] = state[theirs].reshape(1, -1, 1, 1).float()
@@ -286,13 +293,16 @@ def load_into(model: nn.Module, checkpoint: str | Path, trust_pickle: bool = Fal
 
 
 def save_checkpoint(model: nn.Module, path: str | Path, metadata: Mapping[str, Any] | None = None) -> Path:
-    """Write the model's weights (normalisation included) as safetensors, atomically, with its metadata."""
+    """Write the model's weights (normalisation included) as safetensors, atomically, with its metadata: its
+    architecture, data set and classes, and its builder arguments as ``kwarg.<name>`` (a k-WTA ratio has no weight
+    to tell it by), which :func:`training.models.build_model` checks when it loads the file."""
     from safetensors.torch import save_file
 
     meta = {"format": "repalign"}
     for attr in ("arch", "dataset", "num_classes"):
         if hasattr(model, attr):
             meta[attr] = str(getattr(model, attr))
+    meta.update({f"kwarg.{k}": str(v) for k, v in (getattr(model, "arch_kwargs", None) or {}).items()})
     meta.update({k: v if isinstance(v, str) else json.dumps(v) for k, v in (metadata or {}).items()})
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     return atomic_save(path, lambda tmp: save_file(state, str(tmp), metadata=meta))

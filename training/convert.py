@@ -29,7 +29,7 @@ def convert(src: str | Path, dst: str | Path, arch: str, dataset: str, trust_pic
         raise ValueError(f"{src} holds no input normalisation, and the file written would carry {dataset}'s statistics as if they were "
                          "its own: pass the normalisation the weights were trained with, --kwarg 'mean=[0,0,0]' --kwarg 'std=[1,1,1]' "
                          "for raw [0, 1] inputs (TRADES, MART and k-WTA reference code), or the data set's mean and std")
-    return save_checkpoint(model, dst, {"converted_from": str(src), **{f"kwarg.{k}": str(v) for k, v in model.arch_kwargs.items()}})
+    return save_checkpoint(model, dst, {"converted_from": str(src)})  # the builder arguments go in as kwarg.<name>
 
 
 def _kwarg(text: str) -> tuple[str, object]:

@@ -258,6 +258,47 @@ def test_a_robustness_checkpoint_saved_without_dataparallel(tmp_path):
         torch.testing.assert_close(ours(x), theirs(x, with_image=False), atol=1e-5, rtol=1e-5)
 
 
+def test_a_file_saved_from_another_architecture_or_with_other_arguments_is_refused(tmp_path):
+    """k-WTA layers hold no weight: a kwta_resnet18 file fitted resnet18 key for key, and one of ratio 0.3 a ratio 0.1
+    build, so either loaded as another network without a word."""
+    torch.manual_seed(0)
+    kwta = save_checkpoint(build_model("kwta_resnet18", "cifar10", ratio=0.3, width=8), tmp_path / "kwta.safetensors")
+    assert read_checkpoint(kwta)[1]["kwarg.ratio"] == "0.3"  # the builder's arguments travel with the weights
+    with pytest.raises(ValueError, match=r"was saved from a kwta_resnet18 model, not resnet18: build it as kwta_resnet18"):
+        build_model("resnet18", "cifar10", width=8, checkpoint=str(kwta))
+    with pytest.raises(ValueError, match=r"saved from kwta_resnet18 with ratio=0.3; this build has ratio=0.1: .*model.kwargs.ratio=0.3"):
+        build_model("kwta_resnet18", "cifar10", width=8, checkpoint=str(kwta))
+    loaded = build_model("kwta_resnet18", "cifar10", width=8, ratio=0.3, checkpoint=str(kwta))
+    assert loaded.arch_kwargs == {"width": 8, "ratio": 0.3}
+    # a file of another tool (no metadata) is loaded as asked
+    torch.save(loaded.state_dict(), tmp_path / "plain.pt")
+    assert build_model("resnet18", "cifar10", width=8, checkpoint=str(tmp_path / "plain.pt")).arch == "resnet18"
+
+
+def test_mean_and_std_may_be_tensors():
+    """A robustness data set keeps its statistics as tensors (ds.mean): 'mean or default' asked a tensor for its truth."""
+    model = build_model("small_cnn", "digits", width=4, mean=torch.tensor([0.5, 0.5, 0.5]), std=torch.tensor([0.25, 0.25, 0.25]))
+    assert model.normalize.mean.flatten().tolist() == [0.5, 0.5, 0.5] and model.normalize.std.flatten().tolist() == [0.25, 0.25, 0.25]
+
+
+def test_robustness_layouts_of_custom_forward_networks_and_imagenet_alexnet(tmp_path):
+    """add_custom_forward=True nests the network one model. deeper (module.model.model.*), and robustness's AlexNet names its
+    last layer last_layer: both were refused as not fitting."""
+    from training.checkpoints import canonical_state_dict
+
+    torch.manual_seed(0)
+    ours = build_model("resnet18", "cifar10", width=8)
+    net_state = {k[len("net."):]: v for k, v in ours.state_dict().items() if k.startswith("net.")}
+    nested = {**{f"module.model.model.{k}": v for k, v in net_state.items()}, **{f"module.attacker.model.model.{k}": v for k, v in net_state.items()},
+              "module.normalizer.new_mean": torch.full((3, 1, 1), 0.5), "module.normalizer.new_std": torch.full((3, 1, 1), 0.25)}
+    torch.save({"model": nested}, tmp_path / "custom.pt")
+    loaded = build_model("resnet18", "cifar10", width=8, checkpoint=str(tmp_path / "custom.pt"))
+    assert torch.equal(loaded.net.conv1.weight, ours.net.conv1.weight) and loaded.normalize.mean.flatten().tolist() == [0.5] * 3
+    alexnet = canonical_state_dict({"module.model.features.0.weight": torch.zeros(1), "module.model.last_layer.weight": torch.zeros(2),
+                                    "module.model.last_layer.bias": torch.zeros(2)})
+    assert sorted(alexnet) == ["net.classifier.6.bias", "net.classifier.6.weight", "net.features.0.weight"]
+
+
 class NotATensor:  # a pickled object that a safe load must refuse
     def __init__(self):
         self.note = "arbitrary code could run here"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -138,7 +138,8 @@ def build_model(
             f"unknown data set {dataset!r}: known are {sorted(DATASET_STATS)}; for another data set pass mean= and std="
         )
     default_mean, default_std = DATASET_STATS.get(dataset, (mean, std))
-    mean, std = mean or default_mean, std or default_std
+    mean = mean if mean is not None else default_mean  # a tensor (a robustness data set's ds.mean) has no truth value
+    std = std if std is not None else default_std
     num_classes = NUM_CLASSES.get(dataset) if num_classes is None else num_classes  # 0 is not "the data set's"
     if num_classes is None:
         raise ValueError(f"num_classes is required for data set {dataset!r}")
@@ -165,15 +166,39 @@ def build_model(
             raise ValueError(f"{name} does not take {sorted(arch_kwargs)} ({err}): its arguments are {taken}") from None
         net = spec.builder(num_classes=num_classes, **arch_kwargs)
         penultimate, fake_relu = spec.penultimate, spec.fake_relu
+        defaults = {k: p.default for k, p in signature.parameters.items() if p.default is not inspect.Parameter.empty}
 
     model = Classifier(
         net, mean, std, arch=name, dataset=dataset, num_classes=num_classes, penultimate=penultimate, fake_relu=fake_relu
     )
     model.arch_kwargs = dict(arch_kwargs)
     if checkpoint is not None:
-        load_into(model, checkpoint, trust_pickle=trust_pickle)
+        metadata = load_into(model, checkpoint, trust_pickle=trust_pickle)
+        _check_saved_architecture(metadata, name, {**(defaults if dataset not in IMAGENET_LIKE else {}), **arch_kwargs}, checkpoint)
         _check_normalisation(model, mean, std, explicit, checkpoint, dataset)
     return model.eval()
+
+
+def _check_saved_architecture(metadata: Mapping[str, str] | None, name: str, built: Mapping[str, Any], checkpoint) -> None:
+    """Refuse a file this toolkit saved from another architecture or with other builder arguments: k-WTA layers hold no
+    weight, so a ``kwta_resnet18`` file fits ``resnet18`` (and one of ratio 0.3 a ratio 0.1 build) key for key, and
+    loaded as the other network without a word. Files without the metadata (other tools', older ones) pass."""
+    metadata = metadata or {}
+    if metadata.get("format") != "repalign":
+        return
+    saved = metadata.get("arch")
+    if saved is not None and saved != name:
+        raise ValueError(f"{checkpoint} was saved from a {saved} model, not {name}: build it as {saved} (model={saved} on the command "
+                         f"line, or name: {saved} in a models entry)")
+    differing = {k[len("kwarg."):]: v for k, v in metadata.items()
+                 if k.startswith("kwarg.") and k[len("kwarg."):] in built and str(built[k[len("kwarg."):]]) != v}
+    unknown = sorted(k[len("kwarg."):] for k in metadata if k.startswith("kwarg.") and k[len("kwarg."):] not in built)
+    if differing or unknown:
+        wanted = ", ".join(f"{k}={v}" for k, v in {**differing, **{k: metadata[f'kwarg.{k}'] for k in unknown}}.items())
+        given = ", ".join(f"{k}={built.get(k, 'not given')}" for k in [*differing, *unknown])
+        flags = " ".join(f"model.kwargs.{item}" for item in wanted.split(", "))
+        raise ValueError(f"{checkpoint} was saved from {name} with {wanted}; this build has {given}: pass the file's arguments to load "
+                         f"the network it holds ({flags} on the command line, or kwargs: {{{wanted.replace('=', ': ')}}} in a models entry)")
 
 
 def _check_normalisation(model: Classifier, mean, std, explicit: bool, checkpoint, dataset: str) -> None:
