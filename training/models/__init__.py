@@ -180,9 +180,11 @@ def build_model(
 
 
 def _check_saved_architecture(metadata: Mapping[str, str] | None, name: str, built: Mapping[str, Any], checkpoint) -> None:
-    """Refuse a file this toolkit saved from another architecture or with other builder arguments: k-WTA layers hold no
-    weight, so a ``kwta_resnet18`` file fits ``resnet18`` (and one of ratio 0.3 a ratio 0.1 build) key for key, and
-    loaded as the other network without a word. Files without the metadata (other tools', older ones) pass."""
+    """Refuse a file this toolkit saved from another architecture, and warn where it was saved with other builder
+    arguments: k-WTA layers hold no weight, so a ``kwta_resnet18`` file fits ``resnet18`` key for key (and one of ratio
+    0.3 a ratio 0.1 build), and loaded as the other network without a word. Other arguments can be meant (the same
+    weights at another k-WTA ratio), so they are named, not refused. Files without the metadata (other tools', older
+    ones) pass."""
     metadata = metadata or {}
     if metadata.get("format") != "repalign":
         return
@@ -190,15 +192,14 @@ def _check_saved_architecture(metadata: Mapping[str, str] | None, name: str, bui
     if saved is not None and saved != name:
         raise ValueError(f"{checkpoint} was saved from a {saved} model, not {name}: build it as {saved} (model={saved} on the command "
                          f"line, or name: {saved} in a models entry)")
-    differing = {k[len("kwarg."):]: v for k, v in metadata.items()
-                 if k.startswith("kwarg.") and k[len("kwarg."):] in built and str(built[k[len("kwarg."):]]) != v}
-    unknown = sorted(k[len("kwarg."):] for k in metadata if k.startswith("kwarg.") and k[len("kwarg."):] not in built)
-    if differing or unknown:
-        wanted = ", ".join(f"{k}={v}" for k, v in {**differing, **{k: metadata[f'kwarg.{k}'] for k in unknown}}.items())
-        given = ", ".join(f"{k}={built.get(k, 'not given')}" for k in [*differing, *unknown])
-        flags = " ".join(f"model.kwargs.{item}" for item in wanted.split(", "))
-        raise ValueError(f"{checkpoint} was saved from {name} with {wanted}; this build has {given}: pass the file's arguments to load "
-                         f"the network it holds ({flags} on the command line, or kwargs: {{{wanted.replace('=', ': ')}}} in a models entry)")
+    arguments = {k[len("kwarg."):]: v for k, v in metadata.items() if k.startswith("kwarg.")}
+    differing = {k: v for k, v in arguments.items() if str(built.get(k, "not given")) != v}
+    if differing:
+        wanted = ", ".join(f"{k}={v}" for k, v in differing.items())
+        given = ", ".join(f"{k}={built.get(k, 'not given')}" for k in differing)
+        log.warning("%s was saved from %s with %s; this build has %s. To load the network the file holds, pass its arguments (%s on "
+                    "the command line, or kwargs: {%s} in a models entry)", checkpoint, name, wanted, given,
+                    " ".join(f"model.kwargs.{item}" for item in wanted.split(", ")), wanted.replace("=", ": "))
 
 
 def _check_normalisation(model: Classifier, mean, std, explicit: bool, checkpoint, dataset: str) -> None:
