@@ -177,19 +177,22 @@ def test_a_requeued_slurm_job_resumes_its_run(monkeypatch):
         assert requeued() is expected
 
 
-def test_the_same_training_command_run_again_as_a_requeued_job_continues(tmp_path):
-    command = [sys.executable, "-m", "training", "train.epochs=2", "stop_after_epochs=1", "train.batch_size=32", "data_limit.train=64",
-               "data_limit.test=32", "train.eval.every=0", "train.eval.final_subset=16", "progress=false", f"run_dir={tmp_path / 'run'}"]
-    first = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV)
-    assert first.returncode == 0, first.stderr[-3000:]
-    again = subprocess.run(command[:4] + command[5:], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV)
-    assert again.returncode != 0 and "already holds a run" in again.stderr  # by hand: refused without resume=true
-    requeued = subprocess.run(command[:4] + command[5:], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                              env={**ENV, "SLURM_RESTART_COUNT": "1"})
+def test_the_same_training_command_run_again_as_a_requeued_job_continues(make_config, tmp_path):
+    from training.run import RunDirectoryError
+    from training.trainer import train
+
+    from .conftest import TINY
+
+    overrides = ["train.epochs=2", "train.eval.every=0", "train.eval.final_subset=16"]
+    train(make_config(*overrides, "stop_after_epochs=1"))  # the job's first run, stopped by its time limit
+    with pytest.raises(RunDirectoryError, match="already holds a run"):
+        train(make_config(*overrides))  # by hand, the same command is refused without resume=true
+    requeued = subprocess.run([sys.executable, "-m", "training", *TINY, *overrides, f"run_dir={tmp_path / 'run'}"], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300, env={**ENV, "SLURM_RESTART_COUNT": "1"})
     assert requeued.returncode == 0, requeued.stderr[-3000:]
     assert "requeued Slurm job" in requeued.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["epochs"] == 2
+    assert summary["status"] == "completed" and summary["epochs_completed"] == 2
 
 
 @needs_submitit
