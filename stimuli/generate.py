@@ -587,8 +587,9 @@ def _archive(out: Path, why: str) -> None:
 
 def _prepare(out: Path, fingerprint: str, shard_info: dict | None, n_chunks: int, overwrite: bool | str) -> tuple[bool, bool]:
     """Make ``out`` ready for this run. Returns (done, replacing): ``done`` when it already holds this very set (nothing
-    to do); ``replacing`` when ``overwrite=true`` replaces a set with other parameters, which stays in place (and in use)
-    until the new one is assembled, so an interrupted replacement loses neither (rerun with overwrite=true to resume it)."""
+    to do); ``replacing`` when ``overwrite=true`` replaces a set (with other parameters, or the same ones made afresh), which
+    stays in place (and in use) until the new one is assembled, so an interrupted replacement loses neither (rerun with
+    overwrite=true to resume one with other parameters; one with the same parameters starts again)."""
     if overwrite not in OVERWRITE_MODES:
         raise ValueError(f"overwrite must be false, true or 'archive', got {overwrite!r}")
     if out.exists() and not out.is_dir():
@@ -609,9 +610,9 @@ def _prepare(out: Path, fingerprint: str, shard_info: dict | None, n_chunks: int
                 f"{out} already holds a different stimulus set (other parameters or shard): choose another out, "
                 "or pass overwrite=true to replace it (also to resume an interrupted replacement)"
             )
-        elif same:  # made afresh with the same parameters: nothing is lost that the run does not make again
-            remove_set(out)
-            cleared = True
+        elif same:  # made afresh with the same parameters: the old set stays in use until the new one is whole
+            shutil.rmtree(out / PARTS_DIR, ignore_errors=True)  # parts it kept (keep_parts) would be reused, not made again
+            cleared = replacing = True
         else:
             cleared = replacing = True
     plan_file = out / PARTS_DIR / "plan.json"

@@ -416,6 +416,9 @@ def read_manifest(path: str | Path) -> dict:
     if not file.is_file():
         if (path / PARTS_DIR).is_dir():
             raise IncompleteSetError(_unfinished_message(path))
+        if any((path / "shards").glob("shard-*")):  # a sharded run not merged yet, or a merge that stopped
+            raise IncompleteSetError(f"{path} holds the shards of a stimulus set, not merged yet: once every shard is done, run "
+                                     f"python -m stimuli merge out={path}")
         raise StimulusSetError(f"{path} is not a stimulus set: {MANIFEST} is missing (was it written by stimuli.write_set?)")
     try:
         info = json.loads(file.read_text(encoding="utf-8"))
@@ -435,6 +438,17 @@ def read_manifest(path: str | Path) -> dict:
     for key in ("kind", "n_images", "image_shape", "tensors", "rows", "columns", "png_sha256"):
         if key not in info:
             raise StimulusSetError(f"{file} lacks the key {key!r}: the manifest is corrupted; regenerate the set")
+    # valid JSON of the wrong shape raised a bare KeyError or TypeError further on, naming no fix
+    malformed = next((what for what, bad in (
+        ("tensors (an object with file and sha256)", not isinstance(info["tensors"], dict) or not {"file", "sha256"} <= info["tensors"].keys()),
+        ("rows (a list of objects with id and png)", not isinstance(info["rows"], list)
+         or not all(isinstance(row, dict) and {"id", "png"} <= row.keys() for row in info["rows"])),
+        ("columns (a list)", not isinstance(info["columns"], list)),
+        ("png_sha256 (an object)", not isinstance(info["png_sha256"], dict)),
+    ) if bad), None)
+    if malformed:
+        raise StimulusSetError(f"{file}: {malformed} is malformed: the manifest is corrupted; regenerate the set (rerun its command "
+                               "with overwrite=true) or restore it from a copy")
     return info
 
 

@@ -192,6 +192,19 @@ def test_an_interrupted_replacement_loses_neither_set(tmp_path, digits):
     assert torch.equal(second.images, load_set(tmp_path / "fresh").images)
 
 
+def test_an_interrupted_remake_with_the_same_parameters_keeps_the_old_set(tmp_path, digits):
+    """overwrite=true with the same parameters deleted the set before the run made anything: a crash left none."""
+    out = tmp_path / "set"
+    first = invert(out, digits)
+    with pytest.raises(SimulatedCrash):
+        invert(out, digits, CountingEngine(fail_on=2), overwrite=True)
+    kept = load_set(out)
+    assert kept.fingerprint == first.fingerprint and torch.equal(kept.images, first.images)
+    engine = CountingEngine()
+    again = invert(out, digits, engine, overwrite=True)
+    assert engine.calls > 0 and torch.equal(again.images, first.images) and load_set(out).fingerprint == first.fingerprint
+
+
 def test_archive_moves_an_out_of_date_set_or_its_parts_aside_and_starts_afresh(tmp_path, digits):
     """What the measurement pipelines do with their cached sets: nothing is deleted, nothing is refused."""
     out = tmp_path / "set"

@@ -110,6 +110,21 @@ def test_corrupted_manifest_json_is_refused(written):
         load_set(path)
 
 
+def test_malformed_manifests_and_unmerged_shards_name_the_fix(written, tmp_path):
+    """Valid JSON of the wrong shape raised a bare KeyError ('png') or TypeError (rows: null); a folder of shards not yet
+    merged was "not a stimulus set (was it written by stimuli.write_set?)"."""
+    path = written[0]
+    info = json.loads((path / MANIFEST).read_text())
+    for broken in ({**info, "rows": None}, {**info, "rows": [{k: v for k, v in info["rows"][0].items() if k != "png"}] + info["rows"][1:]},
+                   {**info, "tensors": {"sha256": "x"}}):
+        (path / MANIFEST).write_text(json.dumps(broken))
+        with pytest.raises(StimulusSetError, match=r"is malformed: the manifest is corrupted; regenerate the set"):
+            load_set(path)
+    (tmp_path / "big" / "shards" / "shard-000-of-002").mkdir(parents=True)
+    with pytest.raises(IncompleteSetError, match=r"holds the shards of a stimulus set, not merged yet: .*python -m stimuli merge out="):
+        load_set(tmp_path / "big")
+
+
 def test_modified_or_truncated_tensors_are_refused(written):
     path = written[0]
     data = bytearray((path / TENSORS).read_bytes())
