@@ -229,7 +229,9 @@ def test_three_scripted_respondents_in_chromium(survey_package, server, tmp_path
     if not any(w.startswith("random") for w in kept):
         for model in result["models"].values():
             for task in model.values():
-                assert task["accuracy"] == 1.0 and task["ci_workers"] == [1.0, 1.0]
+                # over workers the interval needs 6 of them; over trials it is that of a perfect score
+                assert task["accuracy"] == 1.0 and task["ci_trials"] == [1.0, 1.0]
+                assert task["ci_workers"] == [1.0, 1.0] if task["n_workers"] >= 6 else all(v != v for v in task["ci_workers"])
     json.dumps(result)  # the report's JSON takes it as it is
 
 
