@@ -13,8 +13,10 @@ function here turns the report dict of :func:`perceptual.measure.measure_models`
   constant column) have no correlation and are dropped rather than counted, which is why this is a small loop
   and not ``scipy.stats.bootstrap`` (that one propagates the NaN into the interval).
 
-The paper's figures plot a single observer (humans, or LPIPS); here every number is the observer panel's mean, its
-spread across observers shown as error bars, and a model whose inversions did not converge is marked with †.
+The paper reports humans and LPIPS; the authors' code averages four LPIPS variants (AlexNet and VGG16 with their
+trained heads, VGG16 without heads twice) and shows their spread as error bars. Here every number is the observer
+panel's mean (by default LPIPS with and without heads, SSIM, MS-SSIM and pixel L2), its spread across observers shown as
+error bars, and a model whose inversions did not converge is marked with †.
 """
 from __future__ import annotations
 

@@ -200,7 +200,7 @@ def run(cfg: DictConfig) -> dict:
     tasks = list(measure_cfg["tasks"])
     engine = engine_config(scale)
     specs = [ModelSpec(v.model, None, v.label, kwargs=v.kwargs) for v in variants]
-    options = {k: measure_cfg[k] for k in ("noise_kind", "attention_rate", "judge_8bit", "chunk_size") if k in measure_cfg}
+    options = {k: measure_cfg[k] for k in ("noise_kind", "attention_rate", "judge_8bit", "chunk_size") if measure_cfg.get(k) is not None}
     validate_inputs(specs, n_targets=measure_cfg["n_targets"], seed_types=measure_cfg["seed_types"], tasks=tasks, engine=engine, controversial=None,
                     accuracy_limit=measure_cfg.get("accuracy_limit"), convergence_threshold=cfg.convergence_threshold, seed=cfg.seed,
                     **{k: v for k, v in options.items() if k != "judge_8bit"})
