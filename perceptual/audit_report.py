@@ -59,6 +59,9 @@ def accuracy_bars_figure(robustness: Mapping, path: str | Path) -> Path:
     ax.bar(names, [accuracy[k] * 100 for k in names], color=["tab:gray"] + ["tab:blue"] * (len(names) - 2) + ["tab:red"])
     ax.set_ylabel("accuracy (%)")
     ax.set_xlabel("attack")
+    ax.tick_params(axis="x", labelrotation=30)  # apgd-ce, apgd-t, apgd-smooth, square ... ran into each other
+    for label in ax.get_xticklabels():
+        label.set_horizontalalignment("right")
     ax.set_ylim(0, 100)
     ax.set_title(f"Accuracy per attack ({robustness['norm']} eps={robustness['eps']:.4g}, {robustness['n']} images)")
     return save_figure(fig, Path(path))

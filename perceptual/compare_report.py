@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -39,7 +40,8 @@ def heatmap(matrix: np.ndarray, labels: Sequence[str], path: Path, title: str, *
         for i in range(n):
             for j in range(n):
                 if not math.isnan(matrix[i, j]):
-                    dark = (matrix[i, j] - lo) < 0.5 * (hi - lo)  # light text on the dark end of the colour map
+                    red, green, blue, _ = image.cmap(image.norm(matrix[i, j]))  # light text on a dark cell, whatever the map
+                    dark = 0.299 * red + 0.587 * green + 0.114 * blue < 0.5
                     ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=6, color="white" if dark else "black")
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     ax.set_xlabel(axis_label, fontsize=8)
@@ -134,6 +136,11 @@ def write_outputs(data: dict, unknown: dict | None, out: Path, conditions: Seque
     for metric, matrix in data["aggregated"].items():
         lo, hi = ranges.get(metric, (0, 1))
         figures.append(heatmap(matrix, systems, figures_dir / f"heatmap_{metric}.png", f"{metric} (mean over generators)", vmin=lo, vmax=hi))
+    conditions_dir = figures_dir / "conditions"
+    if conditions_dir.is_dir():  # an earlier run's per-condition heatmaps: of other conditions, or not asked for now
+        for folder in conditions_dir.iterdir():
+            if folder.is_dir() and (not per_condition_figures or folder.name not in data["per_condition"]):
+                shutil.rmtree(folder)
     if per_condition_figures:
         for condition, matrices in data["per_condition"].items():
             for metric, matrix in matrices.items():

@@ -634,7 +634,9 @@ def _task_cells(scores: Mapping) -> list[str]:
 
 
 def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] | None = None) -> None:
-    """report.json, report.md, report.html, grid.png and the scatter plots."""
+    """report.json, report.md, report.html, grid.png and the scatter plots: the JSON first, so that a figure that fails to
+    draw loses no number; figures of an earlier report that this one does not draw are removed."""
+    atomic_write_json(out / "report.json", report.plain(data))  # undefined numbers as null: strict JSON readers refuse NaN
     models_data = data["models"]
     variants = sorted(set(data["observer_variants"].values()) - {"weight-free"})
     caption = (
@@ -656,12 +658,15 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
     elif sets and all(sets) and (out / "grid.png").is_file():  # a report of relative set paths rewritten from another folder
         log.warning("the sets %s are not found from %s: grid.png is kept as it was", sets, Path.cwd())
         figures.append("grid.png")
+    marked = {(f"{label} †" if not m.get("converged", True) else label): m for label, m in models_data.items()}
     for task in ("2afc", "clustering"):
         if report.scatter_points(models_data, task):  # none without robust accuracy (threat=null)
-            figures.append(report.alignment_scatter(models_data, out / f"scatter_{task}.png", task).name)
+            figures.append(report.alignment_scatter(marked, out / f"scatter_{task}.png", task).name)
     if with_convergence:
         figures.append(convergence_figure({k: m["convergence"] for k, m in with_convergence.items()}, out / "convergence.png").name)
-    marked = {(f"{label} †" if not m.get("converged", True) else label): m for label, m in models_data.items()}
+    for stale in ("grid.png", "scatter_2afc.png", "scatter_clustering.png", "convergence.png"):
+        if stale not in figures:  # an earlier report's figure, no longer this report's
+            (out / stale).unlink(missing_ok=True)
     markdown = ["# Alignment report", "", report.markdown_table(marked, caption)]
     if with_convergence:
         threshold = data.get("convergence_threshold", DEFAULT_THRESHOLD)
@@ -690,7 +695,7 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
             for seed_type, scores in m["by_seed_type"].items():
                 cells = _task_cells(scores)
                 conv = (m.get("convergence") or {}).get("by_seed_type", {}).get(seed_type, {}).get("converged_fraction")
-                markdown.append(f"| {label} | {seed_type} | " + " | ".join(cells) + f" | {'–' if conv is None else f'{conv:.0%}'} |")
+                markdown.append(f"| {label} | {seed_type} | " + " | ".join(cells) + f" | {report.format_number(conv, '.0%')} |")
         markdown.append("")
     with_gaussian = [m for m in models_data.values() if "gaussian" in m]
     if with_gaussian:
@@ -705,7 +710,7 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
                     continue
                 cells = _task_cells(entry)
                 conv = entry.get("convergence", {}).get("converged_fraction")
-                markdown.append(f"| {label} | {kind} | " + " | ".join(cells) + f" | {'–' if conv is None else f'{conv:.0%}'} |")
+                markdown.append(f"| {label} | {kind} | " + " | ".join(cells) + f" | {report.format_number(conv, '.0%')} |")
         markdown.append("")
     stats = data.get("statistics") or {}
     if stats.get("paired_differences"):
@@ -776,7 +781,6 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
     text = "\n".join(markdown) + "\n"
     report.write_text(out / "report.md", text)
     report.write_text(out / "report.html", report.markdown_page(text, "repalign alignment report"))
-    atomic_write_json(out / "report.json", report.plain(data))  # undefined numbers as null: strict JSON readers refuse NaN
 
 
 def _rate_cell(entry: Mapping) -> str:

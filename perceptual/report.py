@@ -116,7 +116,7 @@ def save_figure(fig, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    fig.savefig(buffer, format="png", dpi=SAVE_DPI, bbox_inches="tight")
     plt.close(fig)
     return atomic_write_bytes(path, buffer.getvalue())
 
@@ -162,6 +162,9 @@ def image_grid(rows: Mapping[str, Sequence[torch.Tensor]], column_titles: Sequen
     return save_figure(fig, Path(path))
 
 
+SAVE_DPI = 110  # the resolution save_figure writes at (label placement measures at it too)
+
+
 def is_number(value) -> bool:
     """A number to print: not None (undefined, as report.json stores it) and not NaN or infinite."""
     return value is not None and math.isfinite(value)
@@ -196,7 +199,7 @@ def alignment_scatter(models: Mapping[str, Mapping], path: str | Path, task: str
     points = scatter_points(models, task)
     if not points:
         raise ValueError(f"no model has both a robust accuracy and an observer {task} score: nothing to plot")
-    fig, ax = plt.subplots(figsize=(4.5, 3.6))
+    fig, ax = plt.subplots(figsize=(4.5, 3.6), dpi=SAVE_DPI)  # labels are placed at the resolution the file is written at
     labels = []
     for name, result in points.items():
         entry, robust = result[task], result["robust_accuracy"]
@@ -211,8 +214,9 @@ def alignment_scatter(models: Mapping[str, Mapping], path: str | Path, task: str
     ax.set_ylabel(f"observer {task} accuracy (%)")
     dagger = "; † = inversions did not converge" if any(name.endswith("†") for name in points) else ""
     ax.set_title(f"Observer {task} accuracy against robust accuracy\n(error bars: ± std over the observer panel{dagger})", fontsize=9)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="best", fontsize=8)  # lower right covered a standard model's point (high clean, no robust accuracy)
     ax.grid(alpha=0.3)
+    fig.canvas.draw()  # the chance line widens the axes only at a draw: labels separated before it overlapped once drawn
     separate_labels(fig, labels)
     for label in labels:  # a leader line only where a label had to move away from its point
         label.arrow_patch.set_visible(label.xyann != (4, 4))

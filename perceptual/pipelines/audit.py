@@ -271,10 +271,6 @@ def run(cfg: DictConfig) -> dict:
     # 5. Verdict and report.
     text = verdict(audit, position, controversial_text)
     evidence = audit.to_dict()
-    figures = [accuracy_vs_eps_figure(evidence, out / "accuracy_vs_eps.png"), masking_checks_figure(evidence["checks"], out / "masking_checks.png"),
-               accuracy_bars_figure(evidence, out / "accuracy_per_attack.png")]
-    if alignment_on:
-        figures += alignment_figures(alignment["models"], out)
     report = {
         "verdict": text,
         "flagged": is_flagged(text),
@@ -283,9 +279,18 @@ def run(cfg: DictConfig) -> dict:
         "robustness": evidence,
         "references": {label: {"source": sources[label], "robustness": reference_robust[label]} for label in references},
         "alignment": alignment,
-        "figures": [f.name for f in figures],
+        "figures": [],
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
+    atomic_write_json(out / "audit.json", plain(report))  # first: a figure that fails to draw loses no number
+    figures = [accuracy_vs_eps_figure(evidence, out / "accuracy_vs_eps.png"), masking_checks_figure(evidence["checks"], out / "masking_checks.png"),
+               accuracy_bars_figure(evidence, out / "accuracy_per_attack.png")]
+    if alignment_on:
+        figures += alignment_figures(alignment["models"], out)
+    for stale in out.glob("alignment_vs_robust_*.png"):  # an earlier audit's, where this one draws none
+        if stale not in figures:
+            stale.unlink()
+    report["figures"] = [f.name for f in figures]
     atomic_write_json(out / "audit.json", plain(report))  # NaN (one observer's std) as null: strict JSON readers refuse NaN
     atomic_write_text(out / "audit.md", audit_markdown(report))
     atomic_write_text(out / "audit.html", audit_html(report))

@@ -34,6 +34,12 @@ from .audit import load_defence, scoring_model_spec
 IMAGE_SUFFIXES = ("", ".png", ".jpg", ".jpeg")
 
 
+def _rs_digits(costs) -> int:
+    """Decimals for the reliability scores: none where every cost is a whole number (the scores are then whole), else 2
+    (with a cost of 0.5 a score of 2.5 was printed as 2)."""
+    return 0 if all(float(c).is_integer() for c in costs) else 2
+
+
 def image_paths(folder: str | Path, image_ids: Sequence[str]) -> list[Path]:
     """The file of every image id (``<id>``, ``<id>.png``, ``.jpg`` or ``.jpeg`` in ``folder``); all missing ones named."""
     folder = Path(folder)
@@ -86,7 +92,7 @@ def markdown(data: Mapping) -> str:
              + " | abstain rate |", "|---" * (len(groups) + len(costs) + 2) + "|"]
     for row in data["table"]:
         lines.append(f"| {row['score']} | " + " | ".join(_fmt(row[f'hellinger_{g}']) for g in groups) + " | "
-                     + " | ".join(_fmt(row[f'rs_{c:g}'], 0) for c in costs) + f" | {_fmt(row['abstain_rate'])} |")
+                     + " | ".join(_fmt(row[f'rs_{c:g}'], _rs_digits(costs)) for c in costs) + f" | {_fmt(row['abstain_rate'])} |")
     categories = list(data.get("n_per_category") or {})
     if categories:
         lines += ["", "Mean Hellinger distance per category (the reference code's columns; a group's mean above pools its "
@@ -157,7 +163,7 @@ def main(cfg: DictConfig) -> None:
     for row in data["table"]:
         print(f"{row['score']:>18}: Hellinger {_fmt(row['hellinger_all'])} (must-act {_fmt(row['hellinger_must_act'])}, must-abstain "
               f"{_fmt(row['hellinger_must_abstain'])}, uncertain {_fmt(row['hellinger_uncertain'])}), "
-              + ", ".join(f"RS_{c:g} {_fmt(row[f'rs_{c:g}'], 0)}" for c in data["costs"]))
+              + ", ".join(f"RS_{c:g} {_fmt(row[f'rs_{c:g}'], _rs_digits(data['costs']))}" for c in data["costs"]))
     print(f"report: {(Path(cfg.out) / 'visalign.md').resolve()}")
 
 

@@ -512,3 +512,29 @@ def test_conditions_of_flat_grey_images_are_left_out_of_the_averages_and_the_ran
     with pytest.raises(ValueError, match=r"every condition \(\['high_pass=1', 'high_pass=0.7'\]\) is left out .*flat grey image at 32 px"):
         ComparePipeline([ModelSpec("small_cnn", label="m")], {"name": "digits", "root": None}, tmp_path, conditions=["high_pass=1", "high_pass=0.7"],
                         observers=["pixel-l2"])._leave_out_flat_conditions(32)
+
+
+def test_rewritten_outputs_keep_no_stale_per_condition_heatmaps_and_cell_text_stays_readable(compared, tmp_path, monkeypatch):
+    """A run without per_condition_figures (or with other conditions) kept an earlier run's figures/conditions/<c>/;
+    on coolwarm's pale middle the values near 0 were written white on near-white."""
+    import matplotlib.figure
+
+    import perceptual.compare_report as report_module
+
+    out, _, data = compared
+    data = {k: v for k, v in data.items() if k != "unknown"}
+    conditions = parse_conditions(data["conditions"], 224)
+    report_module.write_outputs(data, None, tmp_path, conditions, per_condition_figures=True)
+    stale = tmp_path / "figures" / "conditions" / "gone=1"
+    stale.mkdir()
+    (stale / "heatmap_x.png").write_bytes(b"old")
+    report_module.write_outputs(data, None, tmp_path, conditions, per_condition_figures=True)
+    assert not stale.exists() and sorted(p.name for p in (tmp_path / "figures" / "conditions").iterdir()) == sorted(data["per_condition"])
+    report_module.write_outputs(data, None, tmp_path, conditions)
+    assert not any((tmp_path / "figures" / "conditions").iterdir())
+
+    colours = {}
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: colours.update(
+        {t.get_text(): t.get_color() for ax in fig.axes for t in ax.texts}))
+    report_module.heatmap(np.array([[-0.05, 0.9], [-0.9, 0.05]]), ["a", "b"], tmp_path / "h.png", "t", vmin=-1, vmax=1, cmap="coolwarm")
+    assert colours["-0.05"] == colours["0.05"] == "black" and colours["0.90"] == colours["-0.90"] == "white"

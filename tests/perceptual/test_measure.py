@@ -587,3 +587,42 @@ def test_judgements_are_cached_by_the_pixels_judged_not_only_the_sets_fingerprin
     again = observe_set(made_again, panel, tmp_path / "shared", tasks=["2afc"])
     fresh = observe_set(made_again, panel, tmp_path / "fresh", tasks=["2afc"])
     assert again == fresh and again != first
+
+
+def test_a_figure_that_fails_loses_no_number_and_a_rewritten_report_keeps_no_stale_figure(tmp_path, tiny_checkpoints, monkeypatch):
+    """The figures were drawn before report.json: one that failed lost every number. A report rewritten without robust
+    accuracy or convergence kept the earlier scatter and convergence figures beside it; an undefined converged share
+    read "nan%"; the scatter named no model whose inversions did not converge."""
+    import perceptual.measure as measure_module
+    from perceptual.measure import load_report, write_report
+
+    out = tmp_path / "report"
+    run_pipeline(out, tiny_checkpoints, panel=Panel([PixelL2Observer()]), convergence_threshold=1e-9)  # nothing converges: †
+    assert {"scatter_2afc.png", "convergence.png"} <= {p.name for p in out.glob("*.png")}
+    data = load_report(out)
+    drawn = []
+    monkeypatch.setattr(measure_module.report, "alignment_scatter", lambda models, path, task: drawn.append(list(models)) or path)
+    write_report(data, out)
+    assert drawn and all(label.endswith(" †") for labels in drawn for label in labels)  # the table's marks reach the scatter
+    monkeypatch.undo()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a figure that cannot be drawn")
+
+    (out / "report.json").unlink()
+    monkeypatch.setattr(measure_module, "convergence_figure", broken)
+    with pytest.raises(RuntimeError):
+        write_report(data, out)
+    assert _strict_json(out / "report.json")["models"]  # the numbers are written before any figure
+    monkeypatch.undo()
+    for model in data["models"].values():
+        model["robust_accuracy"] = None
+        for entry in model["convergence"]["by_seed_type"].values():
+            entry["converged_fraction"] = float("nan")  # undefined in memory (NaN), not null as read back
+    write_report(data, out)
+    assert not (out / "scatter_2afc.png").exists() and (out / "convergence.png").exists()
+    assert "nan%" not in (out / "report.md").read_text()
+    for model in data["models"].values():
+        del model["convergence"]
+    write_report(data, out)
+    assert not (out / "convergence.png").exists()

@@ -120,6 +120,8 @@ def test_any_non_negative_cost_is_reported(visalign_set):
     (row,) = data["table"]
     assert (row["rs_0"], row["rs_0.5"], row["rs_1e+06"]) == (2, 1.5, -999998)
     assert (visalign_set / "out" / "visalign.png").read_bytes()[:4] == b"\x89PNG" and "RS_0.5" in (visalign_set / "out" / "visalign.md").read_text()
+    # a fractional cost gives fractional scores: 1.5 was printed as 2 (a whole number per score)
+    assert "| 2.00 | 1.50 | -999998.00 |" in (visalign_set / "out" / "visalign.md").read_text()
 
 
 def test_scores_that_do_not_apply_are_left_out_and_the_others_reported(visalign_set, caplog):
