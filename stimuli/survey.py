@@ -280,9 +280,19 @@ def _deal(records: list[dict], n_surveys: int, rng: np.random.Generator) -> list
     # trial too many in a hand, and a tie broken by position alone could give one hand two checks and another none. The
     # remaining ties are broken at random: by position, the checks (interleaved by model) all went model by model to
     # the same hands, every standard check to survey 0 and every robust one to survey 1.
+    # A clustering check shows the columns of a real triplet (its rows are those columns): in the survey that holds that
+    # triplet a participant could tell the check by its columns seen before. Among the hands with room, one without its
+    # twin is taken first.
+    cap = math.ceil(len(records) / n_surveys)
+
+    def twin(hand: list[dict], check: dict) -> bool:
+        columns = frozenset(check.get("columns", ()))
+        return bool(columns) and any(not r["attention_check"] and frozenset(r.get("columns", ())) == columns for r in hand)
+
     for check in interleaved(checks=True):
         tie_break = rng.permutation(n_surveys)
-        k = min(range(n_surveys), key=lambda k: (len(hands[k]), sum(r["attention_check"] for r in hands[k]), tie_break[k]))
+        k = min(range(n_surveys), key=lambda k: (len(hands[k]) >= cap, sum(r["attention_check"] for r in hands[k]),
+                                                 twin(hands[k], check), len(hands[k]), tie_break[k]))
         hands[k].append(check)
     return [[hand[i] for i in rng.permutation(len(hand))] for hand in hands]
 

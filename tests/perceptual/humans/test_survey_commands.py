@@ -497,3 +497,15 @@ def test_pages_enlarge_small_images_by_whole_numbers_and_never_shrink_large_ones
     page = template.render(title="t", task="2afc", prompt="p", minutes=1, n_trials=1, data_json="{}", script="", image_height=224,
                            image_width=224, enlarged=False)
     assert "img.stim { width: 224px; height: 224px; border" in page and "pixelated" not in page and "96px" not in page
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_clustering_check_is_not_dealt_into_the_survey_of_its_twin(inversion_sets, tmp_path, seed):
+    """A clustering check shows a real triplet's columns: dealt into that triplet's survey, the same three columns came up
+    twice, and a participant could tell the check from the columns seen before."""
+    manifest = build_survey(inversion_sets, tmp_path / "p", tasks=("clustering",), trials_per_survey=24, attention_rate=0.2, seed=seed)
+    for survey in manifest["surveys"]:
+        trials = [t for t in manifest["trials"] if t["survey_id"] == survey["survey_id"]]
+        real = {frozenset((t["column_0"], t["column_1"], t["column_2"])) for t in trials if not t["attention_check"]}
+        checks = [frozenset((t["column_0"], t["column_1"], t["column_2"])) for t in trials if t["attention_check"]]
+        assert checks and not set(checks) & real, survey["survey_id"]
