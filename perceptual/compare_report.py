@@ -16,7 +16,7 @@ from training.io import atomic_write_json, atomic_write_text
 from . import metrics as M
 from .observers import offline_variants
 from .pair_metrics import PAIR_METRIC_REGISTRY
-from .report import plain, save_figure
+from .report import markdown_text, plain, save_figure
 from .scores import Scores
 from .tasks import panel_summary
 
@@ -196,7 +196,7 @@ def summary_markdown(data: dict, unknown: dict | None, figures: Sequence[str]) -
     variants = offline_variants(data["observers"].values())
     if variants:
         lines += [f"LPIPS runs as its labelled offline variant(s) ({'; '.join(variants)}): the AlexNet weights were not available.", ""]
-    lines += ["## Accuracy per condition", "", "| Condition | " + " | ".join(models) + " | observers (mean ± sample std) |",
+    lines += ["## Accuracy per condition", "", "| Condition | " + " | ".join(map(markdown_text, models)) + " | observers (mean ± sample std) |",
               "|---" * (len(models) + 2) + "|"]
     panel = data.get("accuracy_panel") or panel_accuracy(data["accuracy"], subjects)
     for condition, acc in data["accuracy"].items():
@@ -217,7 +217,7 @@ def summary_markdown(data: dict, unknown: dict | None, figures: Sequence[str]) -
                  "perfectly.", ""] if data.get("below_resolution") else []),
               "| Model | " + " | ".join(metrics) + " | mean rank (mvh) | mean rank (all) |", "|---" * (len(metrics) + 3) + "|"]
     for m in models:
-        lines.append(f"| {m} | " + " | ".join(_fmt(ranking["values"][m].get(k)) for k in metrics)
+        lines.append(f"| {markdown_text(m)} | " + " | ".join(_fmt(ranking["values"][m].get(k)) for k in metrics)
                      + f" | {_fmt(ranking['mean_rank_mvh'][m], 2)} | {_fmt(ranking['mean_rank_all'][m], 2)} |")
     among = ranking["observers_among_themselves"]
     lines += ["", "Observers among themselves: " + ", ".join(f"{k} {_fmt(v)}" for k, v in among.items()) + ".", ""]

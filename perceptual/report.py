@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import io
 import math
+import re
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -86,10 +87,19 @@ def table_rows(models: Mapping[str, Mapping]) -> list[list[str]]:
     return rows
 
 
+MARKDOWN_SPECIAL = re.compile(r"([\\`*\[\]<>&|])")  # not "_": inside a word (cnn-standard_noaug) it emphasises nothing
+
+
+def markdown_text(text: Any) -> str:
+    """User text (a model label) as Markdown that renders as written: ``*pgd*`` stayed italic "pgd" and ``x&amp;`` read
+    "x&" in the report while the HTML escaped them; a ``|`` split a table row."""
+    return MARKDOWN_SPECIAL.sub(r"\\\1", str(text))
+
+
 def markdown_table(models: Mapping[str, Mapping], caption: str = "") -> str:
     header = [title for _, title in table_columns(models)]
     lines = ([caption, ""] if caption else []) + ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in table_rows(models)]
+    lines += ["| " + " | ".join([markdown_text(row[0]), *row[1:]]) + " |" for row in table_rows(models)]
     return "\n".join(lines) + "\n"
 
 

@@ -87,6 +87,16 @@ def test_a_markdown_report_becomes_a_page_with_its_tables_and_figures_and_no_raw
     assert "<script>" not in page and "<b>" not in page  # text is text, never markup
 
 
+def test_model_labels_render_as_written_in_the_markdown_and_its_page():
+    """``*pgd*`` was italic "pgd" in the Markdown (and its page), ``x&amp;`` read "x&", a ``|`` split the row."""
+    from perceptual.report import markdown_page, markdown_table
+
+    table = markdown_table({"*pgd* x&amp; a|b cnn_x": {"2afc": {"mean": 0.5, "std": 0.1}}})
+    row = table.splitlines()[-1]
+    assert row.startswith("| \\*pgd\\* x\\&amp; a\\|b cnn_x |") and row.count(" | ") == table.splitlines()[0].count(" | ")
+    assert "<td>*pgd* x&amp;amp; a|b cnn_x</td>" in markdown_page(table)
+
+
 class RecordingEngine(Engine):
     """Records how many items each engine call got."""
 
