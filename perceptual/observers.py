@@ -143,6 +143,11 @@ class PixelL2Observer(Observer):
 
     name = "pixel-l2"
 
+    def __init__(self):
+        super().__init__()
+        # no weights: without a buffer .to("cuda") moved nothing and the images were judged on the CPU
+        self.register_buffer("_device_anchor", torch.zeros(0), persistent=False)
+
     def pairwise_images(self, a: Tensor, b: Tensor) -> Tensor:
         return (a - b).square().flatten(1).mean(1).sqrt()
 

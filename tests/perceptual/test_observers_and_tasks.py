@@ -367,3 +367,12 @@ def test_controversial_spread_is_the_papers_table_2_score_with_the_origin():
     assert spread["B/A"]["mean"] == pytest.approx(2 / 3, abs=1e-6) and spread["B/A"]["n_origins"] == 1
     with pytest.raises(KeyError, match="origin images .* are not in the set"):
         controversial_spread(manifest.assign(origin_id="nowhere"), images, index, PixelL2Observer())
+
+
+def test_every_weight_free_observer_moves_with_to():
+    """The pixel observer has no parameter or buffer: .to("cuda") moved nothing, its device stayed the CPU, and a GPU run
+    judged every image on the CPU. The cache key is unchanged (the anchor is no weight)."""
+    fingerprint = PixelL2Observer().fingerprint()
+    for observer in (PixelL2Observer(), SSIMObserver(), SSIMObserver(multiscale=True)):
+        assert observer.to("meta").device.type == "meta"
+    assert PixelL2Observer().fingerprint() == fingerprint
