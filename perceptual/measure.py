@@ -506,7 +506,7 @@ def measure_controversial(classifiers, test, panel: Panel, out: Path, cfg: Mappi
         "model_a": a,
         "model_b": b,
         "lambda": float(cfg.get("lambda_", 0.1)),
-        "set": str(out / "controversial" / f"{a}-vs-{b}"),
+        "set": str((out / "controversial" / f"{a}-vs-{b}").resolve()),  # absolute, as the models' sets
         "directions": {d: names.get(d, d) for d in directions},
         "per_observer": per_observer,
         "favoured_by_observer": favoured,
@@ -538,7 +538,7 @@ def measure_class_controversial(classifiers, test, origins, panel: Panel, out: P
     exemplars, labels = class_exemplars(test.float_images(pool), test.labels[pool], int(cfg.get("exemplars_per_class", 20)), seed=seed)
     models = {label: classifiers[label].module("classifier") for label in (a, b)}
     score = class_controversial_score(images, models, list(panel), exemplars, labels, k=int(cfg.get("k", 5)), origins=origin_of, seed=seed)
-    return {"objective": "class_controversial", "model_a": a, "model_b": b, "set": str(out / "class-controversial" / f"{a}-vs-{b}"),
+    return {"objective": "class_controversial", "model_a": a, "model_b": b, "set": str((out / "class-controversial" / f"{a}-vs-{b}").resolve()),
             **score, "verdict": class_controversial_sentence(score)}
 
 

@@ -257,7 +257,7 @@ def run(cfg: DictConfig) -> dict:
                 f"{t} {means['robust'][t]:.2f} vs {means['standard'][t]:.2f}" for t in means["standard"] if t in means["robust"])
                 + "): the alignment gives no position and cannot flag the defence; train the references longer "
                 "(references.schedule.epochs) or give your own (reference.standard, reference.robust)")
-        alignment = {"models": models, "position": position, "report": str(report_dir / "report.md"),
+        alignment = {"models": models, "position": position, "report": str((report_dir / "report.md").resolve()),
                      "converged": {label: bool(m["converged"]) for label, m in models.items()}}
         if "controversial" in data:
             c = data["controversial"]
