@@ -109,6 +109,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--warmup-steps must be 0 (none) or more, got {args.warmup_steps}")
     if set(RUNS) <= set(args.skip):
         parser.error(f"--skip leaves no run to time: skip at most {len(RUNS) - 1} of {list(RUNS)}")
+    if args.compile and args.cuda_graph == "true":  # InvertConfig refuses it too, but only once the models are built
+        parser.error("--compile and --cuda-graph true are two ways to replay the step: choose one (--cuda-graph auto or false with --compile)")
     return args
 
 

@@ -10,8 +10,10 @@
 # interpreter that already holds torch). Besides torch, torchvision, numpy, scipy, scikit-learn, scikit-image, pandas,
 # matplotlib, pillow, jinja2, tqdm, safetensors and pytest, it needs hydra-core, omegaconf, antlr4-python3-runtime,
 # kornia, kornia_rs, lpips, markdown-it-py with mdurl, PyYAML and packaging and, for the anchors, robustness with cox,
-# dill, tensorboardX and protobuf (carry them as wheels where they are missing). CIFAR-10 comes from $CIFAR_ROOT (a folder holding cifar-10-batches-py/; default
-# ../shared/data/cifar-10-mini): without it the inversion targets are random images and measure cannot run.
+# dill, tensorboardX and protobuf (carry them as wheels where they are missing: pip install --no-deps --target DIR *.whl,
+# then PYTHONPATH=DIR). CIFAR-10 comes from $CIFAR_ROOT (a folder holding cifar-10-batches-py/; default
+# ../shared/data/cifar-10-mini, which a copy of the checkout alone does not hold: copy it into an ignored folder of the
+# checkout and set CIFAR_ROOT); the inversion and measure steps refuse to start without it.
 set -uo pipefail
 usage="usage: bash benchmarks/gpu_session.sh OUT STEP... (STEP: test, inversion, measure, training, all)"
 if [ $# -lt 2 ]; then
@@ -25,6 +27,12 @@ done
 steps=" $* "
 case $steps in *" all "*) steps=" test inversion measure training " ;; esac
 cifar=$(realpath -m "${CIFAR_ROOT:-$(dirname "$0")/../../shared/data/cifar-10-mini}")
+case $steps in *" inversion "*|*" measure "*)
+    if [ ! -d "$cifar/cifar-10-batches-py" ]; then  # else the inversion targets are random images and measure cannot run
+        echo "no CIFAR-10 at $cifar (cifar-10-batches-py/ missing): set CIFAR_ROOT to a folder that holds it" >&2
+        exit 2
+    fi ;;
+esac
 cd "$(dirname "$0")/.."
 if ! slug=$(python3 -c "import torch, re; print(re.sub(r'[^a-z0-9]+', '-', torch.cuda.get_device_name().lower()).strip('-'))" 2>/dev/null); then
     echo "python3 sees no CUDA device (or no torch): this script measures a GPU; run it on a GPU machine" >&2

@@ -1,6 +1,8 @@
 """Work and peak: the FLOPs of one engine step, and the bf16 peak of known GPUs, for TFLOP/s next to item-steps/s."""
 from __future__ import annotations
 
+import re
+
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -33,7 +35,8 @@ def bf16_peak_tflops(device: torch.device) -> float | None:
 
 def peak_of_gpu(name: str) -> float | None:
     """The dense bf16 peak of the GPU that ``torch.cuda.get_device_name`` calls ``name``, or None if it is not in the table."""
-    return next((peak for key, peak in BF16_PEAK_TFLOPS if key in name), None)
+    # whole words: "A10" in "NVIDIA RTX A1000" took the A100's peak by substring
+    return next((peak for key, peak in BF16_PEAK_TFLOPS if re.search(rf"(?<![A-Za-z0-9]){re.escape(key)}(?![A-Za-z0-9])", name)), None)
 
 
 def flops_per_item_step(objective: torch.nn.Module, images: torch.Tensor, items: torch.Tensor | None = None) -> float:

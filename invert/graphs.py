@@ -43,7 +43,7 @@ def capture_cuda_graph(
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, stream=torch.cuda.Stream(device)):
                 step()
-        except torch.OutOfMemoryError as err:  # not a host sync: the warm-up's copy or the graph's pool needs more memory
+        except torch.cuda.OutOfMemoryError as err:  # not a host sync: the warm-up's copy or the graph's pool needs more memory
             if strict:
                 raise
             return _fall_back(what, f"out of memory: {err}", device)

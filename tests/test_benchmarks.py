@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -124,7 +125,8 @@ def test_the_bf16_peak_table_matches_each_gpu_by_its_most_specific_name():
 
     names = {"NVIDIA H100 80GB HBM3": 989.0, "NVIDIA H100 PCIe": 756.0, "NVIDIA H100 NVL": 835.0, "NVIDIA H200": 989.0,
              "NVIDIA H200 NVL": 835.0, "NVIDIA GH200 480GB": 989.0, "NVIDIA A100-SXM4-80GB": 312.0, "NVIDIA L40S": 362.0,
-             "NVIDIA L40": 181.0, "NVIDIA L4": 121.0, "NVIDIA A10": 125.0, "Tesla T4": None}
+             "NVIDIA L40": 181.0, "NVIDIA L4": 121.0, "NVIDIA A10": 125.0, "Tesla T4": None,
+             "NVIDIA RTX A1000": None, "NVIDIA L40G": None}  # by whole name: "A10" in "A1000" took the A100's peak
     assert {name: peak_of_gpu(name) for name in names} == names
 
 
@@ -201,8 +203,16 @@ def test_the_deterministic_cost_benchmark_refuses_a_machine_without_cuda(tmp_pat
     ("bench_inversion.py", ["--warmup-steps=-1"], "--warmup-steps must be 0 (none) or more"),
     ("bench_inversion.py", ["--skip", "engine-best", "engine-best-stop", "engine", "anchor"], "--skip leaves no run to time"),
     ("early_stopping_study.py", ["--patience", "50", "0"], "every --patience must be at least 1"),  # ZeroDivisionError
+    ("bench_inversion.py", ["--compile", "--cuda-graph", "true"], "--compile and --cuda-graph true are two ways"),  # after the models
 ])
 def test_bad_benchmark_arguments_are_refused_before_any_work(tmp_path, script, args, message):
     done = subprocess.run([sys.executable, str(BENCHMARKS / script), "--out", str(tmp_path / "r.json"), *args],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and message in done.stderr and not (tmp_path / "r.json").exists(), done.stderr[-1500:]
+
+
+def test_the_gpu_session_refuses_its_cifar_steps_without_cifar(tmp_path):
+    """Without CIFAR-10 the inversion step inverted random images (distances that mean nothing) and measure failed late."""
+    done = subprocess.run(["bash", str(BENCHMARKS / "gpu_session.sh"), str(tmp_path / "out"), "inversion"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "CIFAR_ROOT": str(tmp_path / "nowhere")})
+    assert done.returncode == 2 and "no CIFAR-10 at" in done.stderr and "set CIFAR_ROOT" in done.stderr

@@ -662,6 +662,27 @@ def test_the_captured_step_equals_the_uncaptured_step(inversion, settings):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("objective_kind", ["inversion", "two-way-controversial"])
+def test_the_captured_step_equals_the_uncaptured_step_on_the_papers_path(wave_images, objective_kind):
+    """The paper's path: a zoo ResNet18 through Representation with its fake ReLU (which synchronised with the host and
+    broke capture before hot_loop), and the controversial set's two-way objective."""
+    from training import Representation
+    from training.models import build_model
+
+    torch.manual_seed(0)
+    representations = [Representation(build_model("resnet18", "cifar10", width=8), fake_relu=True).cuda() for _ in range(2)]
+    targets = torch.nn.functional.interpolate(wave_images(4), size=32).cuda()
+    objective = (InversionLoss(representations[0], targets) if objective_kind == "inversion"
+                 else TwoWayControversialLoss(representations[0], representations[1], targets, torch.tensor([True, False, True, False])))
+    seeds = noise_images(4, (3, 32, 32), seed=1).cuda()
+    settings = {"steps": 20, "precision": "bf16", "channels_last": True, **QUICK}
+    eager = Engine(cuda_graph=False, **settings).run(objective, seeds)
+    captured = Engine(cuda_graph=True, **settings).run(objective, seeds)
+    for field in ("images", "best_loss", "steps_used"):
+        assert torch.equal(getattr(captured, field), getattr(eager, field)), field
+
+
+@pytest.mark.gpu
 def test_captured_items_that_finish_early_are_masked_not_recaptured(inversion, monkeypatch):
     captures = []
     original = engine_module._Runner._capture
