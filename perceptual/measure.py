@@ -321,7 +321,7 @@ def measure_models(
         observed = observe_set(stimulus_set, panel, model_dir, tasks=tasks, seed=seed, attention_rate=attention_rate, judge_8bit=judge_8bit,
                                only_results=convergence["converged_ids"] if converged_only else None)
         results[spec.label] = {
-            "model": {"name": spec.name, **({"factory": spec.factory} if spec.factory else {}), "checkpoint": spec.checkpoint, "layer": ref.layer,
+            "model": {"name": spec.name, **({"factory": spec.factory} if spec.factory else {}), "checkpoint": _absolute(spec.checkpoint), "layer": ref.layer,
                       "fake_relu": getattr(ref.representation, "fake_relu", None)},
             "set": str((model_dir / "set").resolve()),  # absolute: humans= and reports read it from any folder
             "set_fingerprint": stimulus_set.fingerprint,
@@ -781,6 +781,12 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
     text = "\n".join(markdown) + "\n"
     report.write_text(out / "report.md", text)
     report.write_text(out / "report.html", report.markdown_page(text, "repalign alignment report"))
+
+
+def _absolute(path: str | None) -> str | None:
+    """A checkpoint path as the report records it: absolute where the file exists (the report is read from other folders,
+    as its sets' paths are), else as given (a hub name, or a path to name in an error)."""
+    return str(Path(path).resolve()) if path and Path(path).exists() else path
 
 
 def _rate_cell(entry: Mapping) -> str:

@@ -519,11 +519,15 @@ def _strict_json(path):
 def test_every_set_path_in_a_report_is_absolute(tmp_path, tiny_checkpoints, monkeypatch):
     """With a relative out= (the command line's), the controversial set's path was relative to where the command ran: a
     report read from another folder could not find it (its grid kept the old image)."""
+    import shutil
+
     monkeypatch.chdir(tmp_path)
+    relative = {name: shutil.copy(path, tmp_path / f"{name}.safetensors") and Path(f"{name}.safetensors") for name, path in tiny_checkpoints.items()}
     controversial = {"model_a": "narrow", "model_b": "wide", "n_origins": 1, "restarts": 2}
-    data = run_pipeline(Path("report"), tiny_checkpoints, panel=Panel([PixelL2Observer()]), controversial=controversial, threat=None)
+    data = run_pipeline(Path("report"), relative, panel=Panel([PixelL2Observer()]), controversial=controversial, threat=None)
     assert Path(data["controversial"]["set"]).is_absolute() and Path(data["controversial"]["set"]).is_dir()
     assert all(Path(m["set"]).is_absolute() for m in data["models"].values())
+    assert all(Path(m["model"]["checkpoint"]).is_absolute() for m in data["models"].values())
 
 
 def test_report_json_is_strict_json_and_a_loaded_report_renders_again(tmp_path, tiny_checkpoints):
