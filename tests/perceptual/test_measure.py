@@ -516,20 +516,6 @@ def _strict_json(path):
     return json.loads(path.read_text(), parse_constant=refuse)
 
 
-def test_every_set_path_in_a_report_is_absolute(tmp_path, tiny_checkpoints, monkeypatch):
-    """With a relative out= (the command line's), the controversial set's path was relative to where the command ran: a
-    report read from another folder could not find it (its grid kept the old image)."""
-    import shutil
-
-    monkeypatch.chdir(tmp_path)
-    relative = {name: shutil.copy(path, tmp_path / f"{name}.safetensors") and Path(f"{name}.safetensors") for name, path in tiny_checkpoints.items()}
-    controversial = {"model_a": "narrow", "model_b": "wide", "n_origins": 1, "restarts": 2}
-    data = run_pipeline(Path("report"), relative, panel=Panel([PixelL2Observer()]), controversial=controversial, threat=None)
-    assert Path(data["controversial"]["set"]).is_absolute() and Path(data["controversial"]["set"]).is_dir()
-    assert all(Path(m["set"]).is_absolute() for m in data["models"].values())
-    assert all(Path(m["model"]["checkpoint"]).is_absolute() for m in data["models"].values())
-
-
 def test_report_json_is_strict_json_and_a_loaded_report_renders_again(tmp_path, tiny_checkpoints):
     """One observer (no panel std) and one origin (no interval) wrote bare NaN into report.json, which JavaScript's
     JSON.parse, jq and pandas' strict readers refuse; undefined numbers are null there, and a report read back (as the
@@ -617,11 +603,21 @@ def test_a_figure_that_fails_loses_no_number_and_a_rewritten_report_keeps_no_sta
     """The figures were drawn before report.json: one that failed lost every number. A report rewritten without robust
     accuracy or convergence kept the earlier scatter and convergence figures beside it; an undefined converged share
     read "nan%"; the scatter named no model whose inversions did not converge."""
+    import shutil
+
     import perceptual.measure as measure_module
     from perceptual.measure import load_report, write_report
 
-    out = tmp_path / "report"
-    run_pipeline(out, tiny_checkpoints, panel=Panel([PixelL2Observer()]), convergence_threshold=1e-9)  # nothing converges: †
+    # With a relative out= and checkpoints (the command line's), the controversial set's and the checkpoints' paths were
+    # relative to where the command ran: a report read from another folder could not find them.
+    monkeypatch.chdir(tmp_path)
+    relative = {name: shutil.copy(path, tmp_path / f"{name}.safetensors") and Path(f"{name}.safetensors") for name, path in tiny_checkpoints.items()}
+    controversial = {"model_a": "narrow", "model_b": "wide", "n_origins": 1, "restarts": 2}
+    out = Path("report")
+    first = run_pipeline(out, relative, panel=Panel([PixelL2Observer()]), controversial=controversial, convergence_threshold=1e-9)  # †
+    assert Path(first["controversial"]["set"]).is_absolute() and Path(first["controversial"]["set"]).is_dir()
+    assert all(Path(m["set"]).is_absolute() and Path(m["model"]["checkpoint"]).is_absolute() for m in first["models"].values())
+    out = tmp_path / "report"  # monkeypatch.undo() below also undoes the chdir
     assert {"scatter_2afc.png", "convergence.png"} <= {p.name for p in out.glob("*.png")}
     data = load_report(out)
     drawn = []

@@ -125,6 +125,7 @@ def test_training_sweep_gives_each_job_its_own_run(tmp_path):
     assert "lr: 0.05" in configs[0] and "lr: 0.1" in configs[1]
 
 
+@pytest.mark.slow  # 15 s: two submitit processes, each importing torch (make test-slow runs it)
 @needs_submitit
 def test_sharded_inversion_through_submitit_local_jobs_then_merge(tmp_path):
     out = tmp_path / "set"
