@@ -33,8 +33,9 @@ torch.save({"state": state, "summary": result.summary}, os.path.join(sys.argv[1]
                     reason="this torch build has no gloo backend")
 @pytest.mark.parametrize("recipe", [
     ["train=pgd", "train.attack.steps=2"],
-    # The guard checks after every step in eval mode: the ranks must agree on its running statistics.
-    ["train=fast_at", "train.guard.every_steps=1", "train.guard.batch_size=32", "train.guard.steps=2"],
+    # The guard checks after every step in eval mode: the ranks must agree on its running statistics. Slow (10 s: two
+    # processes); make test-slow runs it, the pgd case keeps two-process training in make test.
+    pytest.param(["train=fast_at", "train.guard.every_steps=1", "train.guard.batch_size=32", "train.guard.steps=2"], marks=pytest.mark.slow),
 ], ids=["pgd", "fast_at_guard"])
 def test_two_processes_stay_in_sync_and_write_one_run_directory(tmp_path, recipe):
     driver = tmp_path / "driver.py"

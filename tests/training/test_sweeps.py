@@ -111,6 +111,7 @@ def test_a_job_belongs_to_a_sweep_when_it_has_its_keys_and_one_of_its_values_for
     assert not is_job_of(["train=trades", "train.beta=6", "shard=1", "train.attack.eps=16/255", "+x=[1,2]"], arguments)  # a key fewer
 
 
+@pytest.mark.slow  # the sweep summary's command-line test runs the same two-job training sweep in make test
 def test_training_sweep_gives_each_job_its_own_run(tmp_path):
     runs = tmp_path / "runs"
     common = ["train.epochs=1", "train.batch_size=32", "data_limit.train=64", "data_limit.test=32", "train.eval.every=0",
