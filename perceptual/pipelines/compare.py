@@ -269,7 +269,7 @@ class ComparePipeline:
         if self.below_resolution:
             log.warning("left out of the averages and the ranking: %s (flat grey at %d px, below the images' resolution)",
                         ", ".join(self.below_resolution), size)
-        left_out = {name for names in self.excluded.values() for name in names} | set(self.below_resolution)
+        left_out = {name for names in self._left_out().values() for name in names}
         if all(c.name in left_out for c in self.conditions):
             raise ValueError(f"every condition ({[c.name for c in self.conditions]}) is left out (model-vs-human's exclusions, or a flat grey "
                              f"image at {size} px): nothing is left to average or rank; add other conditions")
