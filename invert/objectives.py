@@ -163,6 +163,8 @@ class InversionLoss(Objective):
         if target_features is None:
             target_features = compute_features(representation, targets, chunk_size)
             image_shape = targets.shape[1:]
+        if image_shape is not None and (len(image_shape) != 3 or any(isinstance(v, bool) or int(v) != v or v < 1 for v in image_shape)):
+            raise ValueError(f"image_shape must be the targets' (C, H, W), three whole numbers >= 1, got {tuple(image_shape)!r}")
         self._image_shape = tuple(int(v) for v in image_shape) if image_shape is not None else None
         self._set_targets(target_features.detach().flatten(1).float())
 

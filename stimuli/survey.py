@@ -78,6 +78,8 @@ def display_size(height: int, width: int) -> tuple[int, int, int]:
     :data:`DISPLAY_PX` (32 px CIFAR at 4x, 8 px digits at 16x) and never a reduction. Before, every image was forced to
     128 px (96 px as a clustering row), which drops about 100 of a 224-px image's pixel rows and columns: people judged
     another image than the one the observers score, and rows and columns of one trial at different sizes."""
+    if any(isinstance(v, bool) or int(v) != v or v < 1 for v in (height, width)):
+        raise ValueError(f"an image's height and width must be whole numbers >= 1 pixel, got {height!r} x {width!r}")
     factor = max(1, round(DISPLAY_PX / max(int(height), int(width))))
     return int(height) * factor, int(width) * factor, factor
 

@@ -771,6 +771,8 @@ def test_starting_images_of_another_size_than_the_targets_are_refused(wave_image
                       InversionLoss.from_features(representation, representation(targets).detach(), image_shape=(3, 16, 16))):
         with pytest.raises(ValueError, match=refusal):
             engine.run(objective, small)
+    with pytest.raises(ValueError, match=r"image_shape must be the targets' \(C, H, W\), three whole numbers >= 1, got \(16, 16\)"):
+        InversionLoss.from_features(representation, representation(targets).detach(), image_shape=(16, 16))
     unknown = InversionLoss.from_features(representation, representation(targets).detach())  # no shape given: nothing to check
     assert engine.run(unknown, small).images.shape == (2, 3, 8, 8)
     assert engine.run(InversionLoss(representation, targets), noise_images(2, (3, 16, 16), seed=1)).images.shape == (2, 3, 16, 16)

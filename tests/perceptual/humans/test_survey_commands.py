@@ -493,6 +493,9 @@ def test_pages_enlarge_small_images_by_whole_numbers_and_never_shrink_large_ones
 
     assert display_size(32, 32) == (128, 128, 4) and display_size(8, 8) == (128, 128, 16) and display_size(28, 28) == (140, 140, 5)
     assert display_size(224, 224) == (224, 224, 1) and display_size(300, 200) == (300, 200, 1) and display_size(32, 64) == (64, 128, 2)
+    for bad in ((0, 32), (32.5, 32), (True, 32)):
+        with pytest.raises(ValueError, match="height and width must be whole numbers >= 1 pixel"):
+            display_size(*bad)
     template = _template_env().get_template("survey.html.j2")
     page = template.render(title="t", task="2afc", prompt="p", minutes=1, n_trials=1, data_json="{}", script="", image_height=224,
                            image_width=224, enlarged=False)
