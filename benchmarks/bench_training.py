@@ -37,7 +37,11 @@ medians and as the median of each repeat's ratio (neighbours in time, robust to 
 drifts). DataLoaders use ``--workers`` processes (default 0: on a two-core machine worker
 processes only compete with the compute threads). The ``robustness`` and ``dataloader`` contenders run
 in fp32 (the library's only mixed precision is apex's fp16), so on CUDA the ratios against them include
-what bf16 gains; ``kernels`` and ``ours`` share their precision.
+what bf16 gains; ``kernels`` and ``ours`` share their precision. Each median is also given in achieved TFLOP/s,
+with its share of the GPU's dense bf16 peak: one training step's FLOPs per image (the attack's forwards and
+backwards to the input, the training forward and backward), counted by ``torch.utils.flop_counter`` in
+``throughput.flops_per_training_image``, times images/s. Every contender does the same work, so the fp32
+baselines' share is of a peak they do not aim at.
 
 Data: the first ``--images`` images of the CIFAR-10 subset at ``../shared/data/cifar-10-mini`` when
 present, else random images written in CIFAR's pickle layout (throughput does not depend on content).
@@ -67,6 +71,7 @@ sys.path.insert(0, str(REPO))
 
 from results_io import device_name, environment, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
 from robustness_compat import import_robustness  # noqa: E402  (this folder)
+from throughput import bf16_peak_tflops, flops_per_training_image, throughput  # noqa: E402  (this folder)
 
 from invert.validation import hot_loop  # noqa: E402
 from training.attacks import ThreatModel, attack_mode, bn_mode, pgd  # noqa: E402
@@ -341,6 +346,20 @@ def main(argv=None) -> dict:
                     print(f"[{repeat + 1}/{args.repeats}] {mode:8s} {run:11s} {result['images_per_second']:8.1f} images/s, "
                           f"{result['images_per_cpu_second']:8.1f} images per CPU-second ({result['epoch_seconds']:.1f} s for the timed epoch)")
     results = {key: median_result(runs) for key, runs in measured.items()}
+    # The same work for every contender (ResNet18's matmuls and convolutions), so TFLOP/s rank as images/s do.
+    peak = bf16_peak_tflops(device)
+    probe = torch.rand(2, 3, 32, 32), torch.tensor([0, 1])
+    flops = {mode: flops_per_training_image(build_model("resnet18", "cifar10"), *probe, args.pgd_steps if mode == "pgd" else 0)
+             for mode in args.modes}
+    print(f"one training step = {', '.join(f'{flops[m] / 1e9:.2f} GFLOP per image ({m})' for m in args.modes)}; "
+          f"dense bf16 peak: {f'{peak:.0f} TFLOP/s' if peak else 'n.a.'}")
+    for key, result in results.items():
+        mode = key.split("/")[0]
+        speed = throughput(result["images_per_second"], 1.0, flops[mode], peak)  # the images of one second
+        result["tflops"], result["fraction_of_bf16_peak"] = speed["tflops"], speed["fraction_of_bf16_peak"]
+        fraction = result["fraction_of_bf16_peak"]
+        print(f"{key:22s} {result['images_per_second']:8.1f} images/s {result['tflops']:7.3f} TFLOP/s "
+              f"({fraction if isinstance(fraction, str) else f'{fraction:.1%}'} of bf16 peak, {result['precision']})")
     ratios = {}
     for mode in args.modes:
         for mine, others in (("ours", ("robustness", "dataloader", "kernels")), ("ours-graph", ("robustness", "dataloader", "kernels", "ours"))):
@@ -367,6 +386,8 @@ def main(argv=None) -> dict:
                    "optimizer": {"lr": LR, "momentum": MOMENTUM, "weight_decay": WEIGHT_DECAY},
                    "augmentation": "crop pad 4 + flip + colour jitter 0.25 + rotation 2", "workers": args.workers,
                    "compile_ours": args.compile, "cuda_graph_ours_graph": args.cuda_graph},
+        "flops_per_training_image": flops,
+        "bf16_peak_tflops": peak,
         "results": results,
         "ratios": ratios,
     }

@@ -1,4 +1,4 @@
-"""Work and peak: the FLOPs of one engine step, and the bf16 peak of known GPUs, for TFLOP/s next to item-steps/s."""
+"""Work and peak: the FLOPs of one engine step or training step, and the bf16 peak of known GPUs, for TFLOP/s next to item-steps/s."""
 from __future__ import annotations
 
 import re
@@ -6,7 +6,7 @@ import re
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from invert.modules import evaluation
+from invert.modules import evaluation, kept_training_flags
 
 # Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) from NVIDIA's data sheets, matched against
 # torch.cuda.get_device_name() in this order (more specific names first).
@@ -47,6 +47,36 @@ def flops_per_item_step(objective: torch.nn.Module, images: torch.Tensor, items:
         x = images.detach().clone().requires_grad_(True)
         objective(x, items).sum().backward()  # FlopCounterMode counts .backward() (not autograd.grad)
     return counter.get_total_flops() / images.shape[0]
+
+
+def flops_per_training_image(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor, attack_steps: int) -> float:
+    """FLOPs of one adversarial-training step per image, counted by ``FlopCounterMode`` on ``images`` and ``labels``:
+    ``attack_steps`` times the attack's forward and backward to the input (batch norm folded, as
+    :func:`training.attacks.attack_mode` runs it; weights frozen, as ``torch.autograd.grad`` to the input computes no
+    weight gradients), plus the training forward and its backward to the weights. ``attack_steps=0`` is standard
+    training. The update (SGD, projection, clamp) is elementwise and not counted, as in :func:`flops_per_item_step`.
+
+    One attack step is counted and multiplied: the counter cannot follow ``torch.autograd.grad``, which the attack
+    uses. ``model`` comes back with its modes, gradients and batch-norm statistics as they were.
+    """
+    from training.attacks import attack_mode
+
+    snapshot = {name: tensor.clone() for name, tensor in model.state_dict().items()}  # train-mode BN updates its statistics
+    attack = 0.0
+    if attack_steps:
+        with attack_mode(model, "eval") as target, evaluation(target, freeze_parameters=True), FlopCounterMode(display=False) as counter, \
+                torch.enable_grad():
+            x = images.detach().clone().requires_grad_(True)
+            torch.nn.functional.cross_entropy(target(x), labels).backward()
+        attack = attack_steps * counter.get_total_flops()
+    grads = {p: p.grad for p in model.parameters()}
+    with kept_training_flags(model), FlopCounterMode(display=False) as counter, torch.enable_grad():
+        model.train()
+        torch.nn.functional.cross_entropy(model(images.detach()), labels).backward()
+    for parameter, grad in grads.items():
+        parameter.grad = grad
+    model.load_state_dict(snapshot)
+    return (attack + counter.get_total_flops()) / images.shape[0]
 
 
 def throughput(item_steps: float, seconds: float, flops_per_step: float, peak_tflops: float | None) -> dict:

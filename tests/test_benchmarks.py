@@ -43,6 +43,11 @@ def test_training_benchmark_runs_every_contender(tmp_path):
     assert report["results"]["pgd/ours-graph"]["cuda_graph"] == "static" and report["results"]["pgd/ours"]["cuda_graph"] == "eager"
     assert report["results"]["pgd/kernels"]["precision"] == report["results"]["pgd/ours"]["precision"]  # the ceiling computes as ours does
     assert {"pgd: ours / robustness", "pgd: ours-graph / robustness", "pgd: ours-graph / kernels", "pgd: ours-graph / ours"} <= set(report["ratios"])
+    flops = report["flops_per_training_image"]
+    assert flops["pgd"] > flops["standard"] > 0 and report["bf16_peak_tflops"] is None  # a CPU has no entry in the peak table
+    for key, result in report["results"].items():
+        assert result["tflops"] == pytest.approx(result["images_per_second"] * flops[key.split("/")[0]] / 1e12)
+        assert result["fraction_of_bf16_peak"] == "n.a."
 
 
 @pytest.mark.slow
@@ -117,6 +122,28 @@ def test_tv_prior_benchmark_compares_equal_values_and_gradients(tmp_path):
     report = run_benchmark("bench_tv_prior.py", tmp_path / "tv.json", "--items", "4", "--iterations", "2", "--repeats", "1", "--threads", "1")
     assert set(report["results"]) == {"ours", "replicate-pad"} and report["agreement"]["max_abs_value_difference"] == 0
     assert report["agreement"]["max_abs_gradient_difference"] < 1e-6 and report["ratios"]["ours / replicate-pad (speed)"] > 0
+
+
+def test_a_training_steps_flops_are_the_attacks_input_gradients_and_the_training_steps_weight_gradients():
+    import torch
+    from torch import nn
+
+    sys.path.insert(0, str(BENCHMARKS))
+    from throughput import flops_per_training_image
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(256, 10))
+    images, labels = torch.rand(5, 3, 8, 8), torch.randint(0, 10, (5,))
+    conv, linear = 2 * 3 * 9 * 4 * 8 * 8, 2 * 256 * 10  # multiply-adds x 2 of one 8x8 image's forward
+    attack_step = 2 * (conv + linear)  # forward, then the gradients to the input only
+    training_step = (conv + linear) + linear + (conv + linear)  # forward, the linear layer's input gradient, both weight gradients
+    state = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    model.eval()
+    assert flops_per_training_image(model, images, labels, attack_steps=0) == training_step
+    assert flops_per_training_image(model, images, labels, attack_steps=3) == 3 * attack_step + training_step
+    # the count trains nothing: modes, gradients and batch-norm statistics come back as they were
+    assert not model.training and all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(state[name], tensor) for name, tensor in model.state_dict().items())
 
 
 def test_the_bf16_peak_table_matches_each_gpu_by_its_most_specific_name():
