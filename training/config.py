@@ -271,6 +271,26 @@ def quoted(value) -> str:
     return "'" + re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), str(value)) + "'"
 
 
+def override_value(value) -> str:
+    """``value`` (a config's None, bool, number, string, list or mapping, OmegaConf's containers too) written as a Hydra
+    override value that reads back as the same value: ``null``, ``true``, strings quoted (:func:`quoted`: a ``,`` would
+    start a sweep, a ``=`` break the grammar, and ``None`` unquoted would be the string "None"), lists and mappings
+    element by element."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return quoted(value)
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{key}:{override_value(item)}" for key, item in value.items()) + "}"
+    if isinstance(value, Sequence):
+        return "[" + ",".join(override_value(item) for item in value) + "]"
+    raise TypeError(f"cannot write a {type(value).__name__} ({value!r}) as a Hydra override value")
+
+
 def _first_unknown_subkey(key: str, overrides: Sequence[str], known: Sequence[str]) -> str:
     """For a dict value (``train.schedule={name:step,milestone:[5]}``) the first of its keys that the node lacks,
     dotted (``train.schedule.milestone``); ``key`` itself otherwise. ``overrides``: the lines composed (no sweeps)."""
@@ -548,6 +568,7 @@ def run_checked(config_name: str, arguments: Sequence[str]) -> None:
 
 __all__ = [
     "ConfigError", "as_list", "check_known_keys", "check_overrides", "check_train_config", "check_whole_number", "compose", "dataset_from_config",
-    "expand_path", "expand_path_options", "flat_items", "flat_keys", "get", "model_from_config", "representation_from_config", "resolve_device", "run_checked",
+    "expand_path", "expand_path_options", "flat_items", "flat_keys", "get", "model_from_config", "override_value",
+    "representation_from_config", "resolve_device", "run_checked",
     "unknown_key_message",
 ]

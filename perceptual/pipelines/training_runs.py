@@ -8,7 +8,7 @@ from typing import Mapping
 
 from omegaconf import DictConfig
 
-from training.config import check_overrides, check_train_config, quoted
+from training.config import check_overrides, check_train_config, override_value, quoted
 from training.run import RunDirectory
 from training.trainer import check_same_run, train
 
@@ -19,7 +19,7 @@ def training_config(*, model: str, model_kwargs: Mapping, data: Mapping, recipe:
     ``train_overrides`` are keys of ``conf/train/<recipe>.yaml`` (dotted, e.g. ``attack.eps``)."""
     overrides = [
         f"model={model}",
-        *[f"++model.kwargs.{key}={value}" for key, value in model_kwargs.items()],
+        *[f"++model.kwargs.{key}={override_value(value)}" for key, value in model_kwargs.items()],  # None as null, "a,b" whole
         f"data={data['name']}",
         *([f"data.root={quoted(data['root'])}"] if data.get("root") else []),  # paths verbatim: '=', ',' or '~' in them
         f"train={recipe}",
@@ -28,7 +28,7 @@ def training_config(*, model: str, model_kwargs: Mapping, data: Mapping, recipe:
         f"seed={seed}",
         f"device={device}",
         f"progress={str(progress).lower()}",
-    ] + [f"train.{key}={'null' if value is None else value}" for key, value in (train_overrides or {}).items()]
+    ] + [f"train.{key}={override_value(value)}" for key, value in (train_overrides or {}).items()]
     config = check_overrides("train", overrides)
     check_train_config(config)
     return config

@@ -5,7 +5,7 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from perceptual.pipelines.training_runs import training_config
-from training.config import quoted
+from training.config import override_value, quoted
 
 AWKWARD_PATHS = ["/runs/attack.eps=0.5/standard", "~/data", "/data/cifar,x", "/a b/it's", "C:\\runs\\", "a\\'b"]
 
@@ -13,6 +13,20 @@ AWKWARD_PATHS = ["/runs/attack.eps=0.5/standard", "~/data", "/data/cifar,x", "/a
 @pytest.mark.parametrize("path", AWKWARD_PATHS)
 def test_quoted_values_read_back_verbatim(path):
     assert OverridesParser.create().parse_override(f"run_dir={quoted(path)}").value() == path
+
+
+@pytest.mark.parametrize("value", [None, True, 3, 0.1, 1e-05, "8/255", "a,b", "/x/a=b.pt", "None", [0.5, None, "x,y"], {"name": "step", "at": [5]}])
+def test_override_values_read_back_as_the_same_value(value):
+    assert OverridesParser.create().parse_override(f"key={override_value(value)}").value() == value
+
+
+def test_model_arguments_and_recipe_settings_keep_their_values(tmp_path):
+    """None stays null (not the string "None") and a comma in a value is no sweep that cuts it short."""
+    config = training_config(model="small_cnn", model_kwargs={"width": 4, "note": "a,b", "extra": None}, data={"name": "digits"},
+                             recipe="standard", run_dir=tmp_path, seed=0, device="cpu", progress=False,
+                             train_overrides={"schedule.milestones": [2, 3], "optimizer.weight_decay": 0.0})
+    assert dict(config.model.kwargs) == {"width": 4, "note": "a,b", "extra": None}
+    assert list(config.train.schedule.milestones) == [2, 3] and config.train.optimizer.weight_decay == 0.0
 
 
 def test_a_sweep_jobs_folder_and_a_home_relative_root_compose(tmp_path):
