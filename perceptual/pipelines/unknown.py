@@ -112,7 +112,8 @@ def run(cfg: DictConfig | Mapping) -> dict:
     if not (cfg.model.get("name") or cfg.model.get("factory")):
         raise ValueError("no model: pass model.name=<zoo name> (+ model.checkpoint=...) or model.factory=module:function")
     cfg.scores = as_list(cfg.scores, "scores")  # scores=energy is one score
-    check_score_settings(cfg.scores, OmegaConf.to_container(cfg.score_params, resolve=True) if cfg.get("score_params") else None)
+    score_params = OmegaConf.to_container(cfg.score_params, resolve=True) if cfg.get("score_params") else {}  # null: the defaults
+    check_score_settings(cfg.scores, score_params)
     check_whole_number(cfg.n_fit, "n_fit", least=0, hint=" (0: no fitting)")
     if cfg.get("far_limit") is not None:
         check_whole_number(cfg.far_limit, "far_limit", hint=" (or null for every image)")
@@ -142,7 +143,7 @@ def run(cfg: DictConfig | Mapping) -> dict:
         raise ValueError(f"the model has {n_out} outputs but there are {len(known_names)} known classes: it must be trained on the known classes only")
     unknown_sets = {NEAR: near.images, **far_images}
     results = evaluate_scores(model, known, unknown_sets, list(cfg.scores), fit=fit,
-                              score_params=OmegaConf.to_container(cfg.score_params, resolve=True), batch_size=int(cfg.batch_size),
+                              score_params=score_params, batch_size=int(cfg.batch_size),
                               required=[str(cfg.baseline)])
     table = unknown_table(results, baseline=str(cfg.baseline))
     data = {
