@@ -4,7 +4,7 @@ per-sample worst case over several attacks.
 * :func:`apgd` follows Croce and Hein, "Reliable evaluation of adversarial robustness with an
   ensemble of diverse parameter-free attacks" (ICML 2020) and its reference code
   (``fra31/auto-attack``, ``autopgd_base.py``): step size ``2 eps`` halved at checkpoints when the
-  loss oscillates (fewer than 75 % of the steps since the last checkpoint increased it) or the
+  loss oscillates (at most 75 % of the steps since the last checkpoint increased it) or the
   best loss did not improve, a restart from the best point after each halving, momentum 0.75, and
   checkpoints ``k`` starting at 22 % of the budget and shrinking by 3 % to at least 6 %.
   ``loss="ce"`` is APGD-CE; ``loss="dlr-targeted"`` is APGD-T (the targeted DLR loss, one run per
@@ -168,8 +168,8 @@ LossGrad = Callable[[nn.Module, Tensor, Callable[[Tensor], Tensor]], tuple[Tenso
 def _apgd_single_run(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel, loss_of: Callable[[Tensor], Tensor],
                      loss_grad: LossGrad, generator: torch.Generator | None, highest_loss: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """One APGD run from a random start; returns (adversarial images, fooled mask, the highest loss found: the loss of
-    the returned image of a sample that was not fooled). The images are the first misclassified point of a fooled
-    sample, else its highest-loss point; with ``highest_loss`` every sample's highest-loss point."""
+    the returned image of a sample that was not fooled). The images are the last misclassified iterate of a fooled
+    sample (as the reference keeps them), else its highest-loss point; with ``highest_loss`` every sample's highest-loss point."""
     steps = threat.steps
     k, k_min, k_decrement = apgd_schedule(steps)
     n = x.shape[0]
@@ -268,8 +268,10 @@ def apgd(model: nn.Module, x: Tensor, y: Tensor, threat: ThreatModel, *, loss: s
     kept_score = torch.full((x.shape[0],), -math.inf, device=x.device)  # of each unfooled sample's point in x_out
     remaining = torch.ones_like(y, dtype=torch.bool) if every_image else clean_logits.argmax(dim=1) == y  # else: misclassified need no attack
     if loss == "dlr-targeted":
-        order = clean_logits.sort(dim=1).indices
-        targets = [order[:, -(t + 2)] for t in range(min(n_targets, n_classes - 1))]
+        # The reference's order[:, -(t + 2)] assumes the top class is y: true of the correctly classified points it attacks,
+        # not of the misclassified ones every_image attacks too (a target could be y itself). Rank the wrong classes only.
+        order = clean_logits.scatter(1, y[:, None], -math.inf).sort(dim=1).indices
+        targets = [order[:, -(t + 1)] for t in range(min(n_targets, n_classes - 1))]
     else:
         targets = [None]
     for target in targets:
@@ -555,6 +557,7 @@ def worst_case(model: nn.Module, x: Tensor, y: Tensor, attacks: dict[str, Attack
     ``model(x).argmax(1)``) classifies the adversarial images, e.g. averaged over a randomised model's passes.
     ``store`` (optional) returns a finished attack's correctness instead of running it again."""
     check_images(x, "images to attack")
+    y = check_labels(y, x)  # (N, 1) labels would broadcast to an (N, N) mask: accuracies over N^2 "samples"
     if not attacks:
         raise ValueError("worst_case needs at least one attack")
     classify = predict or (lambda images: model(images).argmax(dim=1))

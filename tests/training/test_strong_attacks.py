@@ -82,13 +82,15 @@ def test_apgd_rejects_bad_settings(digits_model):
             apgd(model, x[:4], labels, ThreatModel("linf", 0.01, steps=2))
 
 
-@pytest.mark.parametrize("attack", ["pgd", "apgd", "square_linf", "square_l2"])
+@pytest.mark.parametrize("attack", ["pgd", "apgd", "square_linf", "square_l2", "worst_case"])
 def test_labels_that_do_not_fit_the_images_are_refused_before_the_first_query(digits_model, attack):
     model, x, y = digits_model
     run = {"pgd": lambda labels: pgd(model, x[:4], labels, ThreatModel("linf", 0.01, steps=2)),
            "apgd": lambda labels: apgd(model, x[:4], labels, ThreatModel("linf", 0.01, steps=2)),
            "square_linf": lambda labels: square_linf(model, x[:4], labels, 0.01, queries=2),
-           "square_l2": lambda labels: square_l2(model, x[:4], labels, 0.5, queries=2)}[attack]
+           "square_l2": lambda labels: square_l2(model, x[:4], labels, 0.5, queries=2),
+           # an attack of the caller's that reads no labels: (4, 1) labels broadcast to a (4, 4) mask, accuracies over 16
+           "worst_case": lambda labels: worst_case(model, x[:4], labels, {"none": lambda m, a, b: a})}[attack]
     for labels in (y[:3], y[:4].float(), y[:4, None]):
         with pytest.raises(ValueError, match=r"labels must be an integer tensor of shape \(4,\), one class index per image"):
             run(labels)
@@ -396,6 +398,26 @@ def test_apgd_every_image_attacks_what_the_surrogate_gets_wrong_and_keeps_the_hi
     with torch.no_grad():
         ce = lambda adv: torch.nn.functional.cross_entropy(model(adv), y, reduction="none")  # noqa: E731
         assert ce(every).mean() > ce(default).mean()
+
+
+def test_apgd_t_on_every_image_targets_the_best_scoring_wrong_classes_of_a_misclassified_image(digits_model, monkeypatch):
+    """The reference's targets (the 2nd, 3rd ... clean classes) assume the top class is the label; for an image the
+    model gets wrong, every_image attacked the label itself as a target and never the top wrong class."""
+    import training.strong_attacks as strong
+
+    model, x, _ = digits_model
+    with torch.no_grad():
+        ranked = model(x[:6]).sort(dim=1, descending=True).indices
+    labels = ranked[:, 1]  # every image misclassified: its top class is wrong
+    targets = []
+    loss_fn = strong._loss_fn
+    monkeypatch.setattr(strong, "_loss_fn", lambda loss, y, target: targets.append(target) or loss_fn(loss, y, target))
+    apgd(model, x[:6], labels, ThreatModel("linf", 1 / 255, steps=1), loss="dlr-targeted", n_targets=2, every_image=True)
+    assert torch.equal(targets[0], ranked[:, 0]) and torch.equal(targets[1], ranked[:, 2])
+    # a correctly classified image keeps the reference's targets
+    targets.clear()
+    apgd(model, x[:6], ranked[:, 0], ThreatModel("linf", 1 / 255, steps=1), loss="dlr-targeted", n_targets=2, every_image=True)
+    assert torch.equal(targets[0], ranked[:, 1]) and torch.equal(targets[1], ranked[:, 2])
 
 
 def test_a_float64_model_is_attacked_with_float64_losses():
