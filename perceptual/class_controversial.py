@@ -134,13 +134,20 @@ def class_controversial_score(stimuli: Tensor, models: Mapping[str, nn.Module], 
     return out
 
 
+def _interval_text(interval: Sequence, n_origins: int | None) -> str:
+    """``[low, high]`` in percent, or why there is none (one origin: NaN here, null once written as JSON)."""
+    if any(bound is None or math.isnan(bound) for bound in interval):
+        return f"(no interval: {n_origins} origin)" if n_origins == 1 else "(no interval)"
+    return f"[{interval[0]:.0%}, {interval[1]:.0%}]"
+
+
 def class_controversial_sentence(score: Mapping) -> str:
     """One line per observer for a report."""
     if not score.get("observers"):
         return score.get("note", "no class-controversial score")
     lines = []
     for name, result in score["observers"].items():
-        rates = ", ".join(f"{m} {r['rate']:.0%} [{r['ci'][0]:.0%}, {r['ci'][1]:.0%}]" for m, r in result["per_model"].items())
+        rates = ", ".join(f"{m} {r['rate']:.0%} {_interval_text(r['ci'], score.get('n_origins'))}" for m, r in result["per_model"].items())
         if result["favours"]:
             verdict = f"sides with {result['favours']}" + (f" (sign-flip p {result['p_value']:.3f} over {score['n_origins']} origins)"
                                                             if "p_value" in result else "")

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from perceptual.class_controversial import class_controversial_score, class_exemplars, nearest_class_choice
+from perceptual.class_controversial import class_controversial_score, class_controversial_sentence, class_exemplars, nearest_class_choice
 from perceptual.observers import make_observer
 
 
@@ -94,8 +94,11 @@ def test_few_origins_decide_nothing_however_many_stimuli_they_hold():
         assert score["interval"] == "bootstrap over origins" and score["n_origins"] == n_origins
         assert result["p_value"] == pytest.approx(1.0 if n_origins == 1 else 2 / 2 ** n_origins)
         assert result["favours"] == ("right" if decides else None), n_origins
-    assert all(math.isnan(bound) for bound in class_controversial_score(stimuli, models, [observer], exemplars, labels, k=2, origins=["o"] * 6)
-               ["observers"]["pixel-l2"]["per_model"]["right"]["ci"])
+    one = class_controversial_score(stimuli, models, [observer], exemplars, labels, k=2, origins=["o"] * 6)
+    assert all(math.isnan(bound) for bound in one["observers"]["pixel-l2"]["per_model"]["right"]["ci"])
+    sentence = class_controversial_sentence(one)  # it printed "right 100% [nan%, nan%]"
+    assert "right 100% (no interval: 1 origin)" in sentence and "nan" not in sentence
+    assert "[" in class_controversial_sentence(score)  # six origins: an interval
 
 
 def test_every_origin_counts_once_in_the_rate_as_in_the_verdict():
