@@ -176,9 +176,14 @@ def rankings(trials: pd.DataFrame, aggregated: Mapping[str, np.ndarray], systems
 
 
 def _mean_rank(table: np.ndarray, higher_is_better: Sequence[bool]) -> list[float]:
-    """Mean rank per model, as model-vs-human's pandas ``rank`` then ``mean``: each metric column ranks the models whose
-    value is defined (NaN stays unranked), and each model's mean is over its defined ranks (NaN when it has none).
-    So one model's undefined metric changes no other model's rank in that metric, and is not dropped for everyone."""
+    """Mean rank per model: each metric column ranks the models whose value is defined (pandas ``rank``, as model-vs-human;
+    NaN stays unranked), and each model's mean is over its defined ranks (NaN when it has none). So one model's undefined
+    metric changes no other model's rank in that metric, and is not dropped for everyone.
+
+    Deliberately differs from model-vs-human, whose mean rank is the sum of the three ranks over 3
+    (``plotting/plot.py``, ``print_benchmark_table_humanlike_to_latex``): there a model with an undefined metric has
+    no mean rank. Its own data never has one (an undefined error consistency is set to 1 there); here
+    ``on_undefined="nan"`` can leave one, and such a model is ranked on the metrics it has."""
     ranks = np.full(table.shape, math.nan)
     for column, higher in enumerate(higher_is_better):
         defined = ~np.isnan(table[:, column])
