@@ -465,16 +465,19 @@ def trial_times(table: pd.DataFrame) -> pd.Series:
     return table.dropna(subset=["rt_ms"]).groupby(["submission", "trial_id"])["rt_ms"].max()
 
 
-def attention_failures(table: pd.DataFrame, package: SurveyPackage, max_failures: int = 0, min_median_rt_ms: float = 0) -> pd.DataFrame:
-    """Per submission: attention checks answered, failed, unanswered, the median time per trial, and whether the
-    submission is excluded.
+def attention_failures(table: pd.DataFrame, package: SurveyPackage, max_failures: int = 0, min_median_rt_ms: float = 0,
+                       min_answered: float = 0) -> pd.DataFrame:
+    """Per submission: attention checks answered, failed, unanswered, the median time per trial, the share of its
+    survey's answer units it answered, and whether the submission is excluded.
 
     A check counts as failed when any of its rows is wrong or unanswered (a clustering check answered only in the rows
     the worker got right does not pass); an unanswered check counts as failed. A submission is excluded when failures
     exceed ``max_failures`` (the paper: any failure) or, where ``min_median_rt_ms`` > 0, when its median time per trial
     (:func:`trial_times`, checks included) is below it (``too_fast``); a submission without any valid time is not judged
-    on speed (``median_rt_ms`` NaN).
+    on speed (``median_rt_ms`` NaN); and, where ``min_answered`` > 0, when it answered less than that share of its
+    survey's answer units (``incomplete``: a participant who gave up part-way; 1 keeps complete submissions only).
     """
+    units = package.truth.groupby("survey_id").size().to_dict()
     checks = package.truth[package.truth["attention_check"]]
     n_checks = checks.groupby("survey_id")["trial_id"].nunique().to_dict()
     rows_per_check = checks.groupby("trial_id")["row"].nunique()
@@ -488,9 +491,13 @@ def attention_failures(table: pd.DataFrame, package: SurveyPackage, max_failures
         failed = int((~passed).sum()) + (total - len(per_trial))
         median_rt = float(median_time.get(submission, math.nan))
         too_fast = bool(min_median_rt_ms > 0 and median_rt < min_median_rt_ms)  # NaN compares False: untimed is not judged
+        answered_share = group[["trial_id", "row"]].drop_duplicates().shape[0] / units[survey]
+        incomplete = answered_share < min_answered
         out.append({"submission": submission, "worker_id": worker, "survey_id": survey, "checks": total, "failed": failed,
-                    "median_rt_ms": median_rt, "too_fast": too_fast, "excluded": failed > max_failures or too_fast})
-    return pd.DataFrame(out, columns=["submission", "worker_id", "survey_id", "checks", "failed", "median_rt_ms", "too_fast", "excluded"])
+                    "median_rt_ms": median_rt, "too_fast": too_fast, "answered": answered_share, "incomplete": incomplete,
+                    "excluded": failed > max_failures or too_fast or incomplete})
+    return pd.DataFrame(out, columns=["submission", "worker_id", "survey_id", "checks", "failed", "median_rt_ms", "too_fast", "answered",
+                                      "incomplete", "excluded"])
 
 
 def _accuracy(frame: pd.DataFrame, n_boot: int, seed: int) -> dict:
@@ -579,14 +586,23 @@ def check_min_median_rt_ms(value) -> float:
     return float(value)
 
 
+def check_min_answered(value) -> float:
+    """``min_answered`` as a float, refused unless it is a share in [0, 1] (NaN, text and booleans too)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"min_answered must be a share of a survey's answers in [0, 1] (0 = keep partial submissions, 1 = complete "
+                         f"ones only), got {value!r}")
+    return float(value)
+
+
 def human_scores(package: SurveyPackage, responses: Responses, max_attention_failures: int = 0, n_boot: int = 2000, seed: int = 0,
-                 min_median_rt_ms: float = 0) -> dict:
+                 min_median_rt_ms: float = 0, min_answered: float = 0) -> dict:
     """Everything the report needs: per model and task accuracy with intervals, per seed type, agreement, response
-    times, exclusions (attention checks, and answering too fast where ``min_median_rt_ms`` > 0:
-    :func:`attention_failures`)."""
+    times, exclusions (attention checks, answering too fast where ``min_median_rt_ms`` > 0, and answering too little
+    of a survey where ``min_answered`` > 0: :func:`attention_failures`)."""
     check_min_median_rt_ms(min_median_rt_ms)
+    check_min_answered(min_answered)
     table = scored(responses, package)
-    attention = attention_failures(table, package, max_attention_failures, min_median_rt_ms)
+    attention = attention_failures(table, package, max_attention_failures, min_median_rt_ms, min_answered)
     untimed = attention.loc[attention["median_rt_ms"].isna(), "submission"].tolist()
     if min_median_rt_ms > 0 and untimed:
         logger.warning("%d of %d submissions carry no valid rt_ms (hand-made files?): the minimum time per trial is not applied to them: %s",
@@ -597,8 +613,10 @@ def human_scores(package: SurveyPackage, responses: Responses, max_attention_fai
     for row in attention[attention["excluded"]].itertuples():
         if row.failed > max_attention_failures:  # one reason per submission: its answers are counted once
             reason = f"failed attention checks ({row.failed} of {row.checks}, more than {max_attention_failures} allowed)"
-        else:
+        elif row.too_fast:
             reason = f"answered too fast (median time per trial below {min_median_rt_ms:g} ms)"
+        else:
+            reason = f"answered too little of the survey (less than min_answered {min_answered:.0%} of its answers)"
         excluded.append({"reason": reason, "source": None, "worker_id": row.worker_id, "survey_id": row.survey_id,
                          "answers": int((table["submission"] == row.submission).sum())})
     real = kept[~kept["attention_check"].astype(bool)]
@@ -635,6 +653,7 @@ def human_scores(package: SurveyPackage, responses: Responses, max_attention_fai
         "kept_answers": int(len(kept)), "excluded_counts": counts, "excluded": excluded,
         "prolific_without_answers": list(responses.prolific_without_answers),
         "attention": attention.to_dict("records"), "max_attention_failures": max_attention_failures, "min_median_rt_ms": min_median_rt_ms,
+        "min_answered": min_answered,
         "models": models, "agreement": agreement, "order_effects": order_effects(real, package, n_boot, seed),
         "sets": package_set_fingerprints(package),  # what the people saw
     }
@@ -718,10 +737,10 @@ def observer_choices(package: SurveyPackage, observer: Observer) -> pd.DataFrame
 
 
 def analyse(package: SurveyPackage, responses: Responses, observers: Sequence[Observer] = (), measure_report: Mapping | None = None,
-            max_attention_failures: int = 0, n_boot: int = 2000, seed: int = 0, min_median_rt_ms: float = 0) -> dict:
+            max_attention_failures: int = 0, n_boot: int = 2000, seed: int = 0, min_median_rt_ms: float = 0, min_answered: float = 0) -> dict:
     """:func:`human_scores` plus the paper's reliability analysis against ``observers`` (which answer the package's own
     trials, so the comparison is trial by trial) and against the observers of a measurement report (model rankings)."""
-    data = human_scores(package, responses, max_attention_failures, n_boot, seed, min_median_rt_ms)
+    data = human_scores(package, responses, max_attention_failures, n_boot, seed, min_median_rt_ms, min_answered)
     table = scored(responses, package)
     kept_submissions = {a["submission"] for a in data["attention"] if not a["excluded"]}
     kept = table[table["submission"].isin(kept_submissions)]
@@ -808,6 +827,8 @@ def markdown_summary(data: Mapping) -> str:
     pct = lambda v: "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f}"  # noqa: E731
     minimum = data.get("min_median_rt_ms") or 0
     speed = f", median time per trial at least {minimum:g} ms" if minimum > 0 else ""
+    least_answered = data.get("min_answered") or 0
+    speed += f", at least {least_answered:.0%} of a survey answered" if least_answered > 0 else ""
     copies = data.get("copies") or 0
     read = f"{data['submissions']} submissions read" + (f" ({data['submissions'] - copies} attempts; {copies} further copies of them, "
                                                          "such as a JSON and a CSV download of one attempt, counted once)" if copies else "")

@@ -53,6 +53,7 @@ def run(cfg: DictConfig) -> dict:
         raise ValueError(f"max_attention_failures must be >= 0, got {cfg.max_attention_failures}")
     check_n_boot(cfg.n_boot)
     humans.check_min_median_rt_ms(cfg.min_median_rt_ms)
+    humans.check_min_answered(cfg.min_answered)
     package = humans.load_package(cfg.package)
     files = response_files(cfg.responses)
     measure = load_report(cfg.measure_report) if cfg.measure_report else None
@@ -60,7 +61,8 @@ def run(cfg: DictConfig) -> dict:
         humans.check_report_matches(measure, humans.survey_model_labels(package), humans.package_set_fingerprints(package))
     observers = list(make_panel(cfg.observers, cfg.observer_net, cfg.lpips_weights, resolve_device(cfg.device))) if cfg.observers else []
     responses = humans.read_responses(files, package)
-    data = humans.analyse(package, responses, observers, measure, cfg.max_attention_failures, cfg.n_boot, cfg.seed, cfg.min_median_rt_ms)
+    data = humans.analyse(package, responses, observers, measure, cfg.max_attention_failures, cfg.n_boot, cfg.seed, cfg.min_median_rt_ms,
+                          cfg.min_answered)
     out = Path(cfg.out) if cfg.out else package.path / "results"
     atomic_write_json(out / "humans.json", plain(data))  # undefined numbers (one worker's std) as null, as in every report
     atomic_write_text(out / "humans.md", humans.markdown_summary(data) + "\n![accuracy](accuracy.png)\n")

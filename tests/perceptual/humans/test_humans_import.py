@@ -378,6 +378,32 @@ def test_response_times_are_read_back_and_speeders_excluded_on_request(package, 
             human_scores(package, responses, min_median_rt_ms=bad)
 
 
+def test_partial_submissions_are_kept_unless_min_answered_asks_for_more(package, tmp_path):
+    sid = package.manifest["surveys"][0]["survey_id"]
+    complete = _submission(package, sid, "complete", lambda u: u.answer)
+    checks = set(package.truth.loc[package.truth["attention_check"], "trial_id"])
+    real = [a for a in complete["answers"] if a["trial_id"] not in checks]
+    gave_up = real[len(real) // 2:]  # every check passed, half of the real trials left unanswered
+    partial = {**complete, "worker_id": "partial", "answers": [a for a in complete["answers"] if a not in gave_up]}
+    (tmp_path / "a.json").write_text(json.dumps([complete, partial]))
+    responses = read_responses([tmp_path / "a.json"], package)
+    share = len(partial["answers"]) / len(complete["answers"])
+
+    everyone = human_scores(package, responses, n_boot=50)
+    answered = {a["worker_id"]: a for a in everyone["attention"]}
+    assert answered["partial"]["answered"] == pytest.approx(share) and answered["complete"]["answered"] == 1.0
+    assert not any(a["excluded"] or a["incomplete"] for a in answered.values())
+    strict = human_scores(package, responses, n_boot=50, min_answered=1)
+    assert {a["worker_id"] for a in strict["attention"] if a["excluded"]} == {"partial"}
+    assert strict["excluded_counts"] == {"answered too little of the survey (less than min_answered 100% of its answers)": len(partial["answers"]),
+                                         "missing answer": len(gave_up)}
+    assert "at least 100% of a survey answered" in markdown_summary(strict)
+    assert not any(a["excluded"] for a in human_scores(package, responses, n_boot=50, min_answered=share)["attention"])
+    for bad in (-0.1, 1.5, math.nan, "half", True):
+        with pytest.raises(ValueError, match=r"min_answered must be a share of a survey's answers in \[0, 1\]"):
+            human_scores(package, responses, min_answered=bad)
+
+
 def test_a_submission_failing_checks_and_too_fast_is_counted_once(package, tmp_path):
     sid = package.manifest["surveys"][0]["survey_id"]
     sub = _timed(package, sid, "both", 0.1)
