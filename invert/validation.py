@@ -62,6 +62,8 @@ def check_images(x: object, name: str = "images", channels: int | None = None) -
     The range check is skipped inside :func:`hot_loop` (it would synchronise with the device).
     """
     if not isinstance(x, torch.Tensor):
+        if isinstance(x, torch.fx.Proxy):  # symbolic tracing (training.list_layers, Representation): no values to check yet
+            return x
         raise TypeError(f"{name} must be a torch.Tensor of shape (N, C, H, W) in [0, 1], got {type(x).__name__}")
     if x.dtype == torch.uint8:
         raise TypeError(

@@ -63,6 +63,21 @@ def _split(model: nn.Module) -> tuple[nn.Module, nn.Module | None]:
     return model, None
 
 
+def _penultimate(model: nn.Module) -> tuple[str | None, nn.Module]:
+    """The penultimate layer's name and the classifier that names it: the model's own, or, for a wrapper around exactly one
+    zoo classifier (a defence's input transform or noise in front of one), that classifier's layer by its path in the
+    wrapper (``base.net.layer4``), so the wrapper's own operations stay in front of it. (None, model) when there is none
+    or more than one (an ensemble: which would it be?)."""
+    if getattr(model, "penultimate", None) is not None:
+        return model.penultimate, model
+    inner = [(name, module) for name, module in model.named_modules()
+             if name and getattr(module, "penultimate", None) is not None and hasattr(module, "net") and hasattr(module, "normalize")]
+    if len(inner) != 1:
+        return None, model
+    name, classifier = inner[0]
+    return f"{name}.net.{classifier.penultimate}", classifier
+
+
 def list_layers(model: nn.Module) -> list[str]:
     """Names accepted as ``layer`` (eval-mode torch.fx node names of the network), in execution order."""
     from torchvision.models.feature_extraction import get_graph_node_names
@@ -95,7 +110,7 @@ class Representation(nn.Module):
         model: a :class:`~training.models.Classifier` (normalisation inside) or any module that takes
             [0, 1] images.
         layer: node or module name inside the network; ``None`` or ``"penultimate"`` = the
-            architecture's representation layer.
+            architecture's representation layer (for a module wrapping one zoo classifier, that classifier's).
         fake_relu: identity-backward ReLU at that layer; ``None`` = the architecture's default.
         pool: ``"avg"`` global average pool of (N, C, H, W) maps, ``"flatten"`` keeps every unit,
             ``"auto"`` = avg for the penultimate layer and flatten otherwise.
@@ -112,17 +127,18 @@ class Representation(nn.Module):
         if pool not in ("auto", "avg", "flatten"):
             raise ValueError(f"pool must be 'auto', 'avg' or 'flatten', got {pool!r}")
         net, normalize = _split(model)
-        penultimate = getattr(model, "penultimate", None)
+        penultimate, classifier = _penultimate(model)
         if layer in (None, "penultimate"):
             if penultimate is None:
-                raise ValueError(f"{type(model).__name__} names no penultimate layer: pass layer= (see list_layers(model))")
+                raise ValueError(f"{type(model).__name__} names no penultimate layer and wraps no single zoo classifier that does: "
+                                 "pass layer= (see list_layers(model))")
             layer = penultimate
         names = list_layers(model)
         node_name = _resolve_layer(net, layer, names)
         self.layer = layer
         self.default_pool = "avg" if layer == penultimate else "flatten"  # what pool="auto" chooses at this layer
         self.pool = self.default_pool if pool == "auto" else pool
-        self.fake_relu = bool(getattr(model, "fake_relu", False) if fake_relu is None else fake_relu)
+        self.fake_relu = bool(getattr(classifier, "fake_relu", False) if fake_relu is None else fake_relu)
         with kept_training_flags(model):  # a model training in the caller's loop had its BatchNorm frozen, model.training still True
             self.extractor = create_feature_extractor(net.eval(), return_nodes={node_name: "features"})
             self.normalize = normalize

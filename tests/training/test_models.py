@@ -78,6 +78,29 @@ def test_named_layers_can_be_listed_and_chosen():
     assert pooled(torch.rand(2, 3, 32, 32)).shape == (2, 256)
 
 
+def test_a_defence_wrapping_a_zoo_classifier_is_traced_through_it_and_takes_its_penultimate_layer():
+    """A defence written as a plain module around a zoo model (an input transform in front): tracing stopped at the
+    classifier's input check (an fx Proxy is no tensor), so neither list_layers nor any layer= worked."""
+    from torch import nn
+
+    class Quantised(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.base = build_model("small_cnn", "digits", width=4)
+
+        def forward(self, x):
+            return self.base(torch.round(x * 3) / 3)
+
+    defence, x = Quantised().eval(), torch.rand(2, 3, 32, 32)
+    assert list_layers(defence)[:3] == ["mul", "round", "truediv"] and "base.net.linear" in list_layers(defence)
+    rep = Representation(defence)
+    assert rep.layer == "base.net.features" and rep.pool == "avg" and rep.fake_relu == defence.base.fake_relu
+    assert torch.equal(rep(x), Representation(defence.base)(torch.round(x * 3) / 3))  # the inner penultimate, behind the transform
+    two = nn.ModuleDict({"a": build_model("small_cnn", "digits", width=4), "b": build_model("small_cnn", "digits", width=4)})
+    with pytest.raises(ValueError, match="names no penultimate layer and wraps no single zoo classifier that does: pass layer="):
+        Representation(two)  # an ensemble: whose layer would it be?
+
+
 def test_representation_does_not_run_layers_after_the_chosen_one():
     model = build_model("resnet18", "cifar10")
     rep = Representation(model, layer="layer1")
