@@ -271,6 +271,15 @@ def quoted(value) -> str:
     return "'" + re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), str(value)) + "'"
 
 
+def _quoting_hint(override: str | None) -> str:
+    """For an override whose value holds characters of Hydra's grammar (a sweep job's folder, ``runs/n_targets=4``): how
+    to quote it."""
+    key, sep, value = (override or "").partition("=")
+    if not sep or not any(c in value for c in "=,()[]{}:'\" ") or value[:1] in "[{'\"":
+        return ""
+    return f". Quote a value that holds '=', ',', brackets or spaces, and the whole override for the shell: \"{key}={quoted(value)}\""
+
+
 def override_value(value) -> str:
     """``value`` (a config's None, bool, number, string, list or mapping, OmegaConf's containers too) written as a Hydra
     override value that reads back as the same value: ``null``, ``true``, strings quoted (:func:`quoted`: a ``,`` would
@@ -386,7 +395,7 @@ def check_overrides(config_name: str, arguments: Sequence[str]) -> DictConfig:
     try:
         parsed = parse_overrides(arguments)
     except OverrideParseException as err:
-        raise ConfigError(f"cannot read the override {err.override!r}: {err.message}") from None
+        raise ConfigError(f"cannot read the override {err.override!r}: {err.message}{_quoting_hint(err.override)}") from None
     overrides = [_sweep_free(o) for o in parsed]
     config = _check_composition(config_name, overrides)
     for i, o in enumerate(parsed):  # later sweep values that can change the config's keys: group choices and dict values

@@ -195,8 +195,13 @@ def test_an_unknown_config_group_choice_is_refused_with_the_valid_choices():
     assert "Config search path" not in str(info.value)
     with pytest.raises(ConfigError, match=r"invert appears more than once .*choose another with invert=NAME \(no \+\)"):
         check_overrides("measure", ["+invert=fast"])
-    with pytest.raises(ConfigError, match=r"cannot read the override 'invert.steps=\[1,2'"):
+    with pytest.raises(ConfigError, match=r"cannot read the override 'invert.steps=\[1,2'") as info:
         check_overrides("measure", ["invert.steps=[1,2"])
+    assert "Quote" not in str(info.value)  # a list written wrong: quoting would make it a string
+    # a sweep job's folder, as the command logged it: the error says how to quote it
+    with pytest.raises(ConfigError, match=r"""Quote a value that holds '=', ',', brackets or spaces, and the whole override for the shell: """
+                                          r""""set='sets/mr2/n_targets=4'"$"""):
+        check_overrides("stimuli_trials", ["set=sets/mr2/n_targets=4", "task=2afc"])
 
 
 def test_an_added_config_group_the_command_does_not_use_is_refused():
