@@ -596,18 +596,20 @@ def _prepare(out: Path, fingerprint: str, shard_info: dict | None, n_chunks: int
         raise StimulusSetError(f"{out} is a file: give a directory for the stimulus set")
     cleared = replacing = False  # a set this run replaces: what else its folder holds stays, and the new set joins it
     if is_complete_set(out):
+        unreadable = None
         try:
             info = read_manifest(out)
             same = info.get("fingerprint") == fingerprint and info.get("shard") == shard_info
-        except StimulusSetError:
-            same = False
+        except StimulusSetError as err:
+            same, unreadable = False, err
         if same and overwrite is not True:
             return True, False
         if overwrite == "archive":
-            _archive(out, "a stimulus set made with other parameters")
+            _archive(out, "a stimulus set made with other parameters" if unreadable is None else "a stimulus set whose manifest cannot be read")
         elif not overwrite:
+            held = "a different stimulus set (other parameters or shard)" if unreadable is None else f"a set that cannot be read ({unreadable})"
             raise StimulusSetError(
-                f"{out} already holds a different stimulus set (other parameters or shard): choose another out, "
+                f"{out} already holds {held}: choose another out, "
                 "or pass overwrite=true to replace it (also to resume an interrupted replacement)"
             )
         elif same:  # made afresh with the same parameters: the old set stays in use until the new one is whole

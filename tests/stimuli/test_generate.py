@@ -154,6 +154,10 @@ def test_resuming_with_other_parameters_is_refused_unless_overwrite(tmp_path, di
     assert set(s.manifest["seed_type"].dropna()) == {"noise", "gray"}
     with pytest.raises(StimulusSetError, match="already holds a different stimulus set"):
         invert(out, digits, engine=CountingEngine(steps=3))
+    manifest = out / "manifest.json"
+    manifest.write_text(manifest.read_text()[:40])  # truncated: the refusal says so, not "other parameters"
+    with pytest.raises(StimulusSetError, match=r"already holds a set that cannot be read \(.*manifest\.json is not valid JSON.*overwrite=true"):
+        invert(out, digits, seed_types=["noise", "gray"])
 
 
 def test_overwrite_replaces_a_set_that_has_trial_tables_and_keeps_other_files(tmp_path, digits):
