@@ -286,10 +286,22 @@ def load_into(model: nn.Module, checkpoint: str | Path, trust_pickle: bool = Fal
         other = ({"normalize.mean", "normalize.std"} - set(halves)).pop()
         raise CheckpointError(f"{checkpoint} holds {halves[0]} but not {other}: half an input normalisation would mix the file's and the "
                               f"data set's; add {other} to the file, or drop {halves[0]} to use the data set's statistics")
+    _refuse_non_finite(model, state, checkpoint)
     model.load_state_dict(state, strict=False)
     if any(k.startswith("normalize.") for k in own):  # did the file say how its inputs were normalised?
         model.normalization_from_checkpoint = "normalize.mean" in state and "normalize.std" in state
     return metadata
+
+
+def _refuse_non_finite(model: nn.Module, state: Mapping[str, torch.Tensor], checkpoint) -> None:
+    """Weights or batch-norm statistics holding NaN or Inf (a run that diverged) are refused here, naming the file: loaded,
+    they surface as a NaN objective at the first step of an inversion or attack, far from their cause. Other buffers
+    may hold infinities on purpose and are not checked."""
+    checked = {name for name, _ in model.named_parameters()} | {k for k in state if k.endswith((".running_mean", ".running_var"))}
+    bad = sorted(k for k in checked & state.keys() if state[k].is_floating_point() and not bool(torch.isfinite(state[k]).all()))
+    if bad:
+        raise CheckpointError(f"{checkpoint} holds NaN or Inf in {len(bad)} weight tensor(s) (e.g. {bad[:3]}): the training run that wrote it "
+                              "diverged; use an earlier checkpoint of that run or train again (a lower learning rate)")
 
 
 def save_checkpoint(model: nn.Module, path: str | Path, metadata: Mapping[str, Any] | None = None) -> Path:

@@ -336,6 +336,12 @@ def test_corrupt_missing_and_mismatched_checkpoints(tmp_path):
         build_model("resnet18", "digits", checkpoint=str(good))
     with pytest.raises(CheckpointError, match="shape mismatch"):
         build_model("small_cnn", "cifar100", checkpoint=str(good))
+    diverged = {k: v.clone() for k, v in model.net.state_dict().items()}
+    first_weight = next(k for k in diverged if k.endswith("weight"))
+    diverged[first_weight][0] = float("nan")  # a run that diverged: a NaN objective at step 0 of an inversion, far from its cause
+    torch.save(diverged, tmp_path / "nan.pt")
+    with pytest.raises(CheckpointError, match=rf"nan\.pt holds NaN or Inf in 1 weight tensor\(s\) \(e\.g\. \['net\.{first_weight}'\]\): .*diverged"):
+        build_model("small_cnn", "digits", checkpoint=str(tmp_path / "nan.pt"))
 
 
 def test_random_bytes_and_text_files_are_not_checkpoints(tmp_path):
