@@ -23,7 +23,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit((f"unknown command {argv[0]!r}\n" if argv else "") + usage)
     module_name = COMMANDS[argv[0]]
     from training.config import run_checked
+    from training.io import exit_on_sigterm
 
+    exit_on_sigterm()  # a killed job (timeout, scancel) removes its staging folders as Ctrl-C does
     run_checked(argv[0], argv[1:])  # a misspelt key is refused by name before any work starts
     # Hydra reads sys.argv: hand it the overrides only.
     sys.argv = [f"{sys.argv[0]} {argv[0]}"] + argv[1:]

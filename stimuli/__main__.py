@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> None:
     if command not in COMMANDS:
         sys.exit(f"unknown command {command!r}: use one of {', '.join(COMMANDS)} (python -m stimuli --help)")
     from training.config import run_checked
+    from training.io import exit_on_sigterm
 
+    exit_on_sigterm()  # a killed job (timeout, scancel) removes its staging folders as Ctrl-C does
     overrides = translate(overrides)
     run_checked(f"stimuli_{command}", overrides)  # a misspelt key is refused by name before Hydra starts
     sys.argv = [f"{sys.argv[0]} {command}"] + overrides

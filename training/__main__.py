@@ -22,6 +22,7 @@ import hydra
 from omegaconf import DictConfig
 
 from .config import expand_path_options, run_checked
+from .io import exit_on_sigterm
 from .sweeps import groups_in_template, job_path
 from .trainer import format_summary, train
 
@@ -54,5 +55,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()  # a killed job (timeout, scancel) removes its temporary files as Ctrl-C does
     run_checked("train", sys.argv[1:])  # a misspelt key is refused by name before Hydra starts
     main()

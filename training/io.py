@@ -13,8 +13,10 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -121,6 +123,20 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
             shutil.rmtree(old)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM (``timeout``, ``kill``, Slurm's ``scancel`` and time limit) end the process through Python's cleanup,
+    as Ctrl-C does: ``finally`` blocks and context managers run, so staging folders (:func:`atomic_directory`) and
+    temporary files go with it; Python's default for SIGTERM leaves them behind. The exit status stays 143 (128 +
+    SIGTERM). Installed by the command-line entry points, from the main thread only, and only where SIGTERM has no
+    handler yet (a launcher's own stays)."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_for_signal)
+
+
+def _exit_for_signal(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _umask() -> int:

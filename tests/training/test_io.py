@@ -61,3 +61,29 @@ def test_checkpoints_are_kept_and_found_by_epoch_number_past_9999(tmp_path):
         latest = run.save_checkpoint(epoch, model, {"epoch": epoch}, keep=2)
     assert sorted(p.name for p in run.checkpoint_dir.glob("epoch_*")) == ["epoch_10001", "epoch_10002"]
     assert run.latest() == latest and run.earlier_checkpoint(latest).epoch == 10001
+
+
+@pytest.mark.parametrize("handled", [True, False])
+def test_a_terminated_command_removes_its_staging_folder_as_ctrl_c_does(tmp_path, handled):
+    """`timeout`, `kill` and Slurm's scancel send SIGTERM, whose default skips every finally block: a killed survey
+    build left its hidden staging folder beside the package for good."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import os, signal, time
+        from training.io import atomic_directory, exit_on_sigterm
+        if {handled}:
+            exit_on_sigterm()
+        with atomic_directory({str(tmp_path / "package")!r}) as staging:
+            (staging / "half.json").write_text("{{}}")
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    if handled:
+        assert done.returncode == 143 and left == [], (done.returncode, left, done.stderr)  # 128 + SIGTERM, as before
+    else:  # what Python does by default: why the entry points install the handler
+        assert done.returncode == -15 and len(left) == 1 and left[0].startswith(".package.")
