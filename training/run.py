@@ -30,7 +30,7 @@ import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -86,6 +86,17 @@ class RunDirectory:
     def read_config_text(self) -> str | None:
         return self.config_path.read_text(encoding="utf-8") if self.config_path.is_file() else None
 
+    def remove_stale_temporaries(self) -> list[Path]:
+        """Delete the temporary files and staging folders (``.<name>.*.tmp``, :mod:`training.io`) that a killed process
+        left in the run folder (SIGKILL skips every cleanup; a kill inside a checkpoint's write left up to a whole
+        ``state.pt`` beside it for good). Only while holding the run's lock, when no other process can be writing them."""
+        stale = sorted(self.path.rglob(".*.tmp")) if self.path.is_dir() else []
+        for path in stale:
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        if stale:
+            logger.info("removed %d temporary file(s) a killed run left in %s", len(stale), self.path)
+        return stale
+
     # metrics ----------------------------------------------------------------------------------------
     def log_metrics(self, record: Mapping[str, Any]) -> None:
         append_jsonl(self.metrics_path, dict(record))
@@ -104,11 +115,18 @@ class RunDirectory:
                 break
         return records
 
-    def truncate_metrics(self, last_epoch: int) -> None:
+    def truncate_metrics(self, last_epoch: int, history: Sequence[Mapping[str, Any]] = ()) -> None:
         """Keep only the records of epochs up to ``last_epoch`` (the epoch a resume continues after):
-        a crash after logging an epoch but before its checkpoint must not leave a duplicate line."""
-        kept = [r for r in self.read_metrics() if int(r.get("epoch", 0)) <= last_epoch]
-        atomic_write_text(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
+        a crash after logging an epoch but before its checkpoint must not leave a duplicate line. An epoch the file
+        lost (a line cut by a partial write ends the readable part) is written back from ``history``, the checkpoint's
+        per-epoch numbers, with a warning."""
+        kept = {int(r.get("epoch", 0)): r for r in self.read_metrics() if int(r.get("epoch", 0)) <= last_epoch}
+        lost = sorted(int(h["epoch"]) for h in history if "epoch" in h and int(h["epoch"]) <= last_epoch and int(h["epoch"]) not in kept)
+        if lost:
+            logger.warning("%s had lost the records of epochs %s (a line cut by a partial write): written back from the checkpoint's "
+                           "history (its numbers only)", self.metrics_path, lost)
+            kept.update({int(h["epoch"]): dict(h) for h in history if int(h.get("epoch", 0)) in lost})
+        atomic_write_text(self.metrics_path, "".join(json.dumps(kept[epoch]) + "\n" for epoch in sorted(kept)))
 
     # checkpoints ------------------------------------------------------------------------------------
     def latest(self) -> CheckpointRef | None:
@@ -120,15 +138,16 @@ class RunDirectory:
             folder = self.checkpoint_dir / pointer["path"]
             ref = CheckpointRef(int(pointer["epoch"]), folder / "model.safetensors", folder / "state.pt")
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
-            raise RunDirectoryError(f"{self.latest_path} is unreadable ({err}); delete it to resume from scratch") from err
+            raise RunDirectoryError(f"{self.latest_path} is unreadable ({err}){self.resume_hint(None)}") from err
         if not (ref.weights.is_file() and ref.state.is_file()):
             raise RunDirectoryError(f"{self.latest_path} points at {folder}, which lacks model.safetensors or state.pt{self.resume_hint(ref)}")
         return ref
 
-    def earlier_checkpoint(self, ref: CheckpointRef) -> CheckpointRef | None:
-        """The newest kept checkpoint before ``ref`` with both of its files: the way back when ``ref``'s are damaged."""
+    def earlier_checkpoint(self, ref: CheckpointRef | None) -> CheckpointRef | None:
+        """The newest kept checkpoint before ``ref`` (of all, for None) with both of its files: the way back when ``ref``'s
+        are damaged, or when ``latest.json`` is."""
         for epoch, folder in reversed(self._checkpoint_folders()):
-            if epoch < ref.epoch and (folder / "model.safetensors").is_file() and (folder / "state.pt").is_file():
+            if (ref is None or epoch < ref.epoch) and (folder / "model.safetensors").is_file() and (folder / "state.pt").is_file():
                 return CheckpointRef(epoch, folder / "model.safetensors", folder / "state.pt")
         return None
 
@@ -137,12 +156,13 @@ class RunDirectory:
         found = [(folder.name.removeprefix("epoch_"), folder) for folder in self.checkpoint_dir.glob("epoch_*") if folder.is_dir()]
         return sorted((int(epoch), folder) for epoch, folder in found if epoch.isdigit())
 
-    def resume_hint(self, ref: CheckpointRef) -> str:
-        """What to do when the checkpoint ``ref`` cannot be read: go back to an earlier one, or start afresh."""
+    def resume_hint(self, ref: CheckpointRef | None) -> str:
+        """What to do when the checkpoint ``ref`` (None: the pointer to the latest) cannot be read: go back to an earlier
+        one, or start afresh."""
         earlier = self.earlier_checkpoint(ref)
         if earlier is None:
-            return f"; no earlier checkpoint is kept: delete {self.path} (or choose another run_dir) to start afresh"
-        return (f"; the checkpoint of epoch {earlier.epoch} is kept beside it: resume from it by writing "
+            return f"; no {'earlier ' if ref else ''}checkpoint is kept: delete {self.path} (or choose another run_dir) to start afresh"
+        return (f"; the checkpoint of epoch {earlier.epoch} is kept{' beside it' if ref else ''}: resume from it by writing "
                 f"'{json.dumps({'epoch': earlier.epoch, 'path': earlier.weights.parent.name})}' to {self.latest_path}")
 
     def save_checkpoint(self, epoch: int, model: nn.Module, state: Mapping[str, Any], metadata: Mapping[str, Any] | None = None,

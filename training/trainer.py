@@ -371,6 +371,7 @@ def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> Tr
     run = RunDirectory(expand_path(_get(cfg, "run_dir", "runs/default")))
     if dist.is_main:  # rank 0 writes the run; a DDP job does not wait for another's, as its other ranks would time out at a barrier
         held.enter_context(run.held(wait=dist.world_size == 1))
+        run.remove_stale_temporaries()  # under the lock: what a killed run left
     # What a saved step count means: the scheduler counts steps, so a resumed run must take as many per epoch.
     layout = {"train_images": len(train_set), "processes": dist.world_size, "steps_per_epoch": steps_per_epoch}
     progress = _resume_or_start(run, cfg, recipe, optimizer, scheduler, device, dist, layout)
@@ -554,7 +555,7 @@ def _resume_or_start(run: RunDirectory, cfg: DictConfig, recipe: Recipe, optimiz
     progress = _Progress(epoch=int(state["epoch"]), step=int(state["step"]), train_seconds=float(state["train_seconds"]),
                          images=int(state["images"]), stopped=state.get("stopped"), history=list(state.get("history", [])))
     if dist.is_main:
-        run.truncate_metrics(progress.epoch)
+        run.truncate_metrics(progress.epoch, progress.history)
         logger.info("resuming %s after epoch %d", run.path, progress.epoch)
     return progress
 

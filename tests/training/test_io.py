@@ -87,3 +87,20 @@ def test_a_terminated_command_removes_its_staging_folder_as_ctrl_c_does(tmp_path
         assert done.returncode == 143 and left == [], (done.returncode, left, done.stderr)  # 128 + SIGTERM, as before
     else:  # what Python does by default: why the entry points install the handler
         assert done.returncode == -15 and len(left) == 1 and left[0].startswith(".package.")
+
+
+def test_metrics_lines_lost_to_a_partial_write_are_written_back_from_the_checkpoints_history(tmp_path, caplog):
+    """A cut line ends the readable part of metrics.jsonl: a resume kept epochs [1] and went on to log 4, so the file
+    said [1, 4] while the summary's history said [1, 2, 3, 4]."""
+    run = RunDirectory(tmp_path / "run")
+    for epoch in (1, 2, 3):
+        run.log_metrics({"epoch": epoch, "train_loss": float(epoch), "stopped": None})
+    first, second, third = run.metrics_path.read_text().splitlines(keepends=True)
+    run.metrics_path.write_text(first + second[:10] + "\n" + third)
+    history = [{"epoch": epoch, "train_loss": float(epoch)} for epoch in (1, 2, 3)]
+    with caplog.at_level("WARNING", logger="training"):
+        run.truncate_metrics(3, history)
+    assert run.read_metrics() == [{"epoch": 1, "train_loss": 1.0, "stopped": None}, history[1], history[2]]
+    assert "had lost the records of epochs [2, 3]" in caplog.text
+    run.truncate_metrics(2, history)  # a resume after epoch 2: later lines go, as before
+    assert [r["epoch"] for r in run.read_metrics()] == [1, 2]

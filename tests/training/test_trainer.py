@@ -211,6 +211,14 @@ def test_a_run_resumes_only_on_the_data_and_processes_it_started_with(make_confi
 def test_a_damaged_latest_checkpoint_names_the_earlier_one_kept_beside_it(make_config):
     first = train(make_config("train=standard", "train.epochs=3", "train.eval.every=0", "stop_after_epochs=2"))
     run = RunDirectory(first.run_dir)
+    pointer = run.latest_path.read_text()
+    run.latest_path.write_text(pointer[:10])  # its advice was to delete it and start from scratch, with both checkpoints intact
+    with pytest.raises(RunDirectoryError, match=r"latest.json is unreadable .*; the checkpoint of epoch 2 is kept: resume from it by writing "
+                                                r"'\{\"epoch\": 2, \"path\": \"epoch_0002\"\}' to .*latest.json"):
+        train(make_config("train=standard", "train.epochs=3", "train.eval.every=0", "resume=true"))
+    run.latest_path.write_text(pointer)
+    orphan = run.checkpoint_dir / "epoch_0002" / ".state.pt.x1y2z3.tmp"  # a SIGKILL inside the checkpoint's write skips every cleanup
+    orphan.write_bytes(b"half a checkpoint")
     latest = run.latest()
     latest.state.write_bytes(latest.state.read_bytes()[:100])  # a partial copy of the run folder
     with pytest.raises(RunDirectoryError, match=r"cannot read training state .*epoch 1 is kept beside it: resume from it by writing "
@@ -218,6 +226,7 @@ def test_a_damaged_latest_checkpoint_names_the_earlier_one_kept_beside_it(make_c
         train(make_config("train=standard", "train.epochs=3", "train.eval.every=0", "resume=true"))
     (run.checkpoint_dir / "latest.json").write_text('{"epoch": 1, "path": "epoch_0001"}')  # as the message says
     assert train(make_config("train=standard", "train.epochs=3", "train.eval.every=0", "resume=true")).summary["epochs_completed"] == 3
+    assert not orphan.exists()
 
 
 def test_the_logged_rate_is_the_one_the_epoch_trained_at(make_config):
