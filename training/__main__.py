@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 
 from .config import expand_path_options, run_checked
 from .io import exit_on_sigterm
+from .run import RunDirectory, RunDirectoryError
 from .sweeps import groups_in_template, job_path
 from .trainer import format_summary, train
 
@@ -38,6 +39,26 @@ def requeued() -> bool:
         return False
 
 
+def train_or_say_how_to_resume(cfg: DictConfig):
+    """:func:`training.trainer.train`; stopped by Ctrl-C or SIGTERM (``timeout``, ``scancel``), the run's checkpoints are
+    intact: say so and how to go on, in one line instead of a traceback from somewhere inside torch, and exit with
+    the signal's status (130, 143)."""
+    try:
+        return train(cfg)
+    except (KeyboardInterrupt, SystemExit) as stop:
+        status = 130 if isinstance(stop, KeyboardInterrupt) else stop.code
+        if status not in (130, 143):
+            raise
+        try:
+            latest = RunDirectory(cfg.run_dir).latest()
+        except RunDirectoryError:
+            latest = None
+        kept = f"its checkpoint of epoch {latest.epoch} is kept" if latest else "no epoch had finished"
+        if int(os.environ.get("RANK", "0")) == 0:
+            logger.error("interrupted: %s in %s; run the same command with resume=true to continue", kept, cfg.run_dir)
+        sys.exit(status)
+
+
 @hydra.main(config_path="pkg://conf", config_name="train", version_base=None)
 def main(cfg: DictConfig) -> None:
     # A swept group the run_dir template names (train=standard,pgd with runs/${data.name}-${model.name}-${train.name})
@@ -49,7 +70,7 @@ def main(cfg: DictConfig) -> None:
         logger.warning("requeued Slurm job (SLURM_RESTART_COUNT=%s): continuing %s as with resume=true",
                     os.environ["SLURM_RESTART_COUNT"], cfg.run_dir)
         cfg.resume = True
-    result = train(cfg)
+    result = train_or_say_how_to_resume(cfg)
     if result.completed and int(os.environ.get("RANK", "0")) == 0:  # one summary, from rank 0 under torchrun
         print(format_summary(result.summary))
 

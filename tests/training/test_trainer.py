@@ -376,3 +376,25 @@ def test_the_masking_report_settings_are_read_before_the_first_epoch(make_config
         with pytest.raises(ConfigError, match=message):
             train(make_config("train=standard", "train.epochs=1", *masking, f"train.eval.masking.eps={bad}", run="bad"))
         assert not (tmp_path / "bad").exists()
+
+
+def test_an_interrupted_command_says_which_checkpoint_is_kept_and_how_to_continue(make_config, monkeypatch, caplog):
+    """Ctrl-C printed some forty lines of KeyboardInterrupt traceback ending inside torch, and no word on the run."""
+    import training.__main__ as command
+
+    cfg = make_config("train=standard", "train.epochs=2", "train.eval.every=0")
+
+    def interrupted(_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "train", interrupted)
+    with caplog.at_level("ERROR", logger="training"), pytest.raises(SystemExit) as stop:
+        command.train_or_say_how_to_resume(cfg)
+    assert stop.value.code == 130 and "interrupted: no epoch had finished" in caplog.text
+    monkeypatch.setattr(command, "train", train)
+    train(make_config("train=standard", "train.epochs=2", "train.eval.every=0", "stop_after_epochs=1"))
+    monkeypatch.setattr(command, "train", lambda _: (_ for _ in ()).throw(SystemExit(143)))  # SIGTERM, as exit_on_sigterm raises it
+    with caplog.at_level("ERROR", logger="training"), pytest.raises(SystemExit) as stop:
+        command.train_or_say_how_to_resume(cfg)
+    assert stop.value.code == 143
+    assert f"interrupted: its checkpoint of epoch 1 is kept in {cfg.run_dir}; run the same command with resume=true to continue" in caplog.text
