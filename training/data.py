@@ -244,7 +244,8 @@ def _read_pickle(path: Path) -> dict:
     except _RefusedGlobal as err:
         raise ValueError(f"{path} is not a CIFAR batch file: {err}") from err
     except Exception as err:  # a corrupt pickle fails in many ways (MemoryError, OverflowError, KeyError ...)
-        raise ValueError(f"{path} is not a readable CIFAR batch file (truncated or corrupt?): {type(err).__name__}: {err}") from err
+        raise ValueError(f"{path} is not a readable CIFAR batch file (truncated or corrupt?): {type(err).__name__}: {err}; "
+                         f"re-extract the archive into {path.parent.parent} (a partial download or copy leaves such files)") from err
 
 
 DIGITS_SPLIT_SEED = 0

@@ -71,7 +71,7 @@ def test_missing_cifar_folder_says_where_to_put_files(tmp_path):
 def test_corrupt_cifar_batch_is_refused(tmp_path):
     write_cifar10_folder(tmp_path)
     (tmp_path / "cifar-10-batches-py" / "test_batch").write_bytes(b"\x80\x04garbage")
-    with pytest.raises(ValueError, match="truncated or corrupt"):
+    with pytest.raises(ValueError, match=rf"truncated or corrupt.*re-extract the archive into {tmp_path}"):
         load_cifar("cifar10", "test", root=tmp_path)
 
 
