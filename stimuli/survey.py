@@ -334,6 +334,22 @@ def _balance_sides(hand: list[dict], rng: np.random.Generator, excess: dict[tupl
     return balanced
 
 
+def _warn_of_small_surveys(task: str, records: Sequence[Mapping], per_page: int, trials_per_survey: int) -> None:
+    """Say where a small ``trials_per_survey`` bends the package's promises: a clustering survey holds whole trials (at
+    least two where it can), so more judgements than asked (and announces their time); a one-trial survey has no room
+    for an attention check."""
+    rows = max((len(r["rows"]) for r in records), default=1)
+    if per_page * rows > trials_per_survey:
+        logger.warning("%s: its surveys hold %d trial(s) of %d rows, %d judgements each (and announce their time), more than "
+                       "trials_per_survey=%d (a survey holds at least 2 trials where it can, so that one can be a check)",
+                       task, per_page, rows, per_page * rows, trials_per_survey)
+    checks = sum(bool(r["attention_check"]) for r in records)
+    surveys = math.ceil(len(records) / per_page)
+    if per_page < 2 and 0 < checks < surveys:
+        logger.warning("%s: with one trial per survey there is no room for an attention check beside it: %d of %d surveys have "
+                       "none (raise trials_per_survey to 2 or more)", task, surveys - checks, surveys)
+
+
 def trials_per_page(records: Sequence[Mapping], trials_per_survey: int) -> int:
     """How many of a task's trials one survey holds, so that every survey asks at most ``trials_per_survey`` judgements and
     takes at most a full survey's ``minutes``: a 2AFC trial asks one, a clustering trial one per row (6 with two seed types),
@@ -421,7 +437,9 @@ def build_survey(
             records = [r for label, s in loaded.items() if s.kind == "inversion" for r in _trial_records(label, s, task, seed, attention_rate, distance)]
         if not records:
             raise ValueError(f"no set gives {task} trials: {task} needs {'a controversial' if task == 'controversial' else 'an inversion'} set")
-        records, n_surveys = _with_a_check_per_survey(records, trials_per_page(records, trials_per_survey), task)
+        per_page = trials_per_page(records, trials_per_survey)
+        _warn_of_small_surveys(task, records, per_page, trials_per_survey)
+        records, n_surveys = _with_a_check_per_survey(records, per_page, task)
         excess: dict[tuple, int] = {}  # (check or real, model, seed type) -> left minus right answers in this task's surveys
         for k, hand in enumerate(_deal(records, n_surveys, rng)):
             surveys.append({"survey_id": f"{task}-{k:03d}", "task": task, "trials": _balance_sides(hand, rng, excess)})

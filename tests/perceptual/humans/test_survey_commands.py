@@ -455,6 +455,24 @@ def test_every_survey_gets_an_attention_check_when_checks_are_asked_for(inversio
         assert len(real) == sum(len(t["rows"]) for t in alone)
 
 
+def test_surveys_too_small_for_their_promises_say_so(inversion_sets, tmp_path, caplog):
+    """trials_per_survey=1: 2AFC surveys of one trial have no room for a check, and clustering surveys hold two trials of
+    six rows, twelve judgements and their time; neither was said."""
+    with caplog.at_level("WARNING", logger="stimuli"):
+        manifest = build_survey(inversion_sets, tmp_path / "p", tasks=("2afc", "clustering"), trials_per_survey=1, attention_rate=0.1)
+    unchecked = sum(s["n_attention_checks"] == 0 for s in manifest["surveys"] if s["task"] == "2afc")
+    assert unchecked > 0 and f"2afc: with one trial per survey there is no room for an attention check beside it: {unchecked} of" in caplog.text
+    assert "clustering: its surveys hold 1 trial(s) of 6 rows, 6 judgements each (and announce their time), more than trials_per_survey=1" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="stimuli"):
+        build_survey(inversion_sets, tmp_path / "q", tasks=("2afc", "clustering"), trials_per_survey=7, attention_rate=0.1)
+    assert "clustering: its surveys hold 2 trial(s) of 6 rows, 12 judgements each" in caplog.text and "2afc" not in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="stimuli"):
+        build_survey(inversion_sets, tmp_path / "r", tasks=("2afc", "clustering"), trials_per_survey=12, attention_rate=0.1)
+    assert "trials_per_survey" not in caplog.text and "no room" not in caplog.text
+
+
 def test_no_check_is_added_when_none_are_asked_for(inversion_sets, tmp_path):
     manifest = build_survey(inversion_sets, tmp_path / "p", tasks=("2afc",), trials_per_survey=5, attention_rate=0)
     assert all(s["n_attention_checks"] == 0 for s in manifest["surveys"])
