@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import math
 import re
 import shutil
@@ -40,6 +41,8 @@ from torch import Tensor
 
 from invert import check_images
 from training.io import atomic_save, atomic_write_bytes, atomic_write_json
+
+logger = logging.getLogger(__name__)
 
 FORMAT_NAME = "repalign-stimulus-set"
 FORMAT_VERSION = 1
@@ -567,7 +570,8 @@ def merge_sets(inputs: Sequence[str | Path], out: str | Path, *, overwrite: bool
     Every shard must be complete and come from the same run (same fingerprint, kind and config),
     all shards 0..k-1 must be present exactly once, and images shared between shards (targets and
     seeds) must be identical. Rows are ordered by ``position`` (their place in the complete set).
-    ``overwrite`` replaces a set already at ``out``, and the trial tables in its ``trials/`` unless it is this very set.
+    ``overwrite`` replaces a set already at ``out``, and the trial tables in its ``trials/`` unless it is this very set;
+    without it, the set these shards make is returned as it is, and another set is refused.
     """
     if not inputs:
         raise StimulusSetError("no shards to merge: pass the shard directories (or run the sharded commands first)")
@@ -632,12 +636,16 @@ def merge_sets(inputs: Sequence[str | Path], out: str | Path, *, overwrite: bool
         raise StimulusSetError(f"the merged shards hold {len(positions)} of the set's {total} images: a shard is missing rows")
     out = Path(out)
     if is_complete_set(out):
-        if not overwrite:
-            raise StimulusSetError(f"{out} already holds a stimulus set: pass overwrite=true to replace it")
         try:
-            same = read_manifest(out).get("fingerprint") == first.fingerprint
+            held = read_manifest(out)
+            same = held.get("fingerprint") == first.fingerprint and held.get("shard") is None
         except StimulusSetError:
             same = False
+        if same and not overwrite:  # merged before (a requeued job's script runs its merge again), as invert reuses its set
+            logger.info("%s already holds this merged set: nothing to do", out)
+            return load_set(out)
+        if not overwrite:
+            raise StimulusSetError(f"{out} already holds another stimulus set: pass overwrite=true to replace it")
         if not same and (out / TRIALS_DIR).is_dir():  # they name the images of the set being replaced
             shutil.rmtree(out / TRIALS_DIR)
     elif (out / IMAGES_DIR).is_dir():  # not a set: write_set would delete its PNGs that are no image of this one

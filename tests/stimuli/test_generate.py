@@ -313,8 +313,11 @@ def test_merging_over_another_set_drops_its_trial_tables(tmp_path, digits):
     first = merge_sets(shards(0), out)
     (out / "trials").mkdir()
     set_trials(first, "2afc", seed=0).to_csv(out / "trials" / "2afc-seed0.csv", index=False)
-    with pytest.raises(StimulusSetError, match="overwrite=true"):
+    with pytest.raises(StimulusSetError, match="already holds another stimulus set: pass overwrite=true"):
         merge_sets(shards(1), out)
+    stamp = (out / "manifest.json").stat().st_mtime_ns
+    again = merge_sets(shards(0), out)  # a requeued job's script merging again: its set, as it is (it was refused)
+    assert again.fingerprint == first.fingerprint and (out / "manifest.json").stat().st_mtime_ns == stamp
     assert merge_sets(shards(0), out, overwrite=True).fingerprint == first.fingerprint
     assert (out / "trials" / "2afc-seed0.csv").is_file()
     replaced = merge_sets(shards(1), out, overwrite=True)
