@@ -16,7 +16,16 @@ import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from training.config import as_list, dataset_from_config, expand_path, expand_path_options, model_from_config, representation_from_config, resolve_device
+from training.config import (
+    as_list,
+    concise_errors,
+    dataset_from_config,
+    expand_path,
+    expand_path_options,
+    model_from_config,
+    representation_from_config,
+    resolve_device,
+)
 from training.io import atomic_write_text
 from training.sweeps import job_path
 
@@ -182,30 +191,35 @@ def survey_command(cfg: DictConfig) -> dict:
 
 
 @hydra.main(config_path="pkg://conf", config_name="stimuli_invert", version_base=None)
+@concise_errors
 def invert_main(cfg: DictConfig) -> None:
     expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
     invert_command(cfg)
 
 
 @hydra.main(config_path="pkg://conf", config_name="stimuli_controversial", version_base=None)
+@concise_errors
 def controversial_main(cfg: DictConfig) -> None:
     expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
     controversial_command(cfg)
 
 
 @hydra.main(config_path="pkg://conf", config_name="stimuli_trials", version_base=None)
+@concise_errors
 def trials_main(cfg: DictConfig) -> None:
     expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
     trials_command(cfg)
 
 
 @hydra.main(config_path="pkg://conf", config_name="stimuli_merge", version_base=None)
+@concise_errors
 def merge_main(cfg: DictConfig) -> None:
     expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
     merge_command(cfg)
 
 
 @hydra.main(config_path="pkg://conf", config_name="stimuli_survey", version_base=None)
+@concise_errors
 def survey_main(cfg: DictConfig) -> None:
     expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
     survey_command(cfg)

@@ -21,7 +21,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from .config import expand_path_options, run_checked
+from .config import concise_errors, expand_path_options, run_checked
 from .io import exit_on_sigterm
 from .run import RunDirectory, RunDirectoryError
 from .sweeps import groups_in_template, job_path
@@ -60,6 +60,7 @@ def train_or_say_how_to_resume(cfg: DictConfig):
 
 
 @hydra.main(config_path="pkg://conf", config_name="train", version_base=None)
+@concise_errors
 def main(cfg: DictConfig) -> None:
     # A swept group the run_dir template names (train=standard,pgd with runs/${data.name}-${model.name}-${train.name})
     # already gives each job its own run_dir: no second level named train=pgd below runs/...-pgd.

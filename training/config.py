@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
+from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
 from .data import IN_MEMORY, load_dataset, load_image_folder
@@ -31,6 +32,32 @@ from .representation import Representation
 
 class ConfigError(ValueError):
     """A config value is unknown or out of range; the message names the key and the choices."""
+
+
+class CommandError(CompactHydraException):
+    """A command's refusal of its input, as :func:`concise_errors` hands it to Hydra: printed as its message alone."""
+
+
+def concise_errors(task: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:
+    """For a ``@hydra.main`` command (put it under the decorator): a refusal of the run's input (a bad setting, a
+    missing, existing or damaged file, a run that diverged) reaches the user as its message, in one line after Hydra's
+    "Error executing job with overrides", not under a traceback of the code that checked it. Hydra prints a
+    ``CompactHydraException`` so; ``HYDRA_FULL_ERROR=1`` shows the traceback, the original error chained. Other
+    exceptions (bugs) keep Hydra's traceback. A sweep's jobs fail as before."""
+    from .io import LockBusyError
+    from .run import RunDirectoryError
+
+    refusals = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError, FloatingPointError, RunDirectoryError,
+                LockBusyError)
+
+    @functools.wraps(task)
+    def run(cfg: DictConfig) -> Any:
+        try:
+            return task(cfg)
+        except refusals as err:
+            raise CommandError(f"error: {err}") from err  # Hydra adds how to see the traceback (HYDRA_FULL_ERROR=1)
+
+    return run
 
 
 def check_whole_number(value: Any, name: str, least: int = 1, hint: str = "") -> None:
@@ -576,7 +603,8 @@ def run_checked(config_name: str, arguments: Sequence[str]) -> None:
 
 
 __all__ = [
-    "ConfigError", "as_list", "check_known_keys", "check_overrides", "check_train_config", "check_whole_number", "compose", "dataset_from_config",
+    "CommandError", "ConfigError", "as_list", "check_known_keys", "concise_errors",
+    "check_overrides", "check_train_config", "check_whole_number", "compose", "dataset_from_config",
     "expand_path", "expand_path_options", "flat_items", "flat_keys", "get", "model_from_config", "override_value",
     "representation_from_config", "resolve_device", "run_checked",
     "unknown_key_message",

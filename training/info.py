@@ -9,7 +9,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from .config import dataset_from_config, model_from_config, representation_from_config
+from .config import concise_errors, dataset_from_config, model_from_config, representation_from_config
 from .data import IMAGE_SIZE, IN_MEMORY, DataNotFoundError, ImageSet
 from .representation import list_layers
 
@@ -48,6 +48,7 @@ def describe(cfg: DictConfig) -> str:
 
 
 @hydra.main(config_path="pkg://conf", config_name="config", version_base=None)
+@concise_errors
 def main(cfg: DictConfig) -> None:
     print(describe(cfg))
 

@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from training import Representation
 from training.attacks import ThreatModel, config_number
-from training.config import as_list, dataset_from_config, expand_path, expand_path_options, resolve_device
+from training.config import as_list, concise_errors, dataset_from_config, expand_path, expand_path_options, resolve_device
 from training.data import NUM_CLASSES
 from training.io import atomic_write_json, atomic_write_text
 from training.models.defences import load_factory  # noqa: F401  (re-exported: the factory loader the audit documents)
@@ -298,6 +298,7 @@ def run(cfg: DictConfig) -> dict:
 
 
 @hydra.main(config_path="pkg://conf", config_name="audit", version_base=None)
+@concise_errors
 def main(cfg: DictConfig) -> None:
     expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
     if not cfg.get("reference_dir"):  # a multirun's jobs share the references trained beside the sweep's out

@@ -86,7 +86,7 @@ from invert.rng import noise_images
 from stimuli.distortions import Distortion, make_condition_set, parse_conditions
 from stimuli.sets import tensor_sha256
 from training.checkpoints import weights_hash
-from training.config import as_list, dataset_from_config, expand_path, expand_path_options, resolve_device
+from training.config import as_list, concise_errors, dataset_from_config, expand_path, expand_path_options, resolve_device
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 
@@ -604,6 +604,7 @@ def _print_models(data: Mapping, against: str) -> None:
 
 
 @hydra.main(config_path="pkg://conf", config_name="compare", version_base=None)
+@concise_errors
 def main(cfg: DictConfig) -> None:
     expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
     cfg.out = str(job_path(cfg.out))  # a multirun's jobs report in folders of their own

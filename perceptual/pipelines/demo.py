@@ -19,7 +19,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from training.config import as_list, expand_path_options, resolve_device
+from training.config import as_list, concise_errors, expand_path_options, resolve_device
 from training.sweeps import job_path
 
 from ..convergence import convergence_sentence
@@ -91,6 +91,7 @@ def controversial_lines(c: dict) -> list[str]:
 
 
 @hydra.main(config_path="pkg://conf", config_name="demo", version_base=None)
+@concise_errors
 def main(cfg: DictConfig) -> None:
     expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
     cfg.out = str(job_path(cfg.out))  # a multirun's jobs report in folders of their own

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from training.config import as_list, expand_path, expand_path_options
+from training.config import as_list, concise_errors, expand_path, expand_path_options
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 
@@ -311,6 +311,7 @@ def run(cfg: DictConfig | Mapping) -> dict:
 
 
 @hydra.main(config_path="pkg://conf", config_name="humans-mvh", version_base=None)
+@concise_errors
 def main(cfg: DictConfig) -> None:
     expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
     cfg.out = str(job_path(cfg.out))

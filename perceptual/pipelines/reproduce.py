@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from invert.config import load_preset
-from training.config import expand_path_options, flat_items, resolve_device, resolved_path_text
+from training.config import concise_errors, expand_path_options, flat_items, resolve_device, resolved_path_text
 from training.io import atomic_write_json, atomic_write_text
 from training.recipes import RECIPES
 from training.sweeps import groups_in_template, job_path
@@ -245,6 +245,7 @@ def groups_in_out(cfg: DictConfig) -> tuple[str, ...]:
 
 
 @hydra.main(config_path="pkg://conf", config_name="reproduce", version_base=None)
+@concise_errors
 def main(cfg: DictConfig) -> None:
     groups = groups_in_out(cfg)  # read from the template, which expanding the path replaces by its value
     expand_path_options(cfg)  # out='~/x', $VARS: before any path is used

@@ -9,7 +9,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from training.config import expand_path, expand_path_options
+from training.config import concise_errors, expand_path, expand_path_options
 
 from ..sweep_summary import sweep_markdown, write_sweep_summary
 
@@ -27,6 +27,7 @@ def run(cfg: DictConfig) -> dict:
 
 
 @hydra.main(config_path="pkg://conf", config_name="sweep", version_base=None)
+@concise_errors
 def main(cfg: DictConfig) -> None:
     expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
     tables = run(cfg)

@@ -22,7 +22,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 import stimuli
-from training.config import as_list, check_whole_number, expand_path, expand_path_options, resolve_device
+from training.config import as_list, check_whole_number, concise_errors, expand_path, expand_path_options, resolve_device
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 
@@ -160,6 +160,7 @@ def run(cfg: DictConfig | Mapping) -> dict:
 
 
 @hydra.main(config_path="pkg://conf", config_name="unknown", version_base=None)
+@concise_errors
 def main(cfg: DictConfig) -> None:
     expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
     cfg.out = str(job_path(cfg.out))

@@ -19,7 +19,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 import stimuli
-from training.config import as_list, check_whole_number, dataset_from_config, expand_path, expand_path_options, resolve_device
+from training.config import as_list, check_whole_number, concise_errors, dataset_from_config, expand_path, expand_path_options, resolve_device
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 
@@ -156,6 +156,7 @@ def run(cfg: DictConfig | Mapping) -> dict:
 
 
 @hydra.main(config_path="pkg://conf", config_name="visalign", version_base=None)
+@concise_errors
 def main(cfg: DictConfig) -> None:
     expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
     cfg.out = str(job_path(cfg.out))

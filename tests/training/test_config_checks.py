@@ -240,6 +240,14 @@ def test_a_bad_group_choice_exits_with_one_line_and_no_traceback(tmp_path):
     assert done.stderr.strip().splitlines()[-1].startswith("error: unknown train config 'pdg'") and "train=pgd" in done.stderr
 
 
+def test_a_refused_input_is_one_line_after_hydras_not_a_traceback(tmp_path):
+    """A missing set, a bad value found once the config is read: the message came under some ten lines of traceback."""
+    done = subprocess.run([sys.executable, "-m", "stimuli", "trials", f"set={tmp_path / 'nothere'}", "task=2afc"], capture_output=True,
+                          text=True, cwd=REPO_ROOT, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"error: no stimulus set at {tmp_path / 'nothere'}: the directory does not exist" in done.stderr.splitlines()
+
+
 def test_a_sweeps_later_group_choices_and_dict_values_are_checked_too():
     """Only the first value was composed: the sweep's other jobs met the bad value after their queue wait."""
     with pytest.raises(ConfigError, match=r"unknown train config 'tradse'.*Did you mean train=trades\?.*in the sweep's jobs with train=tradse"):
