@@ -16,7 +16,7 @@ from training.io import atomic_write_json, atomic_write_text
 from . import metrics as M
 from .observers import offline_variants
 from .pair_metrics import PAIR_METRIC_REGISTRY
-from .report import markdown_text, plain, save_figure
+from .report import format_number, markdown_text, plain, save_figure
 from .scores import Scores
 from .tasks import panel_summary
 
@@ -111,9 +111,7 @@ def unknown_metrics(id_scores: Scores, id_logits: torch.Tensor | None, ood_score
 
 
 def _fmt(value: Any, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    return f"{value:.{digits}f}"
+    return format_number(value, f".{digits}f")
 
 
 def write_outputs(data: dict, unknown: dict | None, out: Path, conditions: Sequence[Distortion], per_condition_figures: bool = False) -> None:

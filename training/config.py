@@ -25,6 +25,8 @@ import torch
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
 
+from invert.validation import check_whole
+
 from .data import IN_MEMORY, load_dataset, load_image_folder
 from .models import Classifier, build_model
 from .representation import Representation
@@ -63,8 +65,10 @@ def concise_errors(task: Callable[[DictConfig], Any]) -> Callable[[DictConfig], 
 def check_whole_number(value: Any, name: str, least: int = 1, hint: str = "") -> None:
     """Refuse anything but an int >= ``least`` (a bool, a float, a string), naming the setting; ``hint`` follows
     the bound in the message (e.g. " (or null)" where the caller lets None through)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ConfigError(f"{name} must be a whole number >= {least}{hint}, got {value!r}")
+    try:
+        check_whole(value, name, least=least, why=hint)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 TRADES_LINF_STEP = 0.007  # the TRADES and MART reference codes' Linf step (at eps 0.031, 10 steps)

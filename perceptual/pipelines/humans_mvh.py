@@ -52,11 +52,11 @@ from ..mvh_analysis import (
     shape_bias_table,
 )
 from ..mvh_figures import accuracy_figure, consistency_matrix_figure, error_consistency_figure, shape_bias_figure
-from ..report import plain
+from ..report import format_number, plain
 
 
 def _fmt(value: float, digits: int = 3) -> str:
-    return "–" if value is None or (isinstance(value, float) and np.isnan(value)) else f"{value:.{digits}f}"
+    return format_number(value, f".{digits}f")
 
 
 def _in_condition_order(frame: pd.DataFrame) -> pd.DataFrame:

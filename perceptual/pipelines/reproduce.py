@@ -19,8 +19,6 @@ CIFAR-10 subset); ``scale=paper`` is the paper's models and budgets, for a GPU o
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from pathlib import Path
 from typing import Sequence
@@ -37,6 +35,7 @@ from training.recipes import RECIPES
 from training.sweeps import groups_in_template, job_path
 from training.trainer import run_identity
 
+from ..cache import cache_key
 from ..experiments import RESULTS, Variant, comparison_pairs, experiment_result
 from ..measure import ModelSpec, make_panel, measure_models, threat_from_config, validate_inputs
 from ..statistics import check_n_boot
@@ -102,7 +101,8 @@ def train_overrides(variant: Variant, scale: DictConfig) -> dict:
 
 
 def _digest(*parts) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    """Eight hex digits of :func:`perceptual.cache.cache_key`: a folder-name suffix."""
+    return cache_key(*parts)[:8]
 
 
 def _trained_on(folder: Path) -> str | None:
