@@ -659,7 +659,7 @@ def human_scores(package: SurveyPackage, responses: Responses, max_attention_fai
     }
 
 
-def ranking_agreement(human: Mapping[str, float], observer: Mapping[str, float]) -> dict:
+def human_observer_agreement(human: Mapping[str, float], observer: Mapping[str, float]) -> dict:
     """Kendall's tau and Spearman's rho between human and observer scores over the models both have (a score that is
     undefined, NaN or a report's null, counts as missing)."""
     models = sorted(m for m in set(human) & set(observer) if is_number(human[m]) and is_number(observer[m]))
@@ -758,7 +758,7 @@ def analyse(package: SurveyPackage, responses: Responses, observers: Sequence[Ob
         for (model, task), group in judged.groupby(["model", "task"], sort=True):
             entry["accuracy_on_package"].setdefault(task, {})[model] = float(group["credit"].mean())
         for task, human in human_by_task.items():
-            entry["ranking"][task] = ranking_agreement(human, entry["accuracy_on_package"].get(task, {}))
+            entry["ranking"][task] = human_observer_agreement(human, entry["accuracy_on_package"].get(task, {}))
         reliability[observer.name] = entry
     data["reliability"] = reliability
     if measure_report is not None:
@@ -768,7 +768,7 @@ def analyse(package: SurveyPackage, responses: Responses, observers: Sequence[Ob
             for model, result in measure_report["models"].items():
                 for name, summary in (result.get("per_observer", {}).get(task) or {}).items():
                     per_observer.setdefault(name, {})[model] = summary["overall"]["accuracy"]
-            ranking[task] = {name: ranking_agreement(human, scores) for name, scores in per_observer.items()}
+            ranking[task] = {name: human_observer_agreement(human, scores) for name, scores in per_observer.items()}
         data["measure_ranking"] = ranking
     return data
 

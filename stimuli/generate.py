@@ -552,7 +552,7 @@ class _Parts:
         return {"record": record, **tensors}
 
 
-def _config_record(config: Mapping[str, Any] | None, parameters: dict) -> dict:
+def _config_record(config: Mapping[str, Any] | None) -> dict:
     if config is None:  # a Python-API run: the parameters say everything
         return {}
     if hasattr(config, "_metadata"):
@@ -717,7 +717,7 @@ def _run_plan(
         # auto in fp32 stays "auto", as sets made before this record it.
         plan.parameters["engine"]["precision"] = "bf16"
     fingerprint = fingerprint_of(plan.parameters)
-    config_record = _config_record(config, plan.parameters)  # before the engine runs: a config JSON cannot hold is named now
+    config_record = _config_record(config)  # before the engine runs: a config JSON cannot hold is named now
     # Two jobs of a sweep that need the same set (reproduce's presets share their measurements) make it once: the
     # second waits here, then finds it complete and reuses it.
     with exclusive_lock(set_lock_file(out), what=str(out), activity="being made"):

@@ -13,11 +13,11 @@ import pytest
 from perceptual.humans import (
     COPY,
     LATER_ATTEMPT,
+    human_observer_agreement,
     human_scores,
     load_package,
     markdown_summary,
     observer_choices,
-    ranking_agreement,
     read_responses,
     scored,
     survey_kappa,
@@ -169,13 +169,13 @@ def test_fleiss_kappa_per_survey_on_constructed_answers():
     assert survey_kappa(pd.DataFrame(partial))["s"] == pytest.approx(1 / 3)
 
 
-def test_ranking_agreement_same_order_treats_ties_as_ties():
+def test_human_observer_agreement_same_order_treats_ties_as_ties():
     """Sorted by score, tied models fell in name order: humans {a: .5, b: .5} against an observer that ranks a above b
     had "the same order", against one that ranks b above a not."""
-    assert not ranking_agreement({"a": 0.5, "b": 0.5, "c": 0.3}, {"a": 0.6, "b": 0.4, "c": 0.1})["same_order"]
-    assert not ranking_agreement({"a": 0.5, "b": 0.5, "c": 0.3}, {"a": 0.4, "b": 0.6, "c": 0.1})["same_order"]
-    assert ranking_agreement({"a": 0.5, "b": 0.5, "c": 0.3}, {"a": 0.7, "b": 0.7, "c": 0.1})["same_order"]
-    assert ranking_agreement({"a": 0.9, "b": 0.6, "c": 0.3}, {"a": 0.8, "b": 0.5, "c": 0.1})["same_order"]
+    assert not human_observer_agreement({"a": 0.5, "b": 0.5, "c": 0.3}, {"a": 0.6, "b": 0.4, "c": 0.1})["same_order"]
+    assert not human_observer_agreement({"a": 0.5, "b": 0.5, "c": 0.3}, {"a": 0.4, "b": 0.6, "c": 0.1})["same_order"]
+    assert human_observer_agreement({"a": 0.5, "b": 0.5, "c": 0.3}, {"a": 0.7, "b": 0.7, "c": 0.1})["same_order"]
+    assert human_observer_agreement({"a": 0.9, "b": 0.6, "c": 0.3}, {"a": 0.8, "b": 0.5, "c": 0.1})["same_order"]
 
 
 def test_order_effects_need_an_order_of_each_participants_own(package, tmp_path, caplog):
@@ -194,16 +194,16 @@ def test_order_effects_need_an_order_of_each_participants_own(package, tmp_path,
     assert result["order_effects"] == {} and "no order effects" in caplog.text
 
 
-def test_ranking_agreement_exact_values():
-    same = ranking_agreement({"a": 0.9, "b": 0.6, "c": 0.3}, {"a": 0.8, "b": 0.5, "c": 0.1, "d": 0.7})
+def test_human_observer_agreement_exact_values():
+    same = human_observer_agreement({"a": 0.9, "b": 0.6, "c": 0.3}, {"a": 0.8, "b": 0.5, "c": 0.1, "d": 0.7})
     assert same["models"] == ["a", "b", "c"] and same["kendall_tau"] == pytest.approx(1.0) and same["spearman_rho"] == pytest.approx(1.0)
     assert same["same_order"]
-    flipped = ranking_agreement({"a": 0.9, "b": 0.6, "c": 0.3}, {"a": 0.1, "b": 0.5, "c": 0.8})
+    flipped = human_observer_agreement({"a": 0.9, "b": 0.6, "c": 0.3}, {"a": 0.1, "b": 0.5, "c": 0.8})
     assert flipped["kendall_tau"] == pytest.approx(-1.0) and not flipped["same_order"]
-    assert math.isnan(ranking_agreement({"a": 1.0}, {"a": 1.0})["kendall_tau"])
+    assert math.isnan(human_observer_agreement({"a": 1.0}, {"a": 1.0})["kendall_tau"])
     # an undefined observer score (null in a report.json read back) is a missing model, not a TypeError or a NaN tau
-    assert ranking_agreement({"a": 0.9, "b": 0.6, "c": 0.3}, {"a": 0.8, "b": None, "c": math.nan, "d": 0.7})["models"] == ["a"]
-    assert ranking_agreement({"a": 0.9, "b": 0.6, "c": 0.3}, {"a": 0.8, "b": None, "c": 0.1})["kendall_tau"] == pytest.approx(1.0)
+    assert human_observer_agreement({"a": 0.9, "b": 0.6, "c": 0.3}, {"a": 0.8, "b": None, "c": math.nan, "d": 0.7})["models"] == ["a"]
+    assert human_observer_agreement({"a": 0.9, "b": 0.6, "c": 0.3}, {"a": 0.8, "b": None, "c": 0.1})["kendall_tau"] == pytest.approx(1.0)
 
 
 def test_trial_agreement_with_an_observer_on_the_package_images(package):
