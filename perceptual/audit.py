@@ -385,11 +385,12 @@ def audit_robustness(model: nn.Module, x: Tensor, y: Tensor, norm: str, eps: flo
                      n_targets: int = 3, eot_samples: int = 1, reference: Optional[nn.Module] = None, seed: int = 0,
                      masking_eps: Optional[list[float]] = None, unbounded_steps: int = 50, bpda: Optional[str] = None,
                      sweep_eps: Optional[list[float]] = None, cache_dir: Optional[Path] = None, smoothing_samples: int = 64,
-                     smoothing_sigma: Optional[float] = None, identity=None) -> RobustnessAudit:
+                     smoothing_sigma: Optional[float] = None, identity=None, reference_identity=None) -> RobustnessAudit:
     """Attack ``model`` with :func:`attack_suite` at ``eps`` (and at every ``sweep_eps``, for the accuracy-vs-eps
     figure), take the per-sample worst case, then run the masking checks. With ``cache_dir`` every attack's result
     and the masking report are stored there and reused by a rerun with the same model (:func:`module_identity` with
-    ``identity``), images and settings. ``smoothing_samples`` = 0 leaves out the smoothed-gradient attack (and its check)."""
+    ``identity``), the same transfer ``reference`` (with ``reference_identity``), images and settings.
+    ``smoothing_samples`` = 0 leaves out the smoothed-gradient attack (and its check)."""
     model.eval()
     check_budgets(steps=steps, square_queries=square_queries, n_targets=n_targets, eot=eot_samples, unbounded_steps=unbounded_steps)
     check_eps_values(norm, eps, sweep_eps=sweep_eps or [], masking_eps=masking_eps or [])
@@ -400,8 +401,9 @@ def audit_robustness(model: nn.Module, x: Tensor, y: Tensor, norm: str, eps: flo
         log.warning("%s", warning)
     settings = dict(steps=steps, square_queries=square_queries, n_targets=n_targets, eot_samples=eot_samples, reference=reference, bpda=bpda, seed=seed,
                     smoothing_samples=smoothing_samples, smoothing_sigma=smoothing_sigma)
-    key = cache_key(module_identity(model, identity), reference is not None and module_identity(reference), tensor_digest(x, y), norm, steps,
-                    square_queries, n_targets, eot_samples, seed, bpda, "audit-v2", *([smoothing_samples, smoothing_sigma] if smoothing_samples else []))
+    transfer_from = reference is not None and module_identity(reference, reference_identity)
+    key = cache_key(module_identity(model, identity), transfer_from, tensor_digest(x, y), norm, steps, square_queries, n_targets, eot_samples, seed,
+                    bpda, "audit-v2", *([smoothing_samples, smoothing_sigma] if smoothing_samples else []))
     predict = _ensemble_predict(model, eot_samples) if randomised else None
     answers = clean_predictions(model, x, eot_samples if randomised else 1, seed=seed)
     above = is_above_chance(answers, y)  # rule 0: said before the attacks start, and first in the report

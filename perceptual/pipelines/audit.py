@@ -140,6 +140,11 @@ def train_references(cfg: DictConfig) -> dict[str, ModelSpec]:
     return {label: ModelSpec(name=setup.model, checkpoint=str(path), label=label, kwargs=kwargs) for label, path in weights.items()}
 
 
+def _build_settings(spec: ModelSpec) -> dict:
+    """What builds a model: part of its cache keys beside its weights and repr."""
+    return {"name": spec.name, "factory": spec.factory, "kwargs": spec.kwargs, "checkpoint": spec.checkpoint, "pretrained": spec.pretrained}
+
+
 def _check_alignment_inputs(cfg: DictConfig, specs: list[ModelSpec], defence: torch.nn.Module) -> dict:
     controversial = {"model_a": specs[0].label, "model_b": "robust", **OmegaConf.to_container(cfg.alignment.controversial, resolve=True)}
     validate_inputs(specs, n_targets=int(cfg.alignment.n_targets), seed_types=as_list(cfg.alignment.seed_types, "alignment.seed_types"), tasks=ALIGNMENT_TASKS,
@@ -222,13 +227,16 @@ def run(cfg: DictConfig) -> dict:
     settings = dict(steps=int(cfg.threat.steps), square_queries=int(cfg.square_queries), n_targets=int(cfg.n_targets), seed=int(cfg.seed),
                     smoothing_samples=int(cfg.smoothing.samples),
                     smoothing_sigma=smoothing_sigma)
-    # The defence's config is part of its cache keys: a factory's kwargs need not show in its weights or its repr.
+    # Each model's build settings are part of its cache keys: a factory's kwargs need not show in its weights or its repr
+    # (a reference's too: one rebuilt with other kwargs kept its old attack results).
     defence_identity = module_identity(defence, OmegaConf.to_container(cfg.defence, resolve=True))
+    reference_identities = {label: module_identity(model, _build_settings(references[label])) for label, model in reference_models.items()}
     audit = audit_robustness(defence, x, y, norm, eps, eot_samples=int(cfg.eot), reference=reference_models["robust"], bpda=cfg.bpda or None,
                              sweep_eps=sweep, masking_eps=masking_eps, unbounded_steps=int(cfg.unbounded_steps), cache_dir=out / "cache" / "defence",
-                             identity=defence_identity, **settings)
+                             identity=defence_identity, reference_identity=reference_identities["robust"], **settings)
     log.info("%s: worst-case accuracy %.1f%% (%s eps %.4g, %d images)", defence_spec.label, 100 * audit.accuracy["worst_case"], norm, eps, n)
-    reference_robust = {label: reference_accuracy(model, x, y, norm, eps, cache_dir=out / "cache" / label, **settings)
+    reference_robust = {label: reference_accuracy(model, x, y, norm, eps, cache_dir=out / "cache" / label, identity=reference_identities[label],
+                                                  **settings)
                         for label, model in reference_models.items()}
 
     # 4. Alignment.

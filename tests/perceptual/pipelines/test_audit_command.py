@@ -141,6 +141,18 @@ def user_models(tmp_path, monkeypatch):
 
         def not_a_module():
             return "model"
+
+        class Dimmed(torch.nn.Module):
+            # a reference whose setting shows in neither its weights nor its repr
+            def __init__(self, scale):
+                super().__init__()
+                torch.manual_seed(0)
+                self.inner, self.scale = build_model("small_cnn", "digits", width=4), scale
+            def forward(self, x):
+                return self.inner(x * self.scale)
+
+        def dimmed(scale):
+            return Dimmed(scale)
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
     return tmp_path
@@ -188,6 +200,22 @@ def test_the_observer_panel_is_checked_before_references_train(tmp_path, monkeyp
     monkeypatch.setattr(audit_module, "worst_case", _refuse)
     with pytest.raises(ValueError, match=match):
         run(_cfg(tmp_path, "defence.name=small_cnn", "+defence.kwargs.width=4", setting))
+
+
+def test_a_reference_rebuilt_with_other_settings_is_attacked_again(user_models):
+    """The references' cache keys held their weights and repr only: a factory reference rebuilt with another kwarg kept
+    the old model's attack results in a rerun."""
+    def keys(out, scale):  # what each cached attack result is filed under (untrained models: every accuracy is 0 here)
+        run(_cfg(user_models / out, "defence.factory=my_defences:noisy", "eot=2", "alignment.enabled=false", *RANDOM_REFERENCES[::2],
+                 "reference.robust.factory=my_defences:dimmed", f"+reference.robust.kwargs={{scale: {scale}}}"))
+        files = sorted((user_models / out / "cache").rglob("*.json"))
+        return {f.relative_to(user_models / out).as_posix(): json.loads(f.read_text()).get("key") for f in files if "attacks" in f.parts}
+
+    first = keys("rerun", 1.0)
+    again = keys("rerun", 0.0)
+    assert again == keys("fresh", 0.0)  # the rerun computed what a fresh run does
+    assert all(again[name] != first[name] for name in first if name.startswith("cache/robust/"))
+    assert all(again[name] == first[name] for name in first if name.startswith("cache/standard/"))  # the other reference: kept
 
 
 def test_randomised_defence_without_eot_is_warned_in_the_report(user_models, capsys, caplog):
