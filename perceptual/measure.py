@@ -49,7 +49,7 @@ from stimuli.survey import LABEL_RULE, is_plain_label
 from training import build_model
 from training.attacks import ThreatModel
 from training.config import as_list, check_whole_number, dataset_from_config, expand_path, resolve_device, resolved_path_text
-from training.data import ImageSet, folder_to_imageset
+from training.data import NUM_CLASSES, ImageSet, folder_to_imageset
 from training.evaluate import clean_accuracy, robust_accuracy
 from training.io import atomic_write_json, atomic_write_text
 from training.models.defences import build_from_factory
@@ -98,6 +98,8 @@ class ModelSpec:
     KEYS: ClassVar[tuple[str, ...]] = ("name", "factory", "checkpoint", "label", "layer", "fake_relu", "trust_pickle", "pretrained", "kwargs")
 
     def __post_init__(self) -> None:
+        if self.layer is not None and not isinstance(self.layer, str):  # layer=4 (an nn.Sequential's index) reads as a number
+            self.layer = str(self.layer)
         if bool(self.name) == bool(self.factory):
             raise ValueError(f"a model needs exactly one of name (a zoo model) or factory (module:function), got name={self.name!r}, "
                              f"factory={self.factory!r}")
@@ -223,6 +225,50 @@ def observe_set(
     return results
 
 
+def _prepare_model(spec: ModelSpec, dataset: str, probe: torch.Tensor, n_classes: int, device: torch.device, out: Path,
+                   model_dirs: Mapping[str, str | Path] | None) -> tuple[torch.nn.Module, stimuli.ModelRef, dict, Path]:
+    """(classifier, its ModelRef, the settings its sets are keyed by, its folder), after checking that it maps ``probe``
+    (two test images) to one logit per class (:func:`check_model_serves`) and that its representation runs on them."""
+    classifier = spec.build(dataset).to(device)
+    check_model_serves(spec.label, classifier, probe, dataset, n_classes)
+    default_dir = out / "models" / spec.label
+    settings = dict(spec.kwargs)  # a zoo model's kwargs (e.g. a k-WTA ratio) change what it computes, not its weights
+    if spec.factory or spec.module is not None:  # nor need a factory's settings, or a built module's, show in its weights
+        identity = module_identity(classifier, {"factory": spec.factory, "kwargs": dict(spec.kwargs), "checkpoint": spec.checkpoint})
+        default_dir = out / "models" / f"{spec.label}-{identity[:10]}"
+        settings = {"identity": identity}
+    model_dir = Path((model_dirs or {}).get(spec.label) or default_dir)
+    try:
+        ref = stimuli.ModelRef.from_classifier(classifier, name=spec.label, checkpoint=spec.checkpoint, layer=spec.layer, fake_relu=spec.fake_relu,
+                                               settings=settings)
+        with torch.no_grad():
+            ref.representation(probe)
+    except Exception as err:  # a user's model that cannot be traced or cut at the layer asked for: named with the model
+        raise ValueError(f"model {spec.label!r}: its representation{f' at layer {spec.layer!r}' if spec.layer else ''} does not run: "
+                         f"{type(err).__name__}: {err}") from err
+    return classifier, ref, settings, model_dir
+
+
+def check_model_serves(label: str, model: torch.nn.Module, x: torch.Tensor, dataset: str, n_classes: int) -> None:
+    """Refuse, naming ``label``, a model that fails on the data's images ``x`` or does not return one logit per class:
+    exactly the data set's number of classes where it is known (:data:`training.data.NUM_CLASSES`; the top of 100
+    outputs on 10-class digits was measured as its accuracy), else at least the ``n_classes`` its folders hold."""
+    try:
+        with torch.no_grad():
+            logits = model(x)
+    except Exception as err:
+        raise ValueError(f"model {label!r} fails on the {dataset} images, of shape {tuple(x.shape[1:])}: {type(err).__name__}: {err}") from err
+    expected = NUM_CLASSES.get(dataset)
+    outputs = logits.shape[-1] if isinstance(logits, torch.Tensor) and logits.ndim == 2 else None
+    if outputs is None:
+        got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"model {label!r} must map (N, C, H, W) images to (N, classes) logits, got {got}")
+    if expected is not None and outputs != expected:
+        raise ValueError(f"model {label!r} has {outputs} outputs but {dataset} has {expected} classes: give a model trained on {dataset}")
+    if expected is None and outputs < n_classes:
+        raise ValueError(f"model {label!r} has {outputs} outputs but the data has {n_classes} classes: give a model with one output per class")
+
+
 def _file_sha256(path: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
@@ -298,19 +344,13 @@ def measure_models(
     targets = stimuli.select_targets(test, n=n_targets, seed=seed)
     started = time.perf_counter()
     results: dict[str, dict] = {}
-    classifiers: dict[str, stimuli.ModelRef] = {}
+    # Every model is built and run on the data's images before the first is inverted: a model that cannot serve (another
+    # image size, another number of classes, a layer its representation lacks) is named in seconds, not after the others.
+    probe = (test if isinstance(test, ImageSet) else folder_to_imageset(test, range(min(2, len(test))))).float_images(slice(0, 2), device=device)
+    prepared = {spec.label: _prepare_model(spec, dataset, probe, len(test.classes), device, out, model_dirs) for spec in specs}
+    classifiers: dict[str, stimuli.ModelRef] = {label: ref for label, (_, ref, _, _) in prepared.items()}
     for spec in tqdm(specs, desc="models", unit="model"):
-        classifier = spec.build(dataset).to(device)
-        default_dir = out / "models" / spec.label
-        settings = dict(spec.kwargs)  # a zoo model's kwargs (e.g. a k-WTA ratio) change what it computes, not its weights
-        if spec.factory or spec.module is not None:  # nor need a factory's settings, or a built module's, show in its weights
-            identity = module_identity(classifier, {"factory": spec.factory, "kwargs": dict(spec.kwargs), "checkpoint": spec.checkpoint})
-            default_dir = out / "models" / f"{spec.label}-{identity[:10]}"
-            settings = {"identity": identity}
-        model_dir = Path((model_dirs or {}).get(spec.label) or default_dir)
-        ref = stimuli.ModelRef.from_classifier(classifier, name=spec.label, checkpoint=spec.checkpoint, layer=spec.layer, fake_relu=spec.fake_relu,
-                                               settings=settings)
-        classifiers[spec.label] = ref
+        classifier, ref, settings, model_dir = prepared[spec.label]
         stimulus_set = stimuli.make_inversion_set(
             model_dir / "set", ref, targets, seed_types=seed_types, noise_kind=noise_kind, train_set=train, seed=seed, engine=engine,
             chunk_size=chunk_size, device=device, config=config, overwrite=SETS_OUT_OF_DATE,

@@ -646,3 +646,34 @@ def test_a_figure_that_fails_loses_no_number_and_a_rewritten_report_keeps_no_sta
         del model["convergence"]
     write_report(data, out)
     assert not (out / "convergence.png").exists()
+
+
+def test_every_model_is_checked_on_the_data_before_the_first_is_inverted(tmp_path, tiny_checkpoints, monkeypatch):
+    """A model of another number of classes, another image size or a bad layer failed only once the models before it
+    were inverted, judged and measured (hours at the paper's scale); 100 outputs on 10-class digits were measured."""
+    import textwrap
+
+    (tmp_path / "wrong_models.py").write_text(textwrap.dedent("""
+        import torch
+        from training import build_model
+
+        def hundred():
+            return build_model("small_cnn", "cifar100", width=4)
+
+        def big():  # made for 64-pixel images
+            return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 64 * 64, 10))
+
+        def flat():
+            return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 10))
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cases = [("hundred", None, r"model 'hundred' has 100 outputs but digits has 10 classes"),
+             ("big", "1", r"model 'big' fails on the digits images, of shape \(3, 32, 32\): RuntimeError"),
+             ("flat", "nowhere", r"model 'flat': its representation at layer 'nowhere' does not run: ValueError: unknown layer 'nowhere'")]
+    good = ModelSpec("small_cnn", str(tiny_checkpoints["narrow"]), "narrow", kwargs={"width": 8})
+    for label, layer, message in cases:
+        with pytest.raises(ValueError, match=message):
+            measure_models([good, ModelSpec(factory=f"wrong_models:{label}", label=label, layer=layer)], {"name": "digits", "root": None},
+                           tmp_path / label, engine=ENGINE, n_targets=4, panel=Panel([PixelL2Observer()]), device=TEST_DEVICE)
+        assert not (tmp_path / label / "models").exists()  # nothing inverted for the good model first
+    assert ModelSpec(factory="wrong_models:flat", layer=4).layer == "4"  # Hydra reads layer=4 as a number
