@@ -566,6 +566,15 @@ def _pass_through_schema(config_name: str, node_path: str) -> frozenset[str] | N
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _null_nodes(config_name: str) -> frozenset[str]:
+    """The dotted keys that ``conf/<config_name>.yaml`` sets to null: where a command takes a dict of the user's
+    (``measure``'s ``controversial``), whose keys it checks itself."""
+    if not config_name:
+        return frozenset()
+    return frozenset(key for key, value in _flattened(compose(config_name), "", resolve=False).items() if value is None)
+
+
 def _unknown_added_key(key: str, base: DictConfig, config_name: str = "") -> str | None:
     """The shortest part of the dotted ``key`` that ``base`` lacks (``threat.epz`` of ``threat.epz.x``) where the node
     it would join is closed: a non-empty dict, not named in :data:`OPEN_NODES`. None when the key exists, or joins a
@@ -586,7 +595,8 @@ def _unknown_added_key(key: str, base: DictConfig, config_name: str = "") -> str
         if not isinstance(node, DictConfig) or node._is_none() or (depth and not len(node)):
             return None
         if part not in node:
-            return ".".join(parts[:depth + 1])
+            # a key added to a dict the user gave where the config has null (+controversial.steps=20): the command checks it
+            return None if depth and ".".join(parts[:depth]) in _null_nodes(config_name) else ".".join(parts[:depth + 1])
         if part in OPEN_NODES:
             return None
         node = node._get_node(part)

@@ -240,6 +240,15 @@ def test_a_bad_group_choice_exits_with_one_line_and_no_traceback(tmp_path):
     assert done.stderr.strip().splitlines()[-1].startswith("error: unknown train config 'pdg'") and "train=pgd" in done.stderr
 
 
+def test_a_key_of_a_dict_the_user_gives_where_the_config_has_null_is_added_with_a_plus():
+    """measure's controversial is null in conf/measure.yaml: controversial.steps=20 after controversial={...} was refused
+    with the dict's own two keys as "the valid keys", and +controversial.steps=20 as a key measure never reads."""
+    given = "controversial={model_a:a,model_b:b}"
+    with pytest.raises(ConfigError, match=r"^'controversial.steps' is not set .* add it with \+controversial.steps=VALUE"):
+        check_overrides("measure", [given, "controversial.steps=20"])
+    assert check_overrides("measure", [given, "+controversial.steps=20"]).controversial.steps == 20  # measure checks its keys
+
+
 def test_a_refused_input_is_one_line_after_hydras_not_a_traceback(tmp_path):
     """A missing set, a bad value found once the config is read: the message came under some ten lines of traceback."""
     done = subprocess.run([sys.executable, "-m", "stimuli", "trials", f"set={tmp_path / 'nothere'}", "task=2afc"], capture_output=True,
