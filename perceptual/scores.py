@@ -112,7 +112,9 @@ def feature_representation(model: nn.Module, scores: Mapping[str, "ScoreFunction
     try:
         return Representation(model), {}
     except ValueError as err:
-        return None, {name: f"needs the penultimate layer's features, and {type(model).__name__} names none ({err})" for name in needing}
+        why = str(err).split(": pass layer=")[0]  # the commands take no layer= for these scores: the model names its own
+        return None, {name: f"needs the penultimate layer's features, and {type(model).__name__} names none ({why}; give it a `penultimate` "
+                            "attribute naming one of training.list_layers(model))" for name in needing}
 
 
 class ScoreFunction:
@@ -140,7 +142,9 @@ class ScoreFunction:
 
     def _features(self, outputs: ModelOutputs) -> Tensor:
         if outputs.features is None:
-            raise ValueError(f"{self.name} needs penultimate features: compute outputs with features=True")
+            raise ValueError(f"{self.name} needs penultimate features, and the model names no penultimate layer (a zoo model does; give "
+                             "your own a `penultimate` attribute naming one of training.list_layers(model)); in Python, compute outputs "
+                             "with features=True")
         return outputs.features
 
     def __repr__(self) -> str:

@@ -325,8 +325,10 @@ class ComparePipeline:
 
             try:
                 self.representations[label] = Representation(self.models[label])
-            except ValueError as err:
-                log.warning("model %r: %s; CKA and the unknown report's feature scores leave it out", label, err)
+            except ValueError as err:  # compare takes no layer=: the model names its penultimate layer itself
+                reason = str(err).split(": pass layer=")[0]
+                log.warning("model %r: %s (give it a `penultimate` attribute naming one of training.list_layers(model)); CKA and the unknown "
+                            "report's feature scores leave it out", label, reason)
                 self.representations[label] = None
         return self.representations[label]
 

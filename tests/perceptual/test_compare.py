@@ -398,6 +398,7 @@ def test_a_model_without_a_penultimate_layer_is_compared_on_its_logits(tmp_path,
     assert np.isfinite(data["aggregated"]["error_consistency"][systems.index("plain"), systems.index("cnn")])
     scores = data["unknown"]["systems"]
     assert "auroc" in str(scores["plain"]["max_softmax"]) and "penultimate" in scores["plain"]["mahalanobis"]["error"]
+    assert "`penultimate` attribute" in scores["plain"]["mahalanobis"]["error"]  # what a command-line user can do about it
     assert "error" not in scores["cnn"]["mahalanobis"]
     # a rerun into the folder without the unknown report and with other conditions leaves none of the first run's files
     figures = tmp_path / "out" / "figures"
