@@ -408,7 +408,7 @@ def measure_models(
         report_data["controversial"] = measure_controversial(classifiers, test, panel, out, controversial, engine, seed, device, judge_8bit, config,
                                                              alignment=results, chunk_size=chunk_size)
     report_data["seconds"] = round(time.perf_counter() - started, 1)
-    write_report(report_data, out, {spec.label: classifiers[spec.label] for spec in specs})
+    write_report(report_data, out)
     return report_data
 
 
@@ -673,24 +673,53 @@ def _task_cells(scores: Mapping) -> list[str]:
     return [report.format_score((scores.get(t) or {}).get("mean"), (scores.get(t) or {}).get("std")) for t in ("2afc", "clustering", "clustering_hard")]
 
 
-def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] | None = None) -> None:
+def write_report(data: dict, out: Path) -> None:
     """report.json, report.md, report.html, grid.png and the scatter plots: the JSON first, so that a figure that fails to
     draw loses no number; figures of an earlier report that this one does not draw are removed."""
     atomic_write_json(out / "report.json", report.plain(data))  # undefined numbers as null: strict JSON readers refuse NaN
     models_data = data["models"]
-    variants = sorted(set(data["observer_variants"].values()) - {"weight-free"})
+    with_convergence = {label: m for label, m in models_data.items() if "convergence" in m}
+    marked = {(f"{label} †" if not m.get("converged", True) else label): m for label, m in models_data.items()}
+    notes = _report_notes(data, with_convergence)
+    figures = _report_figures(data, out, marked, with_convergence)
     caption = (
         f"Data set {data['data']}, {data['n_targets']} targets × seeds {seed_names(data)}; observers "
         f"(panel mean ± std): {', '.join(data['observers'])}; judged on {data['judged_on']}."
     )
+    markdown = ["# Alignment report", "", report.markdown_table(marked, caption)]
+    markdown += _convergence_section(data, with_convergence)
+    markdown += _seed_type_section(models_data)
+    markdown += _gaussian_section(models_data)
+    markdown += _statistics_sections(data.get("statistics") or {})
+    if data.get("converged_only"):
+        restricted = {label: {**m, **m["converged_only"]} for label, m in models_data.items() if "converged_only" in m}
+        markdown += ["## Converged items only", "", report.markdown_table(restricted, "The same scores over the converged inversions only."), ""]
+    controversial, note = _controversial_section(data)
+    markdown += controversial
+    notes += [note] if note else []
+    markdown += [f"- {n}" for n in notes] + [f"- ![{f}]({f})" for f in figures]
+    text = "\n".join(markdown) + "\n"
+    report.write_text(out / "report.md", text)
+    report.write_text(out / "report.html", report.markdown_page(text, "repalign alignment report"))
+
+
+def _report_notes(data: Mapping, with_convergence: Mapping) -> list[str]:
+    """The report's closing notes: the LPIPS variants, each model's convergence, what † and the offline variants mean."""
+    variants = sorted(set(data["observer_variants"].values()) - {"weight-free"})
     notes = [f"LPIPS variant(s) used: {'; '.join(variants) or 'none'}."]
-    with_convergence = {label: m for label, m in models_data.items() if "convergence" in m}
     if with_convergence:
         notes += [convergence_sentence(label, m["convergence"]) + "." for label, m in with_convergence.items()]
         if data.get("not_converged"):
             notes.append(f"† in the table: fewer than {MIN_CONVERGED_FRACTION:.0%} of the model's inversions converged.")
     if offline_variants(variants):
         notes.append("The LPIPS AlexNet weights were not available: the LPIPS rows use the labelled offline variants.")
+    return notes
+
+
+def _report_figures(data: Mapping, out: Path, marked: Mapping, with_convergence: Mapping) -> list[str]:
+    """Draw the report's figures (the grid, the scatter plots, convergence), remove an earlier report's that this one
+    does not draw, and return the names of those it shows."""
+    models_data = data["models"]
     figures = []
     sets = [m.get("set") for m in models_data.values()]
     if sets and all(sets) and all(Path(p).is_dir() for p in sets):
@@ -698,7 +727,6 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
     elif sets and all(sets) and (out / "grid.png").is_file():  # a report of relative set paths rewritten from another folder
         log.warning("the sets %s are not found from %s: grid.png is kept as it was", sets, Path.cwd())
         figures.append("grid.png")
-    marked = {(f"{label} †" if not m.get("converged", True) else label): m for label, m in models_data.items()}
     for task in ("2afc", "clustering"):
         if report.scatter_points(models_data, task):  # none without robust accuracy (threat=null)
             figures.append(report.alignment_scatter(marked, out / f"scatter_{task}.png", task).name)
@@ -707,120 +735,134 @@ def write_report(data: dict, out: Path, models: Mapping[str, stimuli.ModelRef] |
     for stale in ("grid.png", "scatter_2afc.png", "scatter_clustering.png", "convergence.png"):
         if stale not in figures:  # an earlier report's figure, no longer this report's
             (out / stale).unlink(missing_ok=True)
-    markdown = ["# Alignment report", "", report.markdown_table(marked, caption)]
-    if with_convergence:
-        threshold = data.get("convergence_threshold", DEFAULT_THRESHOLD)
-        markdown += [
-            f"## Convergence (normalised representation distance; converged: <= {threshold:g})", "",
-            "| Model | best distance: median | best distance: 90th pct. | last iterate's loss: median | converged |", "|---|---|---|---|---|",
-        ]
-        markdown += [
-            f"| {label} | {report.format_number(c['best_median'])} | {report.format_number(c['best_p90'])} | {report.format_number(c['last_median'])} | "
-            f"{report.format_number(c['converged_fraction'], '.0%')} |"
-            for label, c in ((label, m["convergence"]) for label, m in with_convergence.items())
-        ]
-        with_priors = [label for label, m in with_convergence.items() if m["convergence"].get("curve_includes_priors")]
-        markdown += ["", "The best distance is the inversion distance alone at the image each item keeps, in float32. The last iterate's loss "
-                     "is the engine's objective where the item stopped, in the run's precision (bf16 on a GPU): beside the best it says "
-                     "whether items were still moving, not how far they got"
-                     + (f"; for {', '.join(with_priors)} it includes the priors (tv_weight, lp_weight, transform_robust), so it is not "
-                        "a distance." if with_priors else "."), ""]
+    return figures
+
+
+def _convergence_section(data: Mapping, with_convergence: Mapping) -> list[str]:
+    if not with_convergence:
+        return []
+    threshold = data.get("convergence_threshold", DEFAULT_THRESHOLD)
+    lines = [
+        f"## Convergence (normalised representation distance; converged: <= {threshold:g})", "",
+        "| Model | best distance: median | best distance: 90th pct. | last iterate's loss: median | converged |", "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {label} | {report.format_number(c['best_median'])} | {report.format_number(c['best_p90'])} | {report.format_number(c['last_median'])} | "
+        f"{report.format_number(c['converged_fraction'], '.0%')} |"
+        for label, c in ((label, m["convergence"]) for label, m in with_convergence.items())
+    ]
+    with_priors = [label for label, m in with_convergence.items() if m["convergence"].get("curve_includes_priors")]
+    lines += ["", "The best distance is the inversion distance alone at the image each item keeps, in float32. The last iterate's loss "
+              "is the engine's objective where the item stopped, in the run's precision (bf16 on a GPU): beside the best it says "
+              "whether items were still moving, not how far they got"
+              + (f"; for {', '.join(with_priors)} it includes the priors (tv_weight, lp_weight, transform_robust), so it is not "
+                 "a distance." if with_priors else "."), ""]
+    return lines
+
+
+def _seed_type_section(models_data: Mapping) -> list[str]:
     with_seed_types = {label: m for label, m in models_data.items() if len(m.get("by_seed_type") or {}) > 1}
-    if with_seed_types:
-        markdown += ["## By seed type", "",
-                     "The table above pools the seed types; Nanda et al.'s Table 1 inverts from noise seeds only, so its headline "
-                     "compares with the noise rows (`seed_types=[noise]` measures those alone). Panel mean ± std.", "",
-                     "| Model | Seeds | 2AFC (%) | Clustering (%) | Hard clustering (%) | converged |", "|---|---|---|---|---|---|"]
-        for label, m in with_seed_types.items():
-            for seed_type, scores in m["by_seed_type"].items():
-                cells = _task_cells(scores)
-                conv = (m.get("convergence") or {}).get("by_seed_type", {}).get(seed_type, {}).get("converged_fraction")
-                markdown.append(f"| {label} | {seed_type} | " + " | ".join(cells) + f" | {report.format_number(conv, '.0%')} |")
-        markdown.append("")
+    if not with_seed_types:
+        return []
+    lines = ["## By seed type", "",
+             "The table above pools the seed types; Nanda et al.'s Table 1 inverts from noise seeds only, so its headline "
+             "compares with the noise rows (`seed_types=[noise]` measures those alone). Panel mean ± std.", "",
+             "| Model | Seeds | 2AFC (%) | Clustering (%) | Hard clustering (%) | converged |", "|---|---|---|---|---|---|"]
+    for label, m in with_seed_types.items():
+        for seed_type, scores in m["by_seed_type"].items():
+            cells = _task_cells(scores)
+            conv = (m.get("convergence") or {}).get("by_seed_type", {}).get(seed_type, {}).get("converged_fraction")
+            lines.append(f"| {label} | {seed_type} | " + " | ".join(cells) + f" | {report.format_number(conv, '.0%')} |")
+    return lines + [""]
+
+
+def _gaussian_section(models_data: Mapping) -> list[str]:
     with_gaussian = [m for m in models_data.values() if "gaussian" in m]
-    if with_gaussian:
-        described = ", ".join(f"N({g['mean']}, {g['std']}²) ({g['name']})" for g in with_gaussian[0]["gaussian"]["gaussians"])
-        markdown += ["## In-distribution vs Gaussian targets (Nanda et al. Table 3)", "",
-                     f"The same models inverted towards test images and towards noise images drawn from {described}, clamped to "
-                     "[0, 1]; panel mean ± std.", "",
-                     "| Model | Targets | 2AFC (%) | Clustering (%) | Hard clustering (%) | converged |", "|---|---|---|---|---|---|"]
-        for label, m in models_data.items():
-            for kind, entry in (("test images", m), ("Gaussian", m.get("gaussian"))):
-                if entry is None:
-                    continue
-                cells = _task_cells(entry)
-                conv = entry.get("convergence", {}).get("converged_fraction")
-                markdown.append(f"| {label} | {kind} | " + " | ".join(cells) + f" | {report.format_number(conv, '.0%')} |")
-        markdown.append("")
-    stats = data.get("statistics") or {}
+    if not with_gaussian:
+        return []
+    described = ", ".join(f"N({g['mean']}, {g['std']}²) ({g['name']})" for g in with_gaussian[0]["gaussian"]["gaussians"])
+    lines = ["## In-distribution vs Gaussian targets (Nanda et al. Table 3)", "",
+             f"The same models inverted towards test images and towards noise images drawn from {described}, clamped to "
+             "[0, 1]; panel mean ± std.", "",
+             "| Model | Targets | 2AFC (%) | Clustering (%) | Hard clustering (%) | converged |", "|---|---|---|---|---|---|"]
+    for label, m in models_data.items():
+        for kind, entry in (("test images", m), ("Gaussian", m.get("gaussian"))):
+            if entry is None:
+                continue
+            cells = _task_cells(entry)
+            conv = entry.get("convergence", {}).get("converged_fraction")
+            lines.append(f"| {label} | {kind} | " + " | ".join(cells) + f" | {report.format_number(conv, '.0%')} |")
+    return lines + [""]
+
+
+def _statistics_sections(stats: Mapping) -> list[str]:
+    """The paired differences between models and whether their ranking holds (:func:`measurement_statistics`)."""
+    lines: list[str] = []
     if stats.get("paired_differences"):
-        markdown += ["## Paired differences between models", "",
-                     "Mean difference of the scores on the same targets, with a 95 % paired bootstrap interval over targets and the "
-                     "panel's observers; * where the interval excludes 0.", "", "| Task | Models | Difference (points) | 95 % interval |",
-                     "|---|---|---|---|"]
+        lines += ["## Paired differences between models", "",
+                  "Mean difference of the scores on the same targets, with a 95 % paired bootstrap interval over targets and the "
+                  "panel's observers; * where the interval excludes 0.", "", "| Task | Models | Difference (points) | 95 % interval |",
+                  "|---|---|---|---|"]
         for task, pairs in stats["paired_differences"].items():
             for pair, r in pairs.items():
                 star = " *" if r["separated"] else ""
-                markdown.append(f"| {task} | {pair} | {_points(r['difference'])}{star} | [{_points(r['ci_low'])}, {_points(r['ci_high'])}] |")
-        markdown.append("")
+                lines.append(f"| {task} | {pair} | {_points(r['difference'])}{star} | [{_points(r['ci_low'])}, {_points(r['ci_high'])}] |")
+        lines.append("")
     if stats.get("ranking_agreement"):
-        markdown += ["## Does the model ranking hold? (Kendall's tau, 95 % bootstrap interval over targets)", "",
-                     "| Rankings compared | tau | interval |", "|---|---|---|"]
-        markdown += [f"| {name} | {_tau_cell(r['tau'])} | {_interval_cell(r['ci_low'], r['ci_high'])} |" for name, r in stats["ranking_agreement"].items()]
-        markdown += ["", "With two models tau is +1 (same order) or -1 (reversed); the interval says how often resampled targets keep it. "
-                     "A ranking that ties the models (equal scores) has no tau.", ""]
-    if data.get("converged_only"):
-        restricted = {label: {**m, **m["converged_only"]} for label, m in models_data.items() if "converged_only" in m}
-        markdown += ["## Converged items only", "", report.markdown_table(restricted, "The same scores over the converged inversions only."), ""]
-    if data.get("controversial", {}).get("objective") == "class_controversial":
-        c = data["controversial"]
-        markdown += [f"## Class-controversial stimuli ({c['model_a']} vs {c['model_b']})", "",
-                     "Golan et al. (2020): images the two models classify differently. Each observer chooses between the two models' "
-                     "classes by its nearest class exemplars; the rate is how often that choice is the model's decision, "
-                     + (f"each origin's rate counted once (95% {c.get('interval')}; the verdict a sign-flip test over the "
-                        f"{c.get('n_origins')} origins)" if c.get("n_origins") is not None else f"with a 95% {c.get('interval', 'interval')}")
-                     + f", over the {c['n_controversial']} of {c['n_stimuli']} stimuli the models disagree on.", ""]
+        lines += ["## Does the model ranking hold? (Kendall's tau, 95 % bootstrap interval over targets)", "",
+                  "| Rankings compared | tau | interval |", "|---|---|---|"]
+        lines += [f"| {name} | {_tau_cell(r['tau'])} | {_interval_cell(r['ci_low'], r['ci_high'])} |" for name, r in stats["ranking_agreement"].items()]
+        lines += ["", "With two models tau is +1 (same order) or -1 (reversed); the interval says how often resampled targets keep it. "
+                  "A ranking that ties the models (equal scores) has no tau.", ""]
+    return lines
+
+
+def _controversial_section(data: Mapping) -> tuple[list[str], str | None]:
+    """The controversial (or class-controversial) stimuli's section and the note that sums up its verdict."""
+    c = data.get("controversial")
+    if c is None:
+        return [], None
+    if c.get("objective") == "class_controversial":
+        lines = [f"## Class-controversial stimuli ({c['model_a']} vs {c['model_b']})", "",
+                 "Golan et al. (2020): images the two models classify differently. Each observer chooses between the two models' "
+                 "classes by its nearest class exemplars; the rate is how often that choice is the model's decision, "
+                 + (f"each origin's rate counted once (95% {c.get('interval')}; the verdict a sign-flip test over the "
+                    f"{c.get('n_origins')} origins)" if c.get("n_origins") is not None else f"with a 95% {c.get('interval', 'interval')}")
+                 + f", over the {c['n_controversial']} of {c['n_stimuli']} stimuli the models disagree on.", ""]
         if c.get("observers"):
             names = c["models"]
-            markdown += ["| Observer | " + " | ".join(names) + " | sides with |", "|---|" + "---|" * (len(names) + 1)]
-            markdown += [f"| {o} | " + " | ".join(_rate_cell(r["per_model"][m]) for m in names) + f" | {r['favours'] or 'neither'} |"
-                         for o, r in c["observers"].items()]
+            lines += ["| Observer | " + " | ".join(names) + " | sides with |", "|---|" + "---|" * (len(names) + 1)]
+            lines += [f"| {o} | " + " | ".join(_rate_cell(r["per_model"][m]) for m in names) + f" | {r['favours'] or 'neither'} |"
+                      for o, r in c["observers"].items()]
         else:
-            markdown.append(c.get("note", ""))
-        markdown.append("")
-        notes.append("Class-controversial stimuli: " + c["verdict"].replace("\n", "; "))
-    elif "controversial" in data:
-        c = data["controversial"]
-        # Observers measure on different scales: one column each, not a panel average.
-        observers = list(c["per_observer"])
-        markdown += [
-            f"## Controversial stimuli ({c['model_a']} vs {c['model_b']}, lambda {c['lambda']})",
-            "",
-            "Nanda et al.'s Table 2 score: the mean pairwise perceptual distance among each origin x_0 and its results "
-            "(lower: the stimuli that keep the first model's representation stay perceptually closer, i.e. that model is the more "
-            "aligned); below it, the mean distance of the results to x_0.",
-            "",
-            "| Direction | " + " | ".join(observers) + " |",
-            "|---|" + "---|" * len(observers),
-        ]
-        markdown += [
-            f"| {c['directions'][d]} | " + " | ".join(report.format_number(c['per_observer'][o][d]['mean']) for o in observers) + " |"
-            for d in c["directions"]
-        ]
-        to_origin = [" / ".join(report.format_number(c["per_observer"][o][d]["to_origin"]["mean"]) for d in c["directions"]) for o in observers]
-        markdown.append("| distance to origin, " + " / ".join(c["directions"][d].split(",")[0] for d in c["directions"]) + " | "
-                        + " | ".join(to_origin) + " |")
-        markdown.append("| favours (sign-flip p over origins; 95% CI of the difference) | " + " | ".join(
-            _favoured_cell(c['favoured_by_observer'][o]) for o in observers) + " |")
-        if c.get("agrees_with_alignment"):
-            markdown.append("| agrees with the clustering ranking | " + " | ".join(
-                {True: "yes", False: "no", None: "–"}[c["agrees_with_alignment"].get(o)] for o in observers) + " |")
-        markdown += ["", f"**Reading:** {c['verdict']}.", ""]
-        notes.append(f"Controversial stimuli: {c['verdict']}.")
-    markdown += [f"- {n}" for n in notes] + [f"- ![{f}]({f})" for f in figures]
-    text = "\n".join(markdown) + "\n"
-    report.write_text(out / "report.md", text)
-    report.write_text(out / "report.html", report.markdown_page(text, "repalign alignment report"))
+            lines.append(c.get("note", ""))
+        return lines + [""], "Class-controversial stimuli: " + c["verdict"].replace("\n", "; ")
+    # Observers measure on different scales: one column each, not a panel average.
+    observers = list(c["per_observer"])
+    lines = [
+        f"## Controversial stimuli ({c['model_a']} vs {c['model_b']}, lambda {c['lambda']})",
+        "",
+        "Nanda et al.'s Table 2 score: the mean pairwise perceptual distance among each origin x_0 and its results "
+        "(lower: the stimuli that keep the first model's representation stay perceptually closer, i.e. that model is the more "
+        "aligned); below it, the mean distance of the results to x_0.",
+        "",
+        "| Direction | " + " | ".join(observers) + " |",
+        "|---|" + "---|" * len(observers),
+    ]
+    lines += [
+        f"| {c['directions'][d]} | " + " | ".join(report.format_number(c['per_observer'][o][d]['mean']) for o in observers) + " |"
+        for d in c["directions"]
+    ]
+    to_origin = [" / ".join(report.format_number(c["per_observer"][o][d]["to_origin"]["mean"]) for d in c["directions"]) for o in observers]
+    lines.append("| distance to origin, " + " / ".join(c["directions"][d].split(",")[0] for d in c["directions"]) + " | "
+                 + " | ".join(to_origin) + " |")
+    lines.append("| favours (sign-flip p over origins; 95% CI of the difference) | " + " | ".join(
+        _favoured_cell(c['favoured_by_observer'][o]) for o in observers) + " |")
+    if c.get("agrees_with_alignment"):
+        lines.append("| agrees with the clustering ranking | " + " | ".join(
+            {True: "yes", False: "no", None: "–"}[c["agrees_with_alignment"].get(o)] for o in observers) + " |")
+    lines += ["", f"**Reading:** {c['verdict']}.", ""]
+    return lines, f"Controversial stimuli: {c['verdict']}."
 
 
 def _absolute(path: str | None) -> str | None:
