@@ -24,13 +24,14 @@ part of the checkpoint, and evaluation draws from its own seeded generator).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 import torch.distributed as torch_dist
@@ -388,6 +389,8 @@ def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> Tr
 
         forward = DistributedDataParallel(recipe, device_ids=[device.index] if device.type == "cuda" else None)
     train_step = TrainStep(forward, optimizer, device=device, bf16=bf16, mode=step_mode, strict=graph_setting is True)
+    # the run's summary at any status, from what this call knows (progress goes on changing underneath)
+    summarise = functools.partial(_summary, cfg, recipe, progress, device, dist, bf16, channels_last, train_step.mode, wall_start)
 
     stop_after = _get(cfg, "stop_after_epochs")
     save_every = max(1, int(_get(cfg, "save_every", 1)))
@@ -400,10 +403,9 @@ def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> Tr
                               progress_every=progress_every)
         dist.sync_buffers(recipe)
         if not math.isfinite(record.get("train_loss", 0.0)):
-            _diverged(run, record, cfg, recipe, progress, device, dist, bf16, channels_last, train_step.mode, wall_start,
-                      f"non-finite training loss ({record['train_loss']}) in epoch {record['epoch']}")
+            _diverged(run, record, cfg, dist, summarise, f"non-finite training loss ({record['train_loss']}) in epoch {record['epoch']}")
         if not _all_finite(recipe):  # the last update can break the weights after every loss of the epoch was finite
-            _diverged(run, record, cfg, recipe, progress, device, dist, bf16, channels_last, train_step.mode, wall_start,
+            _diverged(run, record, cfg, dist, summarise,
                       f"non-finite weights after epoch {record['epoch']} (its mean loss {record.get('train_loss')} was finite)")
         every = int(eval_cfg.get("every", 1) or 0)
         if recipe.supervised and every and (epoch + 1) % every == 0:
@@ -426,7 +428,7 @@ def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> Tr
             _print_epoch(record, epochs, show_progress)
         dist.barrier()
         if interrupt and not last:
-            summary = _summary(cfg, recipe, progress, device, dist, bf16, channels_last, train_step.mode, wall_start, status="interrupted")
+            summary = summarise(status="interrupted")
             if dist.is_main:
                 run.write_summary(summary)
                 logger.info("stopped after %d epoch(s) as asked (stop_after_epochs); continue with resume=true run_dir=%s",
@@ -437,7 +439,7 @@ def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> Tr
     final = _evaluate(final_model, test_set, eval_threat, dist, robust_limit=eval_cfg.get("final_subset"),
                       restarts=int(eval_cfg.get("final_restarts", eval_cfg.get("restarts", 1))),
                       batch_size=int(eval_cfg.get("batch_size", 256)), seed=seed)
-    summary = _summary(cfg, recipe, progress, device, dist, bf16, channels_last, train_step.mode, wall_start, status="completed")
+    summary = summarise(status="completed")
     summary.update(clean_accuracy=final["test_clean_acc"], robust_accuracy=final.get("test_robust_acc"),
                    robust_images=final.get("robust_images"), robust_attack=eval_threat.to_dict() if eval_threat else None)
     if dist.is_main:  # the model first: an optional report that fails must not cost the trained model
@@ -464,16 +466,14 @@ def _all_finite(recipe: Recipe) -> bool:
     return not tensors or bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
 
 
-def _diverged(run: RunDirectory, record: dict, cfg: DictConfig, recipe: Recipe, progress: _Progress, device, dist: Distributed, bf16,
-              channels_last: bool, step_mode: str, wall_start: float, reason: str) -> None:
+def _diverged(run: RunDirectory, record: dict, cfg: DictConfig, dist: Distributed, summarise: Callable[..., dict], reason: str) -> None:
     """Stop a run whose epoch ended with a non-finite mean loss or non-finite weights, before they are evaluated or
     checkpointed: the metrics show the epoch, the summary says ``diverged``, and the checkpoint of the last finite epoch
     stays the latest."""
     record["stopped"] = reason
     if dist.is_main:
         run.log_metrics(record)
-        run.write_summary({**_summary(cfg, recipe, progress, device, dist, bf16, channels_last, step_mode, wall_start, status="diverged"),
-                           "stopped": reason})
+        run.write_summary({**summarise(status="diverged"), "stopped": reason})
     dist.barrier()
     latest = run.latest()  # with save_every > 1 the last finished epoch may have no checkpoint
     kept = f"the checkpoint of epoch {latest.epoch} is kept" if latest else "no checkpoint was written"
