@@ -49,7 +49,7 @@ from stimuli.survey import LABEL_RULE, is_plain_label
 from training import build_model
 from training.attacks import ThreatModel
 from training.config import as_list, check_whole_number, dataset_from_config, expand_path, resolve_device, resolved_path_text
-from training.data import NUM_CLASSES, ImageSet, folder_to_imageset
+from training.data import IN_MEMORY, NUM_CLASSES, ImageSet, folder_to_imageset
 from training.evaluate import clean_accuracy, robust_accuracy
 from training.io import atomic_write_json, atomic_write_text
 from training.models.defences import build_from_factory
@@ -251,14 +251,14 @@ def _prepare_model(spec: ModelSpec, dataset: str, probe: torch.Tensor, n_classes
 
 def check_model_serves(label: str, model: torch.nn.Module, x: torch.Tensor, dataset: str, n_classes: int) -> None:
     """Refuse, naming ``label``, a model that fails on the data's images ``x`` or does not return one logit per class:
-    exactly the data set's number of classes where it is known (:data:`training.data.NUM_CLASSES`; the top of 100
-    outputs on 10-class digits was measured as its accuracy), else at least the ``n_classes`` its folders hold."""
+    exactly the number of classes of an in-memory data set (:data:`training.data.NUM_CLASSES`; the top of 100 outputs
+    on 10-class digits was measured as its accuracy), at least the ``n_classes`` a folder data set's subfolders hold."""
     try:
         with torch.no_grad():
             logits = model(x)
     except Exception as err:
         raise ValueError(f"model {label!r} fails on the {dataset} images, of shape {tuple(x.shape[1:])}: {type(err).__name__}: {err}") from err
-    expected = NUM_CLASSES.get(dataset)
+    expected = NUM_CLASSES.get(dataset) if dataset in IN_MEMORY else None  # a folder's classes are its subfolders
     outputs = logits.shape[-1] if isinstance(logits, torch.Tensor) and logits.ndim == 2 else None
     if outputs is None:
         got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from invert.validation import check_whole
 
@@ -56,6 +57,8 @@ def concise_errors(task: Callable[[DictConfig], Any]) -> Callable[[DictConfig], 
     def run(cfg: DictConfig) -> Any:
         try:
             return task(cfg)
+        except OmegaConfBaseException:  # a ValueError too, but a config read wrongly is a bug: Hydra's traceback
+            raise
         except refusals as err:
             raise CommandError(f"error: {err}") from err  # Hydra adds how to see the traceback (HYDRA_FULL_ERROR=1)
 

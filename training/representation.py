@@ -68,7 +68,7 @@ def _penultimate(model: nn.Module) -> tuple[str | None, nn.Module]:
     zoo classifier (a defence's input transform or noise in front of one), that classifier's layer by its path in the
     wrapper (``base.net.layer4``), so the wrapper's own operations stay in front of it. (None, model) when there is none
     or more than one (an ensemble: which would it be?)."""
-    if getattr(model, "penultimate", None) is not None:
+    if hasattr(model, "penultimate"):  # penultimate=None on purpose: none, whatever the module wraps
         return model.penultimate, model
     inner = [(name, module) for name, module in model.named_modules()
              if name and getattr(module, "penultimate", None) is not None and hasattr(module, "net") and hasattr(module, "normalize")]
@@ -76,6 +76,12 @@ def _penultimate(model: nn.Module) -> tuple[str | None, nn.Module]:
         return None, model
     name, classifier = inner[0]
     return f"{name}.net.{classifier.penultimate}", classifier
+
+
+def _untraceable(model: nn.Module, err: Exception) -> ValueError:
+    """A ValueError (what the callers that can do without a representation catch) for a forward pass torch.fx cannot trace."""
+    return ValueError(f"{type(model).__name__} cannot be traced by torch.fx to cut it at a layer ({type(err).__name__}: {err}): its forward "
+                      "must not loop over or branch on the images' values or sizes")
 
 
 def list_layers(model: nn.Module) -> list[str]:
@@ -133,14 +139,22 @@ class Representation(nn.Module):
                 raise ValueError(f"{type(model).__name__} names no penultimate layer and wraps no single zoo classifier that does: "
                                  "pass layer= (see list_layers(model))")
             layer = penultimate
-        names = list_layers(model)
+        try:
+            names = list_layers(model)
+        except (TypeError, RuntimeError, NotImplementedError, AttributeError) as err:
+            raise _untraceable(model, err) from err
         node_name = _resolve_layer(net, layer, names)
         self.layer = layer
         self.default_pool = "avg" if layer == penultimate else "flatten"  # what pool="auto" chooses at this layer
         self.pool = self.default_pool if pool == "auto" else pool
-        self.fake_relu = bool(getattr(classifier, "fake_relu", False) if fake_relu is None else fake_relu)
+        # the default fake ReLU is the one of the classifier whose layer this is (a wrapper's own layers: the wrapper's)
+        default_fake_relu = getattr(classifier if layer == penultimate else model, "fake_relu", False)
+        self.fake_relu = bool(default_fake_relu if fake_relu is None else fake_relu)
         with kept_training_flags(model):  # a model training in the caller's loop had its BatchNorm frozen, model.training still True
-            self.extractor = create_feature_extractor(net.eval(), return_nodes={node_name: "features"})
+            try:
+                self.extractor = create_feature_extractor(net.eval(), return_nodes={node_name: "features"})
+            except (TypeError, RuntimeError, NotImplementedError, AttributeError) as err:
+                raise _untraceable(model, err) from err
             self.normalize = normalize
             if self.fake_relu:
                 self._apply_fake_relu(node_name, explicit=fake_relu is not None)

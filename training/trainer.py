@@ -24,7 +24,6 @@ part of the checkpoint, and evaluation draws from its own seeded generator).
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import math
 import os
@@ -389,8 +388,9 @@ def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> Tr
 
         forward = DistributedDataParallel(recipe, device_ids=[device.index] if device.type == "cuda" else None)
     train_step = TrainStep(forward, optimizer, device=device, bf16=bf16, mode=step_mode, strict=graph_setting is True)
-    # the run's summary at any status, from what this call knows (progress goes on changing underneath)
-    summarise = functools.partial(_summary, cfg, recipe, progress, device, dist, bf16, channels_last, train_step.mode, wall_start)
+
+    def summarise(status: str) -> dict[str, Any]:  # the run's summary now: progress, and the step's mode (a failed capture falls back)
+        return _summary(cfg, recipe, progress, device, dist, bf16, channels_last, train_step.mode, wall_start, status=status)
 
     stop_after = _get(cfg, "stop_after_epochs")
     save_every = max(1, int(_get(cfg, "save_every", 1)))

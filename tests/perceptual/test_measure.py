@@ -677,3 +677,9 @@ def test_every_model_is_checked_on_the_data_before_the_first_is_inverted(tmp_pat
                            tmp_path / label, engine=ENGINE, n_targets=4, panel=Panel([PixelL2Observer()]), device=TEST_DEVICE)
         assert not (tmp_path / label / "models").exists()  # nothing inverted for the good model first
     assert ModelSpec(factory="wrong_models:flat", layer=4).layer == "4"  # Hydra reads layer=4 as a number
+    # a folder data set (always named imagenet) takes a model of its own classes: as many outputs as its subfolders, or more
+    from perceptual.measure import check_model_serves
+
+    check_model_serves("mine", torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 3)), torch.rand(2, 3, 8, 8), "imagenet", 3)
+    with pytest.raises(ValueError, match="model 'two' has 2 outputs but the data has 3 classes"):
+        check_model_serves("two", torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 2)), torch.rand(2, 3, 8, 8), "imagenet", 3)

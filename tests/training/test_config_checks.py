@@ -249,6 +249,25 @@ def test_a_key_of_a_dict_the_user_gives_where_the_config_has_null_is_added_with_
     assert check_overrides("measure", [given, "+controversial.steps=20"]).controversial.steps == 20  # measure checks its keys
 
 
+def test_concise_errors_shorten_refusals_and_leave_bugs_and_config_errors_alone():
+    from hydra.errors import CompactHydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import InterpolationResolutionError
+
+    from training.config import concise_errors
+
+    def refuse(_):
+        raise FileNotFoundError("no stimulus set at x")
+
+    with pytest.raises(CompactHydraException, match="^error: no stimulus set at x$"):
+        concise_errors(refuse)(None)
+    bad = OmegaConf.create({"a": "${oc.env:REPALIGN_SURELY_UNSET}"})
+    with pytest.raises(InterpolationResolutionError):  # a ValueError, but a bug: Hydra's traceback, not a doubled message
+        concise_errors(lambda cfg: cfg.a)(bad)
+    with pytest.raises(KeyError):
+        concise_errors(lambda cfg: {}["x"])(None)
+
+
 def test_a_refused_input_is_one_line_after_hydras_not_a_traceback(tmp_path):
     """A missing set, a bad value found once the config is read: the message came under some ten lines of traceback."""
     done = subprocess.run([sys.executable, "-m", "stimuli", "trials", f"set={tmp_path / 'nothere'}", "task=2afc"], capture_output=True,

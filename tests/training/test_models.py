@@ -99,6 +99,17 @@ def test_a_defence_wrapping_a_zoo_classifier_is_traced_through_it_and_takes_its_
     two = nn.ModuleDict({"a": build_model("small_cnn", "digits", width=4), "b": build_model("small_cnn", "digits", width=4)})
     with pytest.raises(ValueError, match="names no penultimate layer and wraps no single zoo classifier that does: pass layer="):
         Representation(two)  # an ensemble: whose layer would it be?
+    assert not Representation(defence, layer="base.net.features.2").fake_relu  # a layer asked for: the wrapper's default, as before
+    defence.penultimate = None  # on purpose: no representation by default, whatever it wraps
+    with pytest.raises(ValueError, match="names no penultimate layer"):
+        Representation(defence)
+
+    class PerImage(Quantised):  # a forward torch.fx cannot trace: a ValueError, which the feature scores' callers catch
+        def forward(self, x):
+            return self.base(torch.stack([x[i] for i in range(x.shape[0])]))
+
+    with pytest.raises(ValueError, match=r"PerImage cannot be traced by torch.fx to cut it at a layer \(TypeError"):
+        Representation(PerImage())
 
 
 def test_representation_does_not_run_layers_after_the_chosen_one():
