@@ -405,8 +405,8 @@ def measure_models(
     _keep_human_columns(report_data, out / "report.json")
     report_data["statistics"] = measurement_statistics(results, tasks, seed=seed)
     if controversial:
-        report_data["controversial"] = measure_controversial(classifiers, test, panel, out, controversial, engine, seed, device, judge_8bit, config,
-                                                             alignment=results, chunk_size=chunk_size)
+        report_data["controversial"] = measure_controversial(classifiers, test, panel, out, controversial, engine=engine, seed=seed, device=device,
+                                                             judge_8bit=judge_8bit, config=config, alignment=results, chunk_size=chunk_size)
     report_data["seconds"] = round(time.perf_counter() - started, 1)
     write_report(report_data, out)
     return report_data
@@ -515,7 +515,7 @@ def check_controversial_data(cfg: Mapping, test) -> None:
         raise ValueError("the class-controversial score needs an in-memory labelled test set (cifar10, cifar100, digits) for its exemplars")
 
 
-def measure_controversial(classifiers, test, panel: Panel, out: Path, cfg: Mapping, engine, seed, device, judge_8bit, config,
+def measure_controversial(classifiers, test, panel: Panel, out: Path, cfg: Mapping, *, engine, seed, device, judge_8bit, config,
                           alignment: Mapping[str, Mapping] | None = None, chunk_size: int | None = None) -> dict:
     """Controversial stimuli for one model pair in both directions, scored as Nanda et al.'s Table 2
     (:func:`perceptual.tasks.controversial_spread`); per observer, the model they favour (with a bootstrap interval
@@ -530,7 +530,8 @@ def measure_controversial(classifiers, test, panel: Panel, out: Path, cfg: Mappi
         engine = Engine(resolve_engine(engine).config, steps=int(cfg["steps"]))
     objective = cfg.get("objective") or "controversial"
     if objective == "class_controversial":
-        return measure_class_controversial(classifiers, test, origins, panel, out, cfg, engine, seed, device, judge_8bit, config, chunk_size)
+        return measure_class_controversial(classifiers, test, origins, panel, out, cfg, engine=engine, seed=seed, device=device,
+                                           judge_8bit=judge_8bit, config=config, chunk_size=chunk_size)
     stimulus_set = stimuli.make_controversial_set(
         out / "controversial" / f"{a}-vs-{b}", classifiers[a], classifiers[b], origins,
         lam=float(cfg.get("lambda_", 0.1)), restarts=int(cfg.get("restarts", 3)), seed=seed, engine=engine, chunk_size=chunk_size, device=device,
@@ -555,7 +556,7 @@ def measure_controversial(classifiers, test, panel: Panel, out: Path, cfg: Mappi
     }
 
 
-def measure_class_controversial(classifiers, test, origins, panel: Panel, out: Path, cfg: Mapping, engine, seed, device, judge_8bit,
+def measure_class_controversial(classifiers, test, origins, panel: Panel, out: Path, cfg: Mapping, *, engine, seed, device, judge_8bit,
                                 config, chunk_size: int | None = None) -> dict:
     """Class-controversial stimuli (Golan et al. 2020) for the pair, both directions, scored by
     :func:`perceptual.class_controversial.class_controversial_score`: how often each model's decision is the one the
