@@ -307,3 +307,13 @@ def test_a_glob_sweep_over_a_config_group_is_checked_like_a_list():
     assert check_overrides("train", ["-m", "model=glob(resnet*)"]).model.name == "resnet18"
     with pytest.raises(ConfigError, match=r"'train.beta'.*in the sweep's jobs with train=pgd"):  # every matched recipe is composed
         check_overrides("train", ["-m", "train=glob([mart,pgd])", "train.beta=6"])
+
+
+def test_every_commands_help_names_the_command():
+    """--help began "commands is powered by Hydra" (the module's name) for every stimuli command, "__main__" for training."""
+    from conf import CONFIG_DIR
+
+    apps = {path.stem: compose(path.stem, with_hydra=True).hydra.help.app_name for path in sorted(Path(CONFIG_DIR).glob("*.yaml"))}
+    assert apps["train"] == "python -m training" and apps["stimuli_invert"] == "python -m stimuli invert"
+    assert apps["measure"] == "python -m perceptual measure" and apps["config"] == "python -m training.info"
+    assert all(app.startswith("python -m ") for app in apps.values()), apps
