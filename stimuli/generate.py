@@ -354,48 +354,15 @@ def _controversial_plan(
     num_classes: int | None,
 ) -> _Plan:
     n = len(origins)
-    shape = tuple(origins.images.shape[1:])
     origin_rows = _target_rows(origins, "o", "origin", 0)
     origin_ids = [r["id"] for r in origin_rows]
-    start_rows, start_images = [], []
-    start_of: dict[tuple[int, int], int] = {}
     start_type = "origin" if start == "origin" else "noise"  # the seed_type of the starts and of the results from them
-    for k in range(n):
-        for r in range(restarts):
-            # Keyed by (origin, restart) alone: neither n nor the number of restarts moves a start.
-            if start == "origin":  # x0 plus Gaussian noise: Eq. 2 has zero gradient at x0 itself
-                noise = torch.randn(shape, generator=keyed_generator(seed, f"controversial_start:{r}", k))
-                image = (origins.images[k] + start_sigma * noise).clamp(0, 1)
-            else:
-                image = noise_image(shape, seed, f"controversial_start:{r}", k, kind=start)
-            start_of[(k, r)] = len(start_rows)
-            start_rows.append({
-                "id": f"{origin_ids[k]}.start.{r:02d}",
-                "position": n + len(start_rows),
-                "role": "seed",
-                "origin_id": origin_ids[k],
-                "seed_type": start_type,
-                "restart": r,
-                "source": "origin_plus_noise" if start == "origin" else f"{start}_noise",
-            })
-            start_images.append(image)
+    start_rows, start_images, start_of = _controversial_starts(origins, origin_ids, restarts, start, start_sigma, seed, start_type)
     models = {"A": model_a, "B": model_b}
     class_keep = class_push = None
     if objective == "class_controversial":
-        if bool((origins.labels < 0).any()):
-            raise ValueError("the class-controversial objective needs labelled origins (data-set images, not Gaussian ones)")
-        classes = num_classes or (len(origins.classes) if origins.classes else None)
-        for m in (model_a, model_b):
-            classes = classes or getattr(m.classifier, "num_classes", None)
-        if not classes or classes < 2:
-            raise ValueError("the class-controversial objective needs the number of classes (num_classes=)")
-        class_keep = origins.labels.clone()
-        # The pushed model is driven to another class than the origin's, drawn per origin.
-        class_push = torch.tensor(
-            [(int(origins.labels[k]) + 1 + int(torch.randint(classes - 1, (1,), generator=keyed_generator(seed, "class_controversial", k))))
-             % classes for k in range(n)],
-            dtype=torch.long,
-        )
+        classes = _class_count(origins, num_classes, (model_a, model_b))
+        class_keep, class_push = origins.labels.clone(), _pushed_classes(origins, classes, seed)
     provenance = {"A": model_a.provenance(), "B": model_b.provenance()}
     result_rows, init_index, origin_of, groups = [], [], [], []
     first = n + len(start_rows)
@@ -465,6 +432,56 @@ def _controversial_plan(
         groups=groups,
         parameters=parameters,
         chunk_size=chunk_size,
+    )
+
+
+def _controversial_starts(
+    origins: Targets, origin_ids: list[str], restarts: int, start: str, start_sigma: float, seed: int, start_type: str,
+) -> tuple[list[dict], list[Tensor], dict[tuple[int, int], int]]:
+    """Each (origin, restart)'s start image and manifest row; ``start_of`` maps (origin, restart) to its row."""
+    n, shape = len(origins), tuple(origins.images.shape[1:])
+    start_rows, start_images = [], []
+    start_of: dict[tuple[int, int], int] = {}
+    for k in range(n):
+        for r in range(restarts):
+            # Keyed by (origin, restart) alone: neither n nor the number of restarts moves a start.
+            if start == "origin":  # x0 plus Gaussian noise: Eq. 2 has zero gradient at x0 itself
+                noise = torch.randn(shape, generator=keyed_generator(seed, f"controversial_start:{r}", k))
+                image = (origins.images[k] + start_sigma * noise).clamp(0, 1)
+            else:
+                image = noise_image(shape, seed, f"controversial_start:{r}", k, kind=start)
+            start_of[(k, r)] = len(start_rows)
+            start_rows.append({
+                "id": f"{origin_ids[k]}.start.{r:02d}",
+                "position": n + len(start_rows),
+                "role": "seed",
+                "origin_id": origin_ids[k],
+                "seed_type": start_type,
+                "restart": r,
+                "source": "origin_plus_noise" if start == "origin" else f"{start}_noise",
+            })
+            start_images.append(image)
+    return start_rows, start_images, start_of
+
+
+def _class_count(origins: Targets, num_classes: int | None, models: Sequence[ModelRef]) -> int:
+    """The class-controversial objective's class count: given, else the origins', else a classifier's."""
+    if bool((origins.labels < 0).any()):
+        raise ValueError("the class-controversial objective needs labelled origins (data-set images, not Gaussian ones)")
+    classes = num_classes or (len(origins.classes) if origins.classes else None)
+    for m in models:
+        classes = classes or getattr(m.classifier, "num_classes", None)
+    if not classes or classes < 2:
+        raise ValueError("the class-controversial objective needs the number of classes (num_classes=)")
+    return classes
+
+
+def _pushed_classes(origins: Targets, classes: int, seed: int) -> Tensor:
+    """Per origin, the class the pushed model is driven to: another than the origin's, drawn keyed by the origin."""
+    return torch.tensor(
+        [(int(origins.labels[k]) + 1 + int(torch.randint(classes - 1, (1,), generator=keyed_generator(seed, "class_controversial", k))))
+         % classes for k in range(len(origins))],
+        dtype=torch.long,
     )
 
 
