@@ -32,12 +32,14 @@ models are dealt into surveys in an even mix so that no worker sees only one mod
 from __future__ import annotations
 
 import csv
+import functools
 import hashlib
 import io
 import json
 import logging
 import math
 import struct
+import tempfile
 import zlib
 from collections import Counter
 from pathlib import Path
@@ -165,17 +167,24 @@ def _check_options(sets: Mapping, tasks: Sequence[str], trials_per_survey: int, 
         raise FileExistsError(f"{out} is a file: give a directory for the survey package")
     if out.exists() and any(out.iterdir()):
         if not overwrite:
-            raise FileExistsError(f"{out} exists and is not empty: choose another out or pass overwrite=true")
+            if _package_manifest(out) is None:
+                raise FileExistsError(f"{out} exists and is not empty: choose another out or pass overwrite=true")
+            return  # a package: build_survey compares it with the one it builds
         _check_replaceable(out)
+
+
+def _package_manifest(out: Path) -> dict | None:
+    """The manifest of the survey package at ``out``, or None where ``out`` holds none."""
+    try:
+        manifest = json.loads((out / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("format") == FORMAT else None
 
 
 def _check_replaceable(out: Path) -> None:
     """Refuse to replace ``out`` unless it is a survey package and nothing else (answers saved inside it would go too)."""
-    try:
-        is_package = json.loads((out / "manifest.json").read_text()).get("format") == FORMAT
-    except (OSError, ValueError, AttributeError):
-        is_package = False
-    if not is_package:
+    if _package_manifest(out) is None:
         raise FileExistsError(f"{out} is not a survey package: overwrite=true replaces only a package; choose another out")
     others = sorted(p.name for p in out.iterdir() if p.name not in PACKAGE_ENTRIES)
     if others:
@@ -414,7 +423,8 @@ def build_survey(
     once) or ``fixed``. The package is written
     into a temporary folder next to ``out`` and renamed into place, so a crash never leaves a half package. ``overwrite``
     replaces an earlier package at ``out``; a folder that is not one, or a package with other files beside it (answers
-    saved there), is refused, not deleted.
+    saved there), is refused, not deleted. Without ``overwrite``, a package at ``out`` is kept and its manifest returned
+    where it is the very package this call builds (a rerun of the same command), and refused, naming what differs, otherwise.
     """
     out = Path(out)
     _check_options(sets, list(tasks), trials_per_survey, attention_rate, minutes, trial_order, base_url, out, overwrite)
@@ -444,12 +454,36 @@ def build_survey(
         for k, hand in enumerate(_deal(records, n_surveys, rng)):
             surveys.append({"survey_id": f"{task}-{k:03d}", "task": task, "trials": _balance_sides(hand, rng, excess)})
 
+    write = functools.partial(_write_package, loaded=loaded, surveys=surveys, tasks=list(tasks), trials_per_survey=trials_per_survey,
+                              attention_rate=attention_rate, seed=seed, trial_order=trial_order, title=title, base_url=base_url,
+                              minutes=minutes, rng=rng)
+    existing = None if overwrite else _package_manifest(out)
+    if existing is not None:  # a rerun (a script, a requeued job) that would build the same package leaves the served one alone
+        with tempfile.TemporaryDirectory(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent) as scratch:
+            manifest = write(Path(scratch))
+        _check_same_package(out, existing, manifest)
+        logger.info("%s already holds this survey package (%s): left as it is", out, existing["fingerprint"])
+        return existing
     with atomic_directory(out) as staging:  # a package replaced only once the new one is complete; served as the umask says
-        manifest = _write_package(staging, loaded, surveys, tasks=list(tasks), trials_per_survey=trials_per_survey,
-                                  attention_rate=attention_rate, seed=seed, trial_order=trial_order, title=title, base_url=base_url,
-                                  minutes=minutes, rng=rng)
+        manifest = write(staging)
     logger.info("survey package with %d surveys (%d trials) written to %s", len(surveys), len(manifest["trials"]), out)
     return manifest
+
+
+def _check_same_package(out: Path, existing: Mapping, built: Mapping) -> None:
+    """Refuse, naming what differs, unless the package at ``out`` is the one just built (where the sets lay aside)."""
+    def content(manifest: Mapping) -> dict:
+        sets = {label: {k: v for k, v in info.items() if k != "path"} for label, info in manifest.get("sets", {}).items()}
+        return {**manifest, "sets": sets}
+
+    old, new = content(existing), json.loads(json.dumps(content(built)))  # as read back: tuples as lists
+    if old == new:
+        return
+    config = sorted(k for k in set(old.get("config", {})) | set(new["config"]) if old.get("config", {}).get(k) != new["config"].get(k))
+    other = sorted(k for k in set(old) | set(new) if k != "config" and old.get(k) != new.get(k))
+    differs = ", ".join([*(f"config.{k}" for k in config), *other])
+    raise FileExistsError(f"{out} holds another survey package (it differs in {differs}): choose another out, or pass overwrite=true "
+                          "to replace it (answers already collected for it will not match the new one)")
 
 
 def _write_package(root: Path, loaded: Mapping[str, StimulusSet], surveys: list[dict], *, rng: np.random.Generator,

@@ -341,6 +341,26 @@ def test_overwrite_replaces_a_survey_package_and_nothing_else(inversion_sets, tm
     assert load_package(package).fingerprint != before
 
 
+def test_the_same_survey_command_again_keeps_the_package_and_another_is_refused(inversion_sets, tmp_path, caplog):
+    """A rerun of the same build (a script, a requeued job) was refused as if it were another package."""
+    sets = dict(inversion_sets)
+    package = tmp_path / "package"
+    first = build_survey(sets, package, tasks=["2afc"], seed=0)
+    page = package / "surveys" / "2afc-000" / "index.html"
+    served = page.stat().st_mtime_ns
+    with caplog.at_level("INFO", logger="stimuli"):
+        again = build_survey(sets, package, tasks=["2afc"], seed=0)
+    assert again == json.loads(json.dumps(first)) and "already holds this survey package" in caplog.text
+    assert page.stat().st_mtime_ns == served  # the served pages were not rewritten
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["package"]  # no scratch folder left
+    with pytest.raises(FileExistsError, match=r"differs in config\.seed, .*fingerprint.*overwrite=true"):
+        build_survey(sets, package, tasks=["2afc"], seed=1)
+    with pytest.raises(FileExistsError, match=r"differs in config\.title.*overwrite=true"):
+        build_survey(sets, package, tasks=["2afc"], seed=0, title="Another study")
+    assert load_package(package).fingerprint == first["fingerprint"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["package"]
+
+
 def test_a_lone_controversial_check_is_not_always_on_the_same_side(controversial_set):
     from stimuli.survey import _controversial_records
 
