@@ -137,6 +137,21 @@ def compute_features(representation: nn.Module, images: Tensor, chunk_size: int 
         return torch.cat([_features(representation, chunk) for chunk in images.split(chunk_size)])
 
 
+def _checked_features(features: Tensor) -> Tensor:
+    """Precomputed target features, refused before any step where they cannot be one feature vector per item."""
+    if not isinstance(features, Tensor) or features.ndim < 2 or features.shape[0] < 1 or features[0].numel() < 1:
+        shape = tuple(features.shape) if isinstance(features, Tensor) else type(features).__name__
+        raise ValueError(f"target_features must be a tensor of shape (N, ...), one feature vector per item, got {shape}: "
+                         "a single item's features need a leading batch dimension (features[None])")
+    if not features.is_floating_point():
+        raise ValueError(f"target_features must be floating point, got {features.dtype}")
+    if features.device.type != "meta" and not bool(torch.isfinite(features).all()):
+        bad = (~torch.isfinite(features.flatten(1))).any(1).nonzero().flatten().tolist()
+        raise ValueError(f"target_features hold NaN or Inf for {len(bad)} item(s) {bad[:10]}: recompute them from finite images "
+                         "(invert.compute_features)")
+    return features
+
+
 class InversionLoss(Objective):
     """Normalised representation distance ``||g(x) - g(x_t)||_2 / ||g(x_t)||_2`` (Nanda et al. Eq. 1).
 
@@ -166,7 +181,7 @@ class InversionLoss(Objective):
         if image_shape is not None and (len(image_shape) != 3 or any(isinstance(v, bool) or int(v) != v or v < 1 for v in image_shape)):
             raise ValueError(f"image_shape must be the targets' (C, H, W), three whole numbers >= 1, got {tuple(image_shape)!r}")
         self._image_shape = tuple(int(v) for v in image_shape) if image_shape is not None else None
-        self._set_targets(target_features.detach().flatten(1).float())
+        self._set_targets(_checked_features(target_features).detach().flatten(1).float())
 
     @classmethod
     def from_features(cls, representation: nn.Module, target_features: Tensor, image_shape: Sequence[int] | None = None) -> "InversionLoss":
@@ -189,7 +204,11 @@ class InversionLoss(Objective):
     def forward(self, x: Tensor, items: Tensor | None = None, step: Step = 0) -> Tensor:
         check_images(x, "x")
         n = x.shape[0]
-        diff = _features(self.representation, x) - rows(self.target_features, items, n, "targets")
+        features = _features(self.representation, x)
+        if features.shape[1] != self.target_features.shape[1]:  # a broadcast would give a loss that means nothing
+            raise ValueError(f"the representation gives {features.shape[1]} features per image but the targets have "
+                             f"{self.target_features.shape[1]}: give target features from the same representation (and layer)")
+        diff = features - rows(self.target_features, items, n, "targets")
         return torch.linalg.vector_norm(diff, dim=1) / rows(self.target_norms, items, n, "targets")
 
 

@@ -40,6 +40,25 @@ def test_inversion_loss_is_the_normalised_distance_and_indexes_items(tiny_repres
     torch.testing.assert_close(from_features(x), expected)
 
 
+def test_precomputed_target_features_that_cannot_be_right_are_refused_before_a_step(tiny_representation, wave_images):
+    """Features of another width broadcast into a loss that meant nothing, 1-D ones gave an IndexError, and NaN ones
+    ran a step before an error that blamed the objective, the seeds or the step size."""
+    rep = tiny_representation()
+    targets, x = wave_images(4), noise_images(4, (3, 16, 16))
+    features = rep(targets).detach()
+    with pytest.raises(ValueError, match=r"gives \d+ features per image but the targets have 1: .*same representation"):
+        InversionLoss.from_features(rep, features[:, :1])(x)
+    with pytest.raises(ValueError, match=r"shape \(N, \.\.\.\).*got \(\d+,\).*features\[None\]"):
+        InversionLoss.from_features(rep, features[0])
+    with pytest.raises(ValueError, match="floating point"):
+        InversionLoss.from_features(rep, features.long())
+    broken = features.clone()
+    broken[2, 1] = float("nan")
+    broken[3, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"NaN or Inf for 2 item\(s\) \[2, 3\]"):
+        InversionLoss.from_features(rep, broken)
+
+
 def test_inversion_loss_computes_targets_in_eval_mode(wave_images):
     torch.manual_seed(0)
     rep = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten()).train()
