@@ -471,8 +471,11 @@ def attention_failures(table: pd.DataFrame, package: SurveyPackage, max_failures
     survey's answer units it answered, and whether the submission is excluded.
 
     A check counts as failed when any of its rows is wrong or unanswered (a clustering check answered only in the rows
-    the worker got right does not pass); an unanswered check counts as failed. A submission is excluded when failures
-    exceed ``max_failures`` (the paper: any failure) or, where ``min_median_rt_ms`` > 0, when its median time per trial
+    the worker got right does not pass). A check the submission never reached (a participant who gave up before it) is
+    counted in ``unreached``, not as a failure: the page shows checks at random positions among the trials, so counting
+    them failed excluded nearly every partial submission, by where its checks happened to fall (``min_answered`` is the
+    rule for how much must be answered). A submission is excluded when failures exceed ``max_failures`` (the paper: any
+    failure) or, where ``min_median_rt_ms`` > 0, when its median time per trial
     (:func:`trial_times`, checks included) is below it (``too_fast``); a submission without any valid time is not judged
     on speed (``median_rt_ms`` NaN); and, where ``min_answered`` > 0, when it answered less than that share of its
     survey's answer units (``incomplete``: a participant who gave up part-way; 1 keeps complete submissions only).
@@ -488,15 +491,15 @@ def attention_failures(table: pd.DataFrame, package: SurveyPackage, max_failures
         per_trial = answered.groupby("trial_id").agg(worst=("correct", "min"), rows=("row", "nunique"))
         passed = (per_trial["worst"] >= 1) & (per_trial["rows"] == rows_per_check.reindex(per_trial.index).to_numpy())
         total = n_checks.get(survey, 0)
-        failed = int((~passed).sum()) + (total - len(per_trial))
+        failed, unreached = int((~passed).sum()), total - len(per_trial)
         median_rt = float(median_time.get(submission, math.nan))
         too_fast = bool(min_median_rt_ms > 0 and median_rt < min_median_rt_ms)  # NaN compares False: untimed is not judged
         answered_share = group[["trial_id", "row"]].drop_duplicates().shape[0] / units[survey]
         incomplete = answered_share < min_answered
         out.append({"submission": submission, "worker_id": worker, "survey_id": survey, "checks": total, "failed": failed,
-                    "median_rt_ms": median_rt, "too_fast": too_fast, "answered": answered_share, "incomplete": incomplete,
+                    "unreached": unreached, "median_rt_ms": median_rt, "too_fast": too_fast, "answered": answered_share, "incomplete": incomplete,
                     "excluded": failed > max_failures or too_fast or incomplete})
-    return pd.DataFrame(out, columns=["submission", "worker_id", "survey_id", "checks", "failed", "median_rt_ms", "too_fast", "answered",
+    return pd.DataFrame(out, columns=["submission", "worker_id", "survey_id", "checks", "failed", "unreached", "median_rt_ms", "too_fast", "answered",
                                       "incomplete", "excluded"])
 
 
@@ -822,6 +825,15 @@ def with_human_columns(measure_report: dict, data: Mapping) -> dict:
     return out
 
 
+def _unreached_note(data: Mapping) -> str:
+    """A sentence on kept submissions that stopped before some of their checks (none in a humans.json of before the count)."""
+    gave_up = [a for a in data.get("attention", []) if not a["excluded"] and a.get("unreached")]
+    if not gave_up:
+        return ""
+    return (f" {len(gave_up)} of them stopped before {sum(a['unreached'] for a in gave_up)} of their attention checks (unreached, not "
+            "failed; min_answered sets how much of a survey must be answered).")
+
+
 def markdown_summary(data: Mapping) -> str:
     """The human numbers as Markdown: accuracy per model and task with both intervals, agreement, exclusions, reliability."""
     pct = lambda v: "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f}"  # noqa: E731
@@ -833,7 +845,8 @@ def markdown_summary(data: Mapping) -> str:
     read = f"{data['submissions']} submissions read" + (f" ({data['submissions'] - copies} attempts; {copies} further copies of them, "
                                                          "such as a JSON and a CSV download of one attempt, counted once)" if copies else "")
     lines = ["# Human survey results", "", f"Package {data['package']}: {read}, "
-             f"{data['kept_submissions']} kept after validation and attention checks (at most {data['max_attention_failures']} failures{speed}).", "",
+             f"{data['kept_submissions']} kept after validation and attention checks (at most {data['max_attention_failures']} failures{speed})."
+             + _unreached_note(data), "",
              "| Model | Task | Accuracy (%) | 95% CI workers | 95% CI trials | Workers | Answers |", "|---|---|---|---|---|---|---|"]
     for model, tasks in data["models"].items():
         for task, e in tasks.items():

@@ -404,6 +404,28 @@ def test_partial_submissions_are_kept_unless_min_answered_asks_for_more(package,
             human_scores(package, responses, min_answered=bad)
 
 
+def test_a_participant_who_stops_before_the_checks_is_kept_and_the_unreached_checks_are_counted(package, tmp_path):
+    """Unreached checks counted as failed: a participant who gave up before the page's (randomly placed) checks was
+    excluded as failing them, so the default min_answered=0 kept almost no partial submission."""
+    sid = package.manifest["surveys"][0]["survey_id"]
+    complete = _submission(package, sid, "complete", lambda u: u.answer)
+    checks = set(package.truth.loc[package.truth["attention_check"], "trial_id"])
+    n_checks = package.truth.loc[package.truth["attention_check"] & (package.truth["survey_id"] == sid), "trial_id"].nunique()
+    real = [a for a in complete["answers"] if a["trial_id"] not in checks]
+    early = {**complete, "worker_id": "early", "answers": real[: len(real) // 2]}  # stopped before reaching any check
+    careless = {**complete, "worker_id": "careless", "answers": [
+        {**a, "choice": "right" if a["choice"] == "left" else "left"} if a["trial_id"] in checks else a for a in complete["answers"]]}
+    (tmp_path / "a.json").write_text(json.dumps([complete, early, careless]))
+    result = human_scores(package, read_responses([tmp_path / "a.json"], package), n_boot=50)
+    attention = {a["worker_id"]: a for a in result["attention"]}
+    assert n_checks >= 1 and attention["early"]["unreached"] == n_checks and attention["early"]["failed"] == 0
+    assert not attention["early"]["excluded"] and not attention["complete"]["excluded"]
+    assert attention["careless"]["excluded"] and attention["careless"]["failed"] == n_checks and attention["careless"]["unreached"] == 0
+    assert f"1 of them stopped before {n_checks} of their attention checks (unreached, not failed" in markdown_summary(result)
+    assert "stopped before" not in markdown_summary(human_scores(package, read_responses([tmp_path / "a.json"], package), n_boot=50,
+                                                                  min_answered=1))
+
+
 def test_a_submission_failing_checks_and_too_fast_is_counted_once(package, tmp_path):
     sid = package.manifest["surveys"][0]["survey_id"]
     sub = _timed(package, sid, "both", 0.1)
