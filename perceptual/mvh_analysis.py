@@ -120,8 +120,13 @@ def pairwise_consistency(trials: pd.DataFrame, humans: Any = None, on_undefined:
                "error_consistency"]
     pairs = pd.DataFrame(rows, columns=columns)
     unmatched = pairs[(pairs["n_only_a"] > 0) | (pairs["n_only_b"] > 0)]
-    if len(unmatched):
-        log.info("%d subject pair(s) saw partly different images; compared on the shared ones (n_only_a, n_only_b)", len(unmatched))
+    if len(unmatched):  # the benchmark asserts equal image ids; the raw data's subjects all saw the same images
+        first = unmatched.iloc[0]
+        log.warning("%d subject pair(s) saw partly different images and are compared on the images both saw, %d of them on none "
+                    "(undefined), e.g. %s vs %s in %s %s: %d shared, %d and %d seen by one only; check those files' image names "
+                    "and missing trials (pairs.csv: n_shared, n_only_a, n_only_b)", len(unmatched), int((unmatched["n_shared"] == 0).sum()),
+                    first["subject_a"], first["subject_b"], first["dataset"], first["condition"], first["n_shared"], first["n_only_a"],
+                    first["n_only_b"])
     return pairs
 
 

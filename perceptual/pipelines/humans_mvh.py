@@ -164,6 +164,13 @@ def _human_rows(data: Mapping) -> list[tuple[dict, dict]]:
             for a in data["human_accuracy"]]
 
 
+def _pair_count(row: Mapping) -> str:
+    """A condition's pair count, with how many have a defined error consistency where some do not (no shared image, or
+    both subjects always right or always wrong): the mean is over those alone."""
+    defined = row.get("n_defined", row["n_pairs"])
+    return str(row["n_pairs"]) if defined == row["n_pairs"] else f"{defined} defined of {row['n_pairs']}"
+
+
 OUTPUT_TABLES = ("accuracy", "accuracy_humans", "pairs", "error_consistency_humans", "shape_bias", "shape_bias_per_category")
 
 
@@ -265,7 +272,7 @@ def summary_markdown(data: Mapping) -> str:
              "| experiment | condition | pairs | error consistency mean ± std [min, max] | observed consistency | human accuracy mean ± std [min, max] |",
              "|---|---|---|---|---|---|"]
     for a, r in _human_rows(data):
-        lines.append(f"| {r['dataset']} | {r['condition']} | {r['n_pairs']} | {_fmt(r['mean'])} ± {_fmt(r['std'])} [{_fmt(r['min'])}, "
+        lines.append(f"| {r['dataset']} | {r['condition']} | {_pair_count(r)} | {_fmt(r['mean'])} ± {_fmt(r['std'])} [{_fmt(r['min'])}, "
                      f"{_fmt(r['max'])}] | {_fmt(r['observed_mean'])} | {_fmt(a['mean'])} ± {_fmt(a['std'])} [{_fmt(a['min'])}, {_fmt(a['max'])}] |")
     if data["shape_bias"]:
         lines += ["", "## Shape bias (cue-conflict; shape / (shape + texture) decisions, same-class images excluded)", "",
@@ -320,7 +327,7 @@ def main(cfg: DictConfig) -> None:
           f"problems: {data['reader']['problem_counts'] or 'none'})")
     print("human-human error consistency (mean ± std over subject pairs) and human accuracy, per experiment and condition:")
     for a, r in _human_rows(data):
-        print(f"  {r['dataset']:>18} {r['condition']:>10}: kappa {_fmt(r['mean'])} ± {_fmt(r['std'])} ({r['n_pairs']} pairs), "
+        print(f"  {r['dataset']:>18} {r['condition']:>10}: kappa {_fmt(r['mean'])} ± {_fmt(r['std'])} ({_pair_count(r)} pairs), "
               f"accuracy {_fmt(a['mean'])} ± {_fmt(a['std'])}")
     if data["shape_bias"]:
         rows = {r["subject"]: r for r in data["shape_bias"]}

@@ -254,6 +254,21 @@ def test_the_command_line_prints_the_human_numbers(tmp_path, capsys):
     assert not (out / "figures").exists()
 
 
+def test_subjects_who_saw_other_images_are_named_and_the_defined_pairs_counted(tmp_path, capsys):
+    """Trials whose image names did not match were left out with an info line nobody saw, and the report still said
+    "1 pairs" for a condition whose only pair shares no image (its kappa undefined)."""
+    root, out = raw_folder(tmp_path / "raw"), tmp_path / "out"
+    subject_02 = root / "colour" / "colour_subject-02_session_1.csv"
+    subject_02.write_text(subject_02.read_text().replace("car-3.png", "car-3x.png").replace("dog-4.png", "dog-4x.png"))
+    perceptual_main(["humans-mvh", f"root={root}", f"out={out}", "figures=false"])
+    printed = capsys.readouterr()
+    assert ("WARNING perceptual.mvh_analysis: 1 subject pair(s) saw partly different images and are compared on the images both saw, "
+            "1 of them on none (undefined), e.g. subject-01 vs subject-02 in colour bw: 0 shared, 2 and 2 seen by one only") in printed.err
+    assert "colour         bw: kappa – ± – (0 defined of 1 pairs)" in printed.out
+    assert "| colour | bw | 0 defined of 1 | – ± – [–, –] |" in (out / "summary.md").read_text()
+    assert "| colour | cr | 1 | " in (out / "summary.md").read_text()
+
+
 def test_bad_input_stops_before_any_output(tmp_path):
     root = raw_folder(tmp_path / "raw")
     path = root / "colour" / "colour_subject-01_session_1.csv"
