@@ -208,7 +208,11 @@ def _is_number_or_nan(text: str) -> bool:
 
 def _read_one(path: Path, dataset: str, categories: frozenset, report: TrialReport) -> tuple[list[dict], list[Problem]]:
     found = _FileProblems(str(path))
-    with open(path, newline="", encoding="utf-8-sig") as handle:  # Excel's "CSV UTF-8" starts with a byte-order mark
+    try:
+        text = path.read_bytes().decode("utf-8-sig")  # Excel's "CSV UTF-8" starts with a byte-order mark
+    except UnicodeDecodeError as error:
+        return [], [Problem(str(path), "not UTF-8 text", 1, (f"byte {error.start}: {error.reason}; save the file as CSV UTF-8",))]
+    with io.StringIO(text, newline="") as handle:
         reader = csv.reader(handle)
         header = next(reader, None)
         if header is None:

@@ -181,6 +181,17 @@ def test_missing_columns_name_the_file(tmp_path):
         read_trials(tmp_path)
 
 
+def test_a_file_that_is_not_utf8_is_a_problem_of_that_file(tmp_path):
+    """A Latin-1 export crashed the whole read with a bare codec error that named no file, under strict=false too."""
+    good = write_csv(tmp_path / "colour" / "colour_subject-01_session_1.csv", ["subject-01,1,1,0.8,oven,oven,cr,0001_cl_s01_cr_oven_40_n01000001_1.png"])
+    bad = tmp_path / "colour" / "colour_subject-02_session_1.csv"
+    bad.write_bytes((HEADER + "\nsubject-02,1,1,0.8,oven,oven,cr,0001_cl_s02_cr_oven_40_n01000001_caf\xe9.png\n").encode("latin-1"))
+    with pytest.raises(TrialDataError, match=r"colour_subject-02_session_1.csv: not UTF-8 text × 1 \(e.g. byte \d+: invalid .*CSV UTF-8"):
+        read_trials(tmp_path)
+    table, report = read_trials(tmp_path, strict=False)
+    assert table["subject"].tolist() == ["subject-01"] and not report.ok and str(good) not in str(report)
+
+
 def test_written_model_decisions_read_back_and_match_humans(tmp_path):
     classes = list(SIXTEEN_CLASS_NAMES)
     ids = ["n01000001_1.png", "n02000002_2.png", "n03000003_3.png"]
