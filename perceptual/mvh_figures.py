@@ -33,8 +33,20 @@ AXIS_LABELS = {
 }
 
 
+# The benchmark's ``plotting_conditions`` for the experiments whose conditions are names (matched in any case: True/true).
+NAMED_TICKS = {
+    "colour": {"cr": "colour", "bw": "greyscale"},
+    "power-equalisation": {"0": "original", "pow": "equalised"},
+    "false-colour": {"true": "true", "false": "opponent"},
+}
+
+
 def _tick_labels(dataset: str, conditions: Sequence[str]) -> list[str]:
-    """The benchmark's tick labels: contrast in percent (``c05`` → 5), eidolon by its reach (``16-10-10`` → 16)."""
+    """The benchmark's tick labels: named conditions as it names them (``bw`` → greyscale), contrast in percent
+    (``c05`` → 5); eidolon by its reach (``16-10-10`` → 16), where the benchmark writes log2 of it (4): the reach reads
+    without a conversion, and the axis label says which it is."""
+    if dataset in NAMED_TICKS:
+        return [NAMED_TICKS[dataset].get(str(c).lower(), str(c)) for c in conditions]
     if dataset == "contrast":
         return [str(int(c[1:])) if str(c)[1:].isdigit() else str(c) for c in conditions]
     if dataset.startswith("eidolon"):

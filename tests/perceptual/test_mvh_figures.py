@@ -68,6 +68,16 @@ def test_contrast_and_eidolon_ticks_are_the_benchmarks_labels(captured, tmp_path
     assert [t.get_text() for t in eidolon.get_xticklabels()] == ["1", "16", "128"] and eidolon.get_xlabel() == "reach (coherence 1.0)"
 
 
+def test_named_conditions_are_ticked_as_the_benchmark_names_them(captured, tmp_path):
+    """colour, false-colour and power-equalisation were ticked with the data's codes (cr/bw, true/false, 0/pow)."""
+    rename = {"colour": {"inf": "cr", "3": "bw"}, "false-colour": {"inf": "True", "3": "False"}, "power-equalisation": {"inf": "0", "3": "pow"}}
+    table = pd.concat([trials().query("condition != '0.4'").replace({"condition": names}).assign(dataset=dataset)
+                       for dataset, names in rename.items()])
+    figures.accuracy_figure(accuracy_per_subject(table), tmp_path / "a.png")
+    ticks = {ax.get_title().split(" (")[0]: [t.get_text() for t in ax.get_xticklabels()] for ax in captured[0].axes if ax.get_xticklabels()}
+    assert ticks == {"colour": ["colour", "greyscale"], "false-colour": ["true", "opponent"], "power-equalisation": ["original", "equalised"]}
+
+
 def test_error_consistency_figure_and_matrix(captured, tmp_path):
     pairs = pairwise_consistency(trials())
     figures.error_consistency_figure(pairs, tmp_path / "e.png")
