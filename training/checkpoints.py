@@ -46,6 +46,10 @@ def read_checkpoint(path: str | Path, trust_pickle: bool = False) -> tuple[dict[
 def _read_state_dict(path: str | Path, trust_pickle: bool) -> tuple[Mapping[str, torch.Tensor], dict[str, str]]:
     """The file's own state dict (keys as saved) and its metadata."""
     path = Path(path).expanduser()
+    if path.is_dir():
+        held = sorted(p.name for p in path.iterdir() if p.is_file() and (".pt" in p.suffixes or p.suffix in (".pth", ".bin", ".ckpt", ".safetensors")))
+        raise CheckpointError(f"{path} is a folder, not a checkpoint file: give the file inside it"
+                              + (f" (it holds {held[:8]})" if held else " (it holds no .pt, .pth, .bin, .ckpt or .safetensors file)"))
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     if _is_safetensors(path):
@@ -93,8 +97,29 @@ def _check_torch_format(path: Path) -> None:
     )
 
 
-# What torch says when weights_only=True refuses an object it does not allow (a class, a function).
-_UNSAFE_MARKER = "unsupported global"
+# How torch's safe load starts every refusal (an object it does not allow, a class, a function, or an opcode it does not
+# read, such as protocol 4's FRAME); the reason follows in its message.
+_WEIGHTS_ONLY_MARKER = "weights only load failed"
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _is_safe_load_refusal(err: BaseException) -> bool:
+    """Whether torch's safe load refused what a pickle may hold (a global, or an opcode it does not read but pickle
+    does), rather than bytes that are no pickle at all (an opcode pickle does not know: a corrupt file)."""
+    text = str(err).lower()
+    if _WEIGHTS_ONLY_MARKER not in text:
+        return False
+    operand = re.search(r"unsupported operand (\d+)", text)
+    return operand is None or int(operand.group(1)) < 256 and chr(int(operand.group(1))) in {op.code for op in pickletools.opcodes}
+
+
+def _refusal_reason(err: BaseException) -> str:
+    """The line of torch's safe-load refusal that names what it refused (``Unsupported global: GLOBAL argparse.Namespace``,
+    ``Unsupported operand 149``), without its terminal colour codes."""
+    text = _ANSI_ESCAPE.sub("", str(err))
+    named = re.search(r"unsupported (?:global: GLOBAL \S+|operand \d+)", text, flags=re.IGNORECASE)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return named.group(0) if named else (lines or [type(err).__name__])[0]
 
 
 def _torch_load(path: Path, trust_pickle: bool) -> Any:
@@ -102,15 +127,21 @@ def _torch_load(path: Path, trust_pickle: bool) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=not trust_pickle)
     except pickle.UnpicklingError as err:
-        text = str(err).lower()
-        if not trust_pickle and _UNSAFE_MARKER in text:
+        if not trust_pickle and _is_safe_load_refusal(err):
             raise CheckpointError(
-                f"{path} contains Python objects that a safe load (torch.load(weights_only=True)) refuses: a pickle "
+                f"{path} holds what a safe load (torch.load(weights_only=True)) refuses ({_refusal_reason(err)}): a pickle "
                 f"can run arbitrary code when loaded. If you trust where this file came from, load it with "
                 f"trust_pickle=True (command line: model.trust_pickle=true, or --trust-pickle for training.convert), "
-                f"then convert it once to safetensors with `python -m training.convert`. Details: {_first_line(err)}"
+                f"then convert it once to safetensors with `python -m training.convert`; if it came from an interrupted download "
+                f"or copy, fetch it again"
             ) from err
         raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt?): {_first_line(err)}") from err
+    except (ModuleNotFoundError, AttributeError) as err:  # a trusted pickle of objects whose code is not importable here
+        raise CheckpointError(
+            f"{path} is a pickle of Python objects whose code is not importable here ({type(err).__name__}: {_first_line(err)}): "
+            "run with the code that defined them on PYTHONPATH, or load the file where that code lives and save its "
+            "state_dict() with torch.save (a plain state dict needs no code)"
+        ) from err
     except Exception as err:  # noqa: BLE001 - a corrupt archive or pickle raises almost any type (IndexError, KeyError, ...)
         raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt?): {type(err).__name__}: {_first_line(err)}") from err
 
@@ -275,8 +306,11 @@ def load_into(model: nn.Module, checkpoint: str | Path, trust_pickle: bool = Fal
             parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[:3]})")
         if mismatched:
             parts.append("shape mismatch for " + ", ".join(f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in mismatched[:3]))
+        # Where the keys are the model's and only shapes differ, the file may be another width or class count of this
+        # architecture; with other keys it is another architecture, whatever a shape suggests.
         hint_of = getattr(model, "kwargs_hint", None)  # a zoo Classifier can tell which builder argument differs
-        hint = hint_of(state) if mismatched and callable(hint_of) else ""
+        same_keys = mismatched and not missing and not unexpected
+        hint = (hint_of(state) if same_keys and callable(hint_of) else "") or (_class_count_hint(model, state, mismatched) if same_keys else "")
         raise CheckpointError(
             f"{checkpoint} does not fit {arch} with {getattr(model, 'num_classes', '?')} classes: {'; '.join(parts)}"
             + (hint or ". Is it a checkpoint of another architecture or data set?")
@@ -291,6 +325,18 @@ def load_into(model: nn.Module, checkpoint: str | Path, trust_pickle: bool = Fal
     if any(k.startswith("normalize.") for k in own):  # did the file say how its inputs were normalised?
         model.normalization_from_checkpoint = "normalize.mean" in state and "normalize.std" in state
     return metadata
+
+
+def _class_count_hint(model: nn.Module, state: Mapping[str, torch.Tensor], mismatched: list[str]) -> str:
+    """Where the shapes that differ are the output layer's, the file's class count and how to build for it."""
+    classes = getattr(model, "num_classes", None)
+    own = model.state_dict()
+    outputs = {state[k].shape[0] for k in mismatched if own[k].shape[:1] == (classes,) and state[k].shape[1:] == own[k].shape[1:]}
+    if classes is None or len(outputs) != 1 or len(mismatched) > 2:
+        return ""
+    found = outputs.pop()
+    return (f" (the checkpoint has {found} outputs, the model {classes}: choose the data set it was trained on (data=..., or "
+            f"--dataset for training.convert), or build with num_classes={found} (--num-classes {found}))")
 
 
 def _refuse_non_finite(model: nn.Module, state: Mapping[str, torch.Tensor], checkpoint) -> None:

@@ -450,3 +450,66 @@ def test_checkpoints_without_num_batches_tracked_load(tmp_path):
     again = build_model("small_cnn", "digits", checkpoint=str(tmp_path / "old.pth"))
     x = torch.rand(2, 3, 32, 32)
     torch.testing.assert_close(again(x), model(x), atol=0, rtol=0)
+
+
+def test_another_architectures_keys_get_no_width_advice(tmp_path):
+    """A TRADES WideResNet loaded as resnet18 was told to pass +model.kwargs.width=16 (read off conv1), which failed again."""
+    state = {k: v for k, v in build_model("resnet18", "cifar10", width=16).state_dict().items() if not k.startswith("net.layer4.")}
+    state["net.block1.layer.0.bn1.bias"] = torch.zeros(128)
+    torch.save(state, tmp_path / "wrn.pt")
+    with pytest.raises(CheckpointError, match=r"missing .* unexpected .*shape mismatch.*Is it a checkpoint of another architecture") as info:
+        build_model("resnet18", "cifar10", checkpoint=str(tmp_path / "wrn.pt"))
+    assert "width=16" not in str(info.value)
+    torch.save({k: v for k, v in build_model("resnet18", "cifar10", width=16).state_dict().items()}, tmp_path / "narrow.pt")
+    with pytest.raises(CheckpointError, match=r"the checkpoint has width=16"):  # the same keys: the width is the difference
+        build_model("resnet18", "cifar10", checkpoint=str(tmp_path / "narrow.pt"))
+
+
+def test_another_class_count_is_named_with_the_fix(tmp_path):
+    save_checkpoint(build_model("small_cnn", "digits", width=8), tmp_path / "ten.safetensors")
+    with pytest.raises(CheckpointError, match=r"the checkpoint has 10 outputs, the model 5: choose the data set .*num_classes=10"):
+        build_model("small_cnn", "digits", width=8, num_classes=5, checkpoint=str(tmp_path / "ten.safetensors"))
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol 4")  # torch's own note, on the trusted load
+def test_a_file_the_safe_load_cannot_read_names_the_trust_flag_not_corruption(tmp_path):
+    """A state dict saved with pickle protocol 4 loads with trust_pickle=True, but was called truncated or corrupt; the
+    refusal's details were torch's first line, with terminal colour codes, not what it refused."""
+    model = build_model("small_cnn", "digits", width=8)
+    torch.save(model.state_dict(), tmp_path / "proto4.pt", pickle_protocol=4)
+    with pytest.raises(CheckpointError, match=r"proto4\.pt holds what a safe load .* refuses \(Unsupported operand 149\).*trust_pickle=True") as info:
+        build_model("small_cnn", "digits", width=8, checkpoint=str(tmp_path / "proto4.pt"))
+    assert "corrupt" not in str(info.value) and "\x1b" not in str(info.value)
+    loaded = build_model("small_cnn", "digits", width=8, checkpoint=str(tmp_path / "proto4.pt"), trust_pickle=True)
+    assert torch.equal(loaded.net.features[0].weight, model.net.features[0].weight)
+    torch.save({"model": model.state_dict(), "args": argparse.Namespace(lr=0.1)}, tmp_path / "args.pt")
+    with pytest.raises(CheckpointError, match=r"refuses \(Unsupported global: GLOBAL argparse\.Namespace"):
+        read_checkpoint(tmp_path / "args.pt")
+
+
+def test_a_trusted_pickle_whose_code_is_missing_says_so(tmp_path, monkeypatch):
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "their_nets.py").write_text("import torch\nclass Net(torch.nn.Linear):\n    pass\n")
+    monkeypatch.syspath_prepend(str(code))
+    import their_nets
+
+    torch.save(their_nets.Net(2, 2), tmp_path / "whole.pt")
+    monkeypatch.delitem(sys.modules, "their_nets")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(code)])
+    with pytest.raises(CheckpointError, match=r"whole\.pt is a pickle of Python objects whose code is not importable here "
+                                              r"\(ModuleNotFoundError: No module named 'their_nets'\).*PYTHONPATH.*state_dict"):
+        read_checkpoint(tmp_path / "whole.pt", trust_pickle=True)
+
+
+def test_a_folder_given_as_the_checkpoint_lists_the_files_in_it(tmp_path):
+    """A robustness output folder was reported as "checkpoint not found"."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    save_checkpoint(build_model("small_cnn", "digits", width=8), folder / "checkpoint.pt.best")
+    (folder / "log.txt").write_text("epoch 1")
+    with pytest.raises(CheckpointError, match=r"run is a folder, not a checkpoint file: give the file inside it \(it holds \['checkpoint\.pt\.best'\]\)"):
+        build_model("small_cnn", "digits", width=8, checkpoint=str(folder))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match=r"holds no \.pt"):
+        read_checkpoint(tmp_path / "empty")
