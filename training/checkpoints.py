@@ -293,6 +293,8 @@ def load_into(model: nn.Module, checkpoint: str | Path, trust_pickle: bool = Fal
     raw, metadata = _read_state_dict(checkpoint, trust_pickle)
     own = model.state_dict()
     state = _fitting_layout(raw, own, str(checkpoint))
+    unused = tuple(getattr(model, "unused_checkpoint_keys", ()))  # e.g. TRADES's WideResNet's sub_block1
+    state = {k: v for k, v in state.items() if not (unused and k.startswith(unused) and k not in own)}
     wanted = {k for k in own if not k.startswith("normalize.") and not k.endswith(".num_batches_tracked")}
     missing = sorted(wanted - state.keys())
     unexpected = sorted(k for k in state if k not in own)
@@ -306,11 +308,11 @@ def load_into(model: nn.Module, checkpoint: str | Path, trust_pickle: bool = Fal
             parts.append(f"{len(unexpected)} unexpected (e.g. {unexpected[:3]})")
         if mismatched:
             parts.append("shape mismatch for " + ", ".join(f"{k} {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in mismatched[:3]))
-        # Where the keys are the model's and only shapes differ, the file may be another width or class count of this
-        # architecture; with other keys it is another architecture, whatever a shape suggests.
+        # Builder arguments are named only where the network built with them fits the file (kwargs_hint); where the keys
+        # are the model's and only the output layer differs, the file's class count is.
         hint_of = getattr(model, "kwargs_hint", None)  # a zoo Classifier can tell which builder argument differs
         same_keys = mismatched and not missing and not unexpected
-        hint = (hint_of(state) if same_keys and callable(hint_of) else "") or (_class_count_hint(model, state, mismatched) if same_keys else "")
+        hint = (hint_of(state) if callable(hint_of) else "") or (_class_count_hint(model, state, mismatched) if same_keys else "")
         raise CheckpointError(
             f"{checkpoint} does not fit {arch} with {getattr(model, 'num_classes', '?')} classes: {'; '.join(parts)}"
             + (hint or ". Is it a checkpoint of another architecture or data set?")

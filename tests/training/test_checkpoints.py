@@ -513,3 +513,71 @@ def test_a_folder_given_as_the_checkpoint_lists_the_files_in_it(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match=r"holds no \.pt"):
         read_checkpoint(tmp_path / "empty")
+
+
+class _TradesWideBlock(torch.nn.Module):
+    """TRADES's models/wideresnet.py BasicBlock, restated (its names, its pre-activation shortcut)."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        nn = torch.nn
+        self.bn1, self.relu1 = nn.BatchNorm2d(cin), nn.ReLU(inplace=True)
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn2, self.relu2 = nn.BatchNorm2d(cout), nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.equalInOut = cin == cout
+        self.convShortcut = None if self.equalInOut else nn.Conv2d(cin, cout, 1, stride, 0, bias=False)
+
+    def forward(self, x):
+        if not self.equalInOut:
+            x = self.relu1(self.bn1(x))
+        else:
+            out = self.relu1(self.bn1(x))
+        out = self.relu2(self.bn2(self.conv1(out if self.equalInOut else x)))
+        return torch.add(x if self.equalInOut else self.convShortcut(x), self.conv2(out))
+
+
+class _TradesWideResNet(torch.nn.Module):
+    """TRADES's WideResNet, restated: conv1, block1 (and the unused sub_block1), block2, block3, bn1, relu, fc."""
+
+    def __init__(self, depth=10, widen_factor=2, num_classes=10):
+        super().__init__()
+        nn, n = torch.nn, (depth - 4) // 6
+        c = [16, 16 * widen_factor, 32 * widen_factor, 64 * widen_factor]
+
+        def stage(cin, cout, stride):
+            module = nn.Module()
+            module.layer = nn.Sequential(*[_TradesWideBlock(cin if i == 0 else cout, cout, stride if i == 0 else 1) for i in range(n)])
+            module.forward = module.layer.forward
+            return module
+
+        self.conv1 = nn.Conv2d(3, c[0], 3, 1, 1, bias=False)
+        self.block1, self.sub_block1, self.block2, self.block3 = stage(c[0], c[1], 1), stage(c[0], c[1], 1), stage(c[1], c[2], 2), stage(c[2], c[3], 2)
+        self.bn1, self.relu, self.fc, self.nChannels = nn.BatchNorm2d(c[3]), nn.ReLU(inplace=True), nn.Linear(c[3], num_classes), c[3]
+
+    def forward(self, x):
+        out = self.block3(self.block2(self.block1(self.conv1(x))))
+        out = torch.nn.functional.avg_pool2d(self.relu(self.bn1(out)), 8)
+        return self.fc(out.view(-1, self.nChannels))
+
+
+def test_trades_wide_resnet_checkpoints_load_as_saved_with_the_same_logits(tmp_path):
+    """TRADES's and MART's WRN (and RobustBench's WideResNet) had no zoo architecture: their checkpoints could not be imported."""
+    torch.manual_seed(0)
+    reference = _TradesWideResNet(depth=10, widen_factor=2)
+    for module in reference.modules():  # trained-looking batch-norm statistics, so that eval mode matters
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.running_mean.uniform_(-0.2, 0.2)
+            module.running_var.uniform_(0.5, 1.5)
+            module.weight.data.uniform_(0.5, 1.5)
+    reference.eval()
+    torch.save({"module." + k: v for k, v in reference.state_dict().items()}, tmp_path / "model-wideres-epoch76.pt")  # DataParallel, as saved
+    x = torch.rand(4, 3, 32, 32)
+    ours = build_model("wide_resnet", "cifar10", depth=10, widen_factor=2, mean=[0, 0, 0], std=[1, 1, 1],
+                       checkpoint=str(tmp_path / "model-wideres-epoch76.pt"))
+    torch.testing.assert_close(ours(x), reference(x), rtol=1e-5, atol=1e-5)
+    assert Representation(ours)(x).shape == (4, 128)
+    with pytest.raises(CheckpointError, match=r"the checkpoint has depth=10, widen_factor=2.*\+model\.kwargs\.depth=10 \+model\.kwargs\.widen_factor=2"):
+        build_model("wide_resnet", "cifar10", checkpoint=str(tmp_path / "model-wideres-epoch76.pt"), mean=[0, 0, 0], std=[1, 1, 1])
+    with pytest.raises(ValueError, match=r"depth must be 6n \+ 4"):
+        build_model("wide_resnet", "cifar10", depth=12)

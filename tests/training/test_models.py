@@ -18,6 +18,7 @@ EXPECTED_FEATURES = {
     "kwta_resnet18": 512,
     "small_cnn": 128,
     "kwta_small_cnn": 128,
+    "wide_resnet": 640,
 }
 
 

@@ -48,8 +48,9 @@ class Classifier(nn.Module):
     """[0, 1] images (N, 3, H, W) → logits, with the data set's normalisation inside.
 
     Attributes: ``arch`` and ``dataset`` names, ``num_classes``, ``penultimate`` (the
-    representation layer, named inside ``net``), ``fake_relu`` (its default for that layer) and
-    ``arch_kwargs`` (the keyword arguments the network was built with).
+    representation layer, named inside ``net``), ``fake_relu`` (its default for that layer),
+    ``arch_kwargs`` (the keyword arguments the network was built with) and ``unused_checkpoint_keys`` (key prefixes a
+    checkpoint may hold that loading drops: :class:`~training.models.registry.Architecture`).
     """
 
     def __init__(
@@ -70,6 +71,7 @@ class Classifier(nn.Module):
         self.arch, self.dataset, self.num_classes = arch, dataset, num_classes
         self.penultimate, self.fake_relu = penultimate, fake_relu
         self.arch_kwargs: dict = {}
+        self.unused_checkpoint_keys: tuple[str, ...] = ()  # saved by the reference implementation, used by no forward pass
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The range check is skipped inside invert.validation.hot_loop() (it would sync the device).
@@ -95,6 +97,14 @@ def kwargs_hint(model: nn.Module, state: Mapping[str, torch.Tensor]) -> str:
     current = {**builder_defaults, **getattr(model, "arch_kwargs", {})}
     found = {k: v for k, v in spec.infer_kwargs(state).items() if current.get(k) != v}
     if not found:
+        return ""
+    try:  # advice only where it works: the network built with those arguments has the file's keys and shapes
+        fitting = spec.builder(num_classes=getattr(model, "num_classes", 10), **{**getattr(model, "arch_kwargs", {}), **found}).state_dict()
+    except (TypeError, ValueError):
+        return ""
+    weights = {k.removeprefix("net."): v.shape for k, v in state.items()
+               if k.startswith("net.") and not k.startswith(spec.unused_keys or ("\0",)) and not k.endswith(".num_batches_tracked")}
+    if weights != {k: v.shape for k, v in fitting.items() if not k.endswith(".num_batches_tracked")}:
         return ""
     has = ", ".join(f"{k}={v}" for k, v in found.items())
     built = ", ".join(f"{k}={current.get(k)}" for k in found)
@@ -172,6 +182,8 @@ def build_model(
         net, mean, std, arch=name, dataset=dataset, num_classes=num_classes, penultimate=penultimate, fake_relu=fake_relu
     )
     model.arch_kwargs = dict(arch_kwargs)
+    if dataset not in IMAGENET_LIKE:
+        model.unused_checkpoint_keys = spec.unused_keys
     if checkpoint is not None:
         metadata = load_into(model, checkpoint, trust_pickle=trust_pickle)
         _check_saved_architecture(metadata, name, {**(defaults if dataset not in IMAGENET_LIKE else {}), **arch_kwargs}, checkpoint)

@@ -199,6 +199,97 @@ def vgg16(num_classes: int = 10, width: int = 64) -> VGG:
     return VGG([item if item == "M" else item * width // 64 for item in _VGG16], num_classes)
 
 
+class WideBasicBlock(nn.Module):
+    """Pre-activation block of Zagoruyko & Komodakis's WRN as TRADES, MART and RobustBench write it: where the
+    channels or stride change, the shortcut convolution takes the block's *activated* input (``convShortcut``)."""
+
+    def __init__(self, in_planes: int, out_planes: int, stride: int, drop_rate: float = 0.0):
+        super().__init__()
+        self.bn1 = nn.BatchNorm2d(in_planes)
+        self.relu1 = nn.ReLU()
+        self.conv1 = nn.Conv2d(in_planes, out_planes, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out_planes)
+        self.relu2 = nn.ReLU()
+        self.conv2 = nn.Conv2d(out_planes, out_planes, 3, 1, 1, bias=False)
+        self.drop_rate = drop_rate
+        self.equal_in_out = in_planes == out_planes and stride == 1
+        self.convShortcut = None if self.equal_in_out else nn.Conv2d(in_planes, out_planes, 1, stride, 0, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        activated = self.relu1(self.bn1(x))
+        out = self.relu2(self.bn2(self.conv1(activated)))
+        if self.drop_rate > 0:
+            out = F.dropout(out, p=self.drop_rate, training=self.training)
+        return (x if self.equal_in_out else self.convShortcut(activated)) + self.conv2(out)
+
+
+class WideStage(nn.Module):
+    """``NetworkBlock``: ``count`` wide blocks under the reference's name ``layer``."""
+
+    def __init__(self, count: int, in_planes: int, out_planes: int, stride: int, drop_rate: float):
+        super().__init__()
+        self.layer = nn.Sequential(*[WideBasicBlock(in_planes if i == 0 else out_planes, out_planes, stride if i == 0 else 1, drop_rate)
+                                     for i in range(count)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+
+class WideResNet(nn.Module):
+    """WRN-depth-k for 32 px images (Zagoruyko & Komodakis, 2016) with the module names of TRADES's
+    ``models/wideresnet.py`` (also MART's and RobustBench's ``WideResNet``), so their checkpoints load unchanged
+    (their unused ``sub_block1`` is dropped on load: :data:`WIDE_RESNET_UNUSED`). The forward pass is theirs:
+    ``avg_pool2d(out, 8)`` on 32 px inputs is the global average pool used here; their in-place ReLUs are not."""
+
+    penultimate = "act_out"
+
+    def __init__(self, depth: int = 34, widen_factor: int = 10, num_classes: int = 10, drop_rate: float = 0.0):
+        super().__init__()
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 10 or (depth - 4) % 6:
+            raise ValueError(f"WideResNet depth must be 6n + 4 with n >= 1 (10, 16, 28, 34, ...), got {depth!r}")
+        if isinstance(widen_factor, bool) or not isinstance(widen_factor, int) or widen_factor < 1:
+            raise ValueError(f"WideResNet widen_factor must be a whole number >= 1 (10 in WRN-34-10), got {widen_factor!r}")
+        if not 0 <= drop_rate < 1:
+            raise ValueError(f"WideResNet drop_rate must be in [0, 1), got {drop_rate!r}")
+        count, channels = (depth - 4) // 6, [16, 16 * widen_factor, 32 * widen_factor, 64 * widen_factor]
+        self.conv1 = nn.Conv2d(3, channels[0], 3, 1, 1, bias=False)
+        self.block1 = WideStage(count, channels[0], channels[1], 1, drop_rate)
+        self.block2 = WideStage(count, channels[1], channels[2], 2, drop_rate)
+        self.block3 = WideStage(count, channels[2], channels[3], 2, drop_rate)
+        self.bn1 = nn.BatchNorm2d(channels[3])
+        self.act_out = nn.ReLU()  # the reference's ``relu``: a fake ReLU goes here
+        self.fc = nn.Linear(channels[3], num_classes)
+        for module in self.modules():  # the reference's initialisation
+            if isinstance(module, nn.Conv2d):
+                nn.init.normal_(module.weight, 0, math.sqrt(2.0 / (module.kernel_size[0] * module.kernel_size[1] * module.out_channels)))
+            elif isinstance(module, nn.Linear):
+                nn.init.zeros_(module.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.block3(self.block2(self.block1(self.conv1(x))))
+        out = self.act_out(self.bn1(out))
+        return self.fc(F.adaptive_avg_pool2d(out, 1).flatten(1))
+
+
+# Saved by the reference implementations but used by no forward pass: TRADES's ``sub_block1`` (a copy of block1's shape).
+WIDE_RESNET_UNUSED = ("net.sub_block1.",)
+
+
+def _wide_resnet_kwargs(state) -> dict:
+    first = state.get("net.block1.layer.0.conv1.weight")
+    if first is None:
+        return {}
+    blocks = {k.split(".")[3] for k in state if k.startswith("net.block1.layer.") and k.endswith(".conv1.weight")}
+    return {"depth": 6 * len(blocks) + 4, "widen_factor": int(first.shape[0]) // 16}
+
+
+@register_model("wide_resnet", penultimate="act_out", fake_relu=True, infer_kwargs=_wide_resnet_kwargs, unused_keys=WIDE_RESNET_UNUSED)
+def wide_resnet(num_classes: int = 10, depth: int = 34, widen_factor: int = 10, drop_rate: float = 0.0) -> WideResNet:
+    """WRN-34-10 by default, the architecture of TRADES, MART and most RobustBench CIFAR entries (WRN-28-10:
+    ``depth=28``)."""
+    return WideResNet(depth, widen_factor, num_classes, drop_rate)
+
+
 class DenseLayer(nn.Module):
     def __init__(self, in_planes: int, growth_rate: int):
         super().__init__()

@@ -20,26 +20,30 @@ class Architecture:
     ``fake_relu`` is the default for the representation wrapper (Nanda et al.'s code: on for
     ResNets and DenseNets, off for VGG, Inception and k-WTA models). ``infer_kwargs`` reads the
     builder's keyword arguments off a checkpoint's tensor shapes where they show (``width`` of the
-    small CNN), so that a checkpoint of another size gets an error that names the argument.
+    small CNN), so that a checkpoint of another size gets an error that names the argument. ``unused_keys``: prefixes
+    of checkpoint keys (Classifier keys, ``net.*``) that the reference implementation saves but no forward pass uses
+    (TRADES's WideResNet's ``sub_block1``); loading drops them instead of refusing the file.
     """
 
     builder: Callable[..., nn.Module]
     penultimate: str
     fake_relu: bool
     infer_kwargs: Optional[Callable[[Mapping[str, torch.Tensor]], dict]] = None
+    unused_keys: tuple[str, ...] = ()
 
 
 CIFAR_ARCHITECTURES: dict[str, Architecture] = {}
 
 
 def register_model(name: str, *, penultimate: str, fake_relu: bool,
-                   infer_kwargs: Optional[Callable[[Mapping[str, torch.Tensor]], dict]] = None) -> Callable:
+                   infer_kwargs: Optional[Callable[[Mapping[str, torch.Tensor]], dict]] = None,
+                   unused_keys: tuple[str, ...] = ()) -> Callable:
     """Register a CIFAR-size architecture's builder under ``name`` (see the module docstring)."""
 
     def register(builder: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         if name in CIFAR_ARCHITECTURES and CIFAR_ARCHITECTURES[name].builder is not builder:
             raise ValueError(f"a zoo model named {name!r} is already registered")
-        CIFAR_ARCHITECTURES[name] = Architecture(builder, penultimate, fake_relu, infer_kwargs)
+        CIFAR_ARCHITECTURES[name] = Architecture(builder, penultimate, fake_relu, infer_kwargs, tuple(unused_keys))
         return builder
 
     return register
