@@ -68,8 +68,9 @@ def main(cfg: DictConfig) -> None:
     expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
     cfg.run_dir = str(job_path(cfg.run_dir, groups=groups))  # a multirun's jobs train in folders of their own
     if requeued() and not cfg.resume:  # the same command again: without resume it refused the folder its first run wrote
-        logger.warning("requeued Slurm job (SLURM_RESTART_COUNT=%s): continuing %s as with resume=true",
-                    os.environ["SLURM_RESTART_COUNT"], cfg.run_dir)
+        if int(os.environ.get("RANK", "0")) == 0:  # said once, not by every process under torchrun
+            logger.warning("requeued Slurm job (SLURM_RESTART_COUNT=%s): continuing %s as with resume=true",
+                           os.environ["SLURM_RESTART_COUNT"], cfg.run_dir)
         cfg.resume = True
     result = train_or_say_how_to_resume(cfg)
     if result.completed and int(os.environ.get("RANK", "0")) == 0:  # one summary, from rank 0 under torchrun
