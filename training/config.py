@@ -154,10 +154,21 @@ def resolved_path_text(value: str | os.PathLike | None):
     return str(Path(expand_path(value)).resolve()) if value else value
 
 
+def check_device_name(device: Any, key: str = "device") -> None:
+    """Refuse a device that torch cannot name (``cdua``, ``gpu``), in words that say what ``key`` takes."""
+    if device in (None, "auto") or isinstance(device, torch.device):
+        return
+    try:
+        torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"{key} takes auto, cpu, cuda or cuda:N (a GPU's index), got {device!r}") from None
+
+
 def resolve_device(device: str | None = "auto") -> torch.device:
     """``auto`` → CUDA when available, else CPU; anything else is passed to torch.device."""
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    check_device_name(device)
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device=cuda was asked for but CUDA is not available here: use device=cpu or device=auto")
@@ -502,9 +513,18 @@ def _check_values(config_name: str, parsed: Sequence, overrides: Sequence[str]) 
     reference = compose(config_name, [line for o, line in zip(parsed, overrides) if _is_group(o.key_or_group) and not o.is_delete()])
     for o in candidates:
         default = OmegaConf.select(reference, o.key_or_group, default=None)
+        # A sweep's values come back as escaped text (cuda\:1, 6x): each read as Hydra reads it for its job.
+        values = ([parse_overrides([f"{o.key_or_group}={v}"])[0].value() for v in o.sweep_string_iterator()] if o.is_sweep_override()
+                  else [o.value()])
+        if o.key_or_group.rsplit(".", 1)[-1] == "device":  # torch names it only inside the job: a sweep would queue jobs that fail
+            for value in values:
+                try:
+                    check_device_name(value, o.key_or_group)
+                except ValueError as err:
+                    raise ConfigError(str(err)) from None
+            continue
         if not isinstance(default, (bool, int, float)):
             continue
-        values = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
         if isinstance(default, bool):
             words = SWITCH_WORDS.get(o.key_or_group.rsplit(".", 1)[-1], ())
             for value in values:
@@ -513,8 +533,6 @@ def _check_values(config_name: str, parsed: Sequence, overrides: Sequence[str]) 
                                       + "".join(f" or {o.key_or_group}={w}" for w in words) + f", got {value!r}")
             continue
         for value in values:
-            if isinstance(value, str) and o.is_sweep_override():  # a sweep's values come back as text: read them as Hydra would
-                value = parse_overrides([f"{o.key_or_group}={value}"])[0].value()
             if not _number_like(value):
                 fraction = " or a fraction like 8/255" if isinstance(default, float) else ""
                 job = f" (in the sweep's jobs with {o.key_or_group}={value})" if o.is_sweep_override() else ""

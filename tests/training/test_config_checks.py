@@ -131,6 +131,19 @@ def test_a_number_key_refuses_a_word_in_every_sweep_value_before_any_job_starts(
         check_overrides("train", ["train=pgd", "train.attack.eps=[0.5,x]"])
 
 
+def test_a_misspelt_device_is_refused_before_any_job_starts():
+    """device=cdua reached torch.device inside the job: a 20-frame traceback that named no key, after a sweep had queued."""
+    from training.config import resolve_device
+
+    with pytest.raises(ConfigError, match=r"^device takes auto, cpu, cuda or cuda:N \(a GPU's index\), got 'cdua'$"):
+        check_overrides("train", ["device=cdua"])
+    with pytest.raises(ConfigError, match=r"^device takes auto, cpu, cuda or cuda:N .*got 'gpu'$"):
+        check_overrides("demo", ["-m", "device=cpu,gpu"])
+    check_overrides("measure", ["-m", "device=auto,cpu,cuda,cuda:1"])  # named right, whether or not this machine has them
+    with pytest.raises(ValueError, match=r"device takes auto, cpu, cuda or cuda:N .*got 'cdua'"):
+        resolve_device("cdua")  # the Python API says the same
+
+
 def test_a_key_added_with_plus_is_refused_before_training(tmp_path):
     cfg = compose("train", ["+train.epoch=1", f"run_dir={tmp_path}"])
     with pytest.raises(ConfigError, match=r"unknown config key 'train.epoch' in the standard recipe.*Did you mean train.epochs"):
