@@ -330,3 +330,12 @@ def test_every_commands_help_names_the_command():
     assert apps["train"] == "python -m training" and apps["stimuli_invert"] == "python -m stimuli invert"
     assert apps["measure"] == "python -m perceptual measure" and apps["config"] == "python -m training.info"
     assert all(app.startswith("python -m ") for app in apps.values()), apps
+
+
+def test_every_commands_job_name_names_the_command():
+    """Slurm jobs of python -m training were all named __main__ in squeue, those of every stimuli command 'commands'."""
+    from conf import CONFIG_DIR
+
+    names = {path.stem: compose(path.stem, with_hydra=True).hydra.job.name for path in sorted(Path(CONFIG_DIR).glob("*.yaml"))}
+    assert names["train"] == "training" and names["stimuli_invert"] == "stimuli-invert" and names["measure"] == "perceptual-measure"
+    assert len(set(names.values())) == len(names), names  # one name per command
