@@ -575,6 +575,8 @@ class _Runner:
         mirror = _HostMirror(self.device)
         step = torch.zeros((), dtype=torch.long, device=self.device)
         replay = self._capture(w, step) if self.graphs == "capture" and cfg.steps > 0 else None
+        if self.graphs == "capture" and cfg.steps > 0 and replay is None:
+            self.graphs = "masked"  # capture failed (cuda_graph='auto'): not tried again, with its warm-up and warning, per micro-batch
         compact = self.graphs == "off"
         self.loops.append("cuda-graph" if replay is not None else "eager" if compact else "masked")
         finished = False

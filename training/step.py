@@ -191,6 +191,12 @@ class TrainStep:
     def captured(self) -> bool:
         return self._replay is not None
 
+    @property
+    def ran_as(self) -> str:
+        """How the steps so far ran, for the summary: ``capture`` once a graph was captured, ``static`` for the captured
+        step's structure run eagerly (no CUDA here, a failed capture, or too few steps to pass the warm-up), else ``eager``."""
+        return "capture" if self.captured else "static" if self.mode == "capture" else self.mode
+
     def start_epoch(self) -> None:
         """Zero the running sums in place (a captured graph keeps adding into the same tensors)."""
         for total in self.sums.values():

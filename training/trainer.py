@@ -390,7 +390,7 @@ def _train(cfg: DictConfig, dist: Distributed, held: contextlib.ExitStack) -> Tr
     train_step = TrainStep(forward, optimizer, device=device, bf16=bf16, mode=step_mode, strict=graph_setting is True)
 
     def summarise(status: str) -> dict[str, Any]:  # the run's summary now: progress, and the step's mode (a failed capture falls back)
-        return _summary(cfg, recipe, progress, device, dist, bf16, channels_last, train_step.mode, wall_start, status=status)
+        return _summary(cfg, recipe, progress, device, dist, bf16, channels_last, train_step.ran_as, wall_start, status=status)
 
     stop_after = _get(cfg, "stop_after_epochs")
     save_every = max(1, int(_get(cfg, "save_every", 1)))

@@ -351,6 +351,27 @@ def test_the_step_recorded_once_and_replayed_gives_the_graph_free_loops_results(
         assert torch.equal(getattr(replayed, field), getattr(masked, field)), field
 
 
+def test_a_failed_capture_is_not_tried_again_for_every_micro_batch(inversion):
+    """Under cuda_graph='auto' a capture that failed was attempted again for each micro-batch: three warm-up steps, a
+    synchronize, a warning (and, on some torch releases, a memory pool never released) every time."""
+    objective, seeds = inversion
+    attempts = []
+
+    def failing_capture(runner, w, step):
+        attempts.append(w.rows.numel())
+        return None  # what capture_cuda_graph returns after a failure that cuda_graph='auto' allows
+
+    run = dict(steps=4, cuda_graph="auto", micro_batch=1, progress=False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine_module, "_graph_mode", lambda cfg, device: "capture")
+        patch.setattr(engine_module._Runner, "_capture", failing_capture)
+        fallen_back = invert_batch(objective, seeds, **run)
+    assert len(seeds) > 1 and attempts == [1]
+    assert fallen_back.loop == "masked"  # every micro-batch ran the graph-free masked loop
+    masked = invert_batch(objective, seeds, **{**run, "cuda_graph": True})
+    assert torch.equal(fallen_back.images, masked.images)
+
+
 def test_the_recorded_replay_catches_a_step_that_keeps_state_in_python(inversion):
     """The stand-in's own check: an objective that counts its calls in Python (a value a CUDA graph would freeze at
     capture) runs fine eagerly, and its recorded replay differs."""
@@ -656,9 +677,13 @@ def test_the_captured_step_equals_the_uncaptured_step(inversion, settings):
     settings = {"steps": 30, **settings, **QUICK}
     eager = Engine(cuda_graph=False, **settings).run(objective, seeds)
     captured = Engine(cuda_graph=True, **settings).run(objective, seeds)
-    # Deterministic cuDNN and the same batch throughout: the replayed kernels are the eager ones.
+    # Deterministic cuDNN and the same batch throughout: the replayed kernels are the eager ones. Except grid_sample's
+    # backward (transform_robust), which adds with atomics in no fixed order on CUDA (invert.config's ``deterministic``
+    # does not cover it): two eager runs differ in the last bits too, so that case is compared at a tolerance.
+    compare = (torch.equal if not settings.get("transform_robust")
+               else lambda a, b: a.dtype == b.dtype and torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-4))
     for field in ("images", "best_loss", "initial_loss", "last_loss", "steps_used", "loss_curve"):
-        assert torch.equal(getattr(captured, field), getattr(eager, field)), field
+        assert compare(getattr(captured, field), getattr(eager, field)), field
 
 
 @pytest.mark.gpu

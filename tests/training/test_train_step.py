@@ -228,6 +228,14 @@ def test_a_parameter_whose_first_gradient_comes_late_steps_as_with_sgds_default_
         torch.testing.assert_close(ours, reference, rtol=0, atol=1e-6)
 
 
+def test_the_summary_says_capture_only_where_a_graph_was_captured(make_config, monkeypatch):
+    """A run with no more batches than the warm-up's was summarised as "capture" though nothing was captured."""
+    record_the_training_step(monkeypatch)
+    monkeypatch.setattr(step_module, "WARMUP_STEPS", 100)  # more than the run's 6 batches
+    short = train(make_config(*PGD, *SHORT, "train.cuda_graph=true", run="short"))
+    assert short.summary["cuda_graph"] == "static"
+
+
 def test_cuda_graph_settings_are_checked_and_what_blocks_capture_is_named(make_config, tmp_path, caplog):
     cpu = torch.device("cpu")
     with pytest.raises(ConfigError, match="false, true or auto"):
