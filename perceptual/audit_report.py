@@ -4,6 +4,7 @@ in Nanda et al. Fig. 4, the masking checks). Every number comes from the report 
 """
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -70,15 +71,21 @@ def accuracy_bars_figure(robustness: Mapping, path: str | Path) -> Path:
 def masking_checks_figure(checks: Sequence[Mapping], path: str | Path) -> Path:
     """The masking checks as a coloured pass / fail / n.a. table."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(11, 0.32 * len(checks) + 0.8))
+    details = [textwrap.fill(c["detail"], 92) for c in checks]  # wrapped, not cut: the numbers are what the table is for
+    lines = [d.count("\n") + 1 for d in details]
+    fig, ax = plt.subplots(figsize=(11, 0.3 * (sum(lines) + 1) + 0.8))
     ax.axis("off")
-    rows = [[c["name"], c["status"], c["detail"] if len(c["detail"]) <= 80 else c["detail"][:77] + "..."] for c in checks]
+    rows = [[c["name"], c["status"], d] for c, d in zip(checks, details)]
     table = ax.table(cellText=rows, colLabels=["check", "status", "numbers"], loc="center", cellLoc="left", colWidths=[0.27, 0.08, 0.65])
     table.auto_set_font_size(False)
     table.set_fontsize(7.5)
-    for row, check in enumerate(checks, start=1):
+    line_height = table[0, 0].get_height()
+    for cell in table.get_celld().values():
+        cell.PAD = 0.02  # of the cell's width: the default 0.1 indented the numbers by an inch
+    for row, (check, n_lines) in enumerate(zip(checks, lines), start=1):
         for column in range(3):
             table[row, column].set_facecolor(STATUS_COLOURS[check["status"]])
+            table[row, column].set_height(line_height * n_lines)
     ax.set_title("Gradient-masking checks (green pass, red fail, grey not applicable)", fontsize=10)
     return save_figure(fig, Path(path))
 

@@ -10,7 +10,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from stimuli.distortions import Distortion
+from stimuli.distortions import GENERATORS, Distortion, in_grid_order
 from training.io import atomic_write_json, atomic_write_text
 
 from . import metrics as M
@@ -57,14 +57,15 @@ def panel_accuracy(accuracy: Mapping[str, Mapping[str, float]], subjects: Sequen
 
 
 def accuracy_figure(accuracy: Mapping[str, Mapping[str, float]], conditions: Sequence[Distortion], models: Sequence[str],
-                    subjects: Sequence[str], path: Path, generator: str) -> Path:
-    """Accuracy against the generator's parameter: one line per model, the subjects' mean ± sample std as a band."""
+                    subjects: Sequence[str], path: Path, generator: str, num_classes: int | None = None) -> Path:
+    """Accuracy against the generator's parameter, from undistorted to most distorted: one line per model, the subjects'
+    mean ± sample std as a band, chance (1 / classes) where ``num_classes`` is given."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    chosen = [c for c in conditions if c.generator == generator]
+    chosen = in_grid_order([c for c in conditions if c.generator == generator])  # command-line order drew a zig-zag
     x = np.arange(len(chosen))
     fig, ax = plt.subplots(figsize=(4.8, 3.4))
     for m in models:
@@ -72,9 +73,11 @@ def accuracy_figure(accuracy: Mapping[str, Mapping[str, float]], conditions: Seq
     panel = panel_accuracy({c.name: accuracy[c.name] for c in chosen}, subjects)
     mean, std = (np.array([panel[c.name][k] for c in chosen]) for k in ("mean", "std"))
     ax.plot(x, mean, color="black", ls="--", marker="s", label=f"observers (n={len(subjects)})")
-    ax.fill_between(x, mean - std, mean + std, color="grey", alpha=0.25)
+    ax.fill_between(x, mean - std, mean + std, color="grey", alpha=0.25, label="observers ± std")
+    if num_classes:
+        ax.axhline(1 / num_classes, color="grey", lw=0.8, ls=":", label=f"chance (1/{num_classes})")
     ax.set_xticks(x, [c.name.split("=", 1)[1] for c in chosen])
-    ax.set_xlabel(generator)
+    ax.set_xlabel(GENERATORS[generator].description if generator in GENERATORS else generator)
     ax.set_ylabel("accuracy")
     ax.set_title(f"Accuracy against {generator}: models and simulated observers", fontsize=9)
     ax.set_ylim(0, 1.02)
@@ -145,7 +148,8 @@ def write_outputs(data: dict, unknown: dict | None, out: Path, conditions: Seque
                 lo, hi = ranges.get(metric, (0, 1))
                 heatmap(matrix, systems, figures_dir / "conditions" / condition / f"heatmap_{metric}.png", f"{metric}, {condition}", vmin=lo, vmax=hi)
     for generator in generators:
-        figures.append(accuracy_figure(data["accuracy"], conditions, models, subjects, figures_dir / f"accuracy_{generator}.png", generator))
+        figures.append(accuracy_figure(data["accuracy"], conditions, models, subjects, figures_dir / f"accuracy_{generator}.png", generator,
+                                       num_classes=len(data["classes"]) if data.get("classes") else None))
     spearman = data["spearman_between_metrics"]
     figures.append(heatmap(spearman["rho"], spearman["metrics"], figures_dir / "spearman_between_metrics.png",
                            "Spearman's rho between metrics over system pairs", vmin=-1, vmax=1, cmap="coolwarm", axis_label="metric"))

@@ -136,7 +136,8 @@ def correlation_figure(correlations: Mapping, path: str | Path) -> Path:
                     ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=6)
         ax.set_title(title, fontsize=9)
     fig.colorbar(image, ax=list(axes[0]), fraction=0.02, pad=0.02, label="Spearman's rho")
-    fig.suptitle(f"Correlation between metrics over system pairs ({len(correlations['families'])} families)", fontsize=10)
+    fig.suptitle(f"Correlation between metrics over system pairs ({len(correlations['families'])} families; grey: undefined, "
+                 "too few pairs or a constant metric)", fontsize=10)
     return save_figure(fig, path)
 
 
@@ -153,6 +154,9 @@ def zscore_figure(zscores: pd.DataFrame, metrics: Sequence[str], path: str | Pat
         for x, family in enumerate(families):
             values = zscores.loc[zscores["family"] == family, metric].dropna().to_numpy()
             ax.plot(np.full(len(values), x) + np.linspace(-0.15, 0.15, len(values)), values, "o", markersize=3, alpha=0.7)
+        if zscores[metric].notna().sum() == 0:  # an empty panel with a meaningless axis said nothing about why
+            ax.text(0.5, 0.5, "no z-scores: a family needs two pairs with different values (e.g. more than two systems)",
+                    transform=ax.transAxes, ha="center", va="center", fontsize=7, color="grey")
         ax.axhline(0, color="grey", linewidth=0.5)
         ax.set_ylabel(f"{metric}\n(z)", fontsize=8)
     axes[-1, 0].set_xticks(range(len(families)), families, rotation=90, fontsize=7)

@@ -28,10 +28,9 @@ from typing import Mapping, Sequence
 import numpy as np
 from scipy.stats import pearsonr, spearmanr
 
-from .report import alignment_scatter, format_score, markdown_table, save_figure, scatter_points, spread
+from .report import TASK_TITLES, alignment_scatter, format_score, markdown_table, save_figure, scatter_points, spread
 from .statistics import check_level, check_n_boot, model_difference, percentile_interval
 
-TASK_TITLES = {"2afc": "2AFC", "clustering": "clustering", "clustering_hard": "hard clustering"}
 RESULTS = ("table", "gaussian", "scatter", "grid")
 
 

@@ -13,6 +13,7 @@ without data in one experiment would otherwise shift the others' colours there).
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import Sequence
 
@@ -169,7 +170,9 @@ def consistency_matrix_figure(matrix: pd.DataFrame, path: str | Path, title: str
     """A subjects × subjects heatmap (:func:`perceptual.mvh_analysis.consistency_matrix`), values written in the cells."""
     plt = _pyplot()
     n = len(matrix)
-    fig, ax = plt.subplots(figsize=(1.0 + 0.55 * n, 0.6 + 0.5 * n))
+    # At least 5.5 x 4.5 inches: with 4 subjects the heatmap was 1.3 inches wide, under a title and a colourbar label longer
+    # than itself.
+    fig, ax = plt.subplots(figsize=(max(5.5, 2.4 + 0.55 * n), max(4.5, 1.8 + 0.5 * n)))
     image = ax.imshow(matrix.to_numpy(dtype=float), cmap="viridis", vmin=-0.2, vmax=1)
     for i in range(n):
         for j in range(n):
@@ -180,8 +183,8 @@ def consistency_matrix_figure(matrix: pd.DataFrame, path: str | Path, title: str
     ax.set_yticks(range(n), matrix.index, fontsize=7)
     ax.set_xlabel("observer")
     ax.set_ylabel("observer")
-    fig.colorbar(image, ax=ax, label="error consistency (mean over conditions)")
-    ax.set_title(title, fontsize=9)
+    fig.colorbar(image, ax=ax, label="error consistency (kappa)")
+    ax.set_title(textwrap.fill(title, 48), fontsize=9)
     fig.tight_layout()
     return save_figure(fig, Path(path))
 

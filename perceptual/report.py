@@ -51,6 +51,8 @@ def _fmt(value, std=None, percent: bool = True) -> str:
     return text
 
 
+TASK_TITLES = {"2afc": "2AFC", "clustering": "clustering", "clustering_hard": "hard clustering"}  # the tasks in figures' words
+
 TABLE_COLUMNS = (
     ("model", "Model"),
     ("2afc", "Observer 2AFC (%)"),
@@ -216,15 +218,19 @@ def alignment_scatter(models: Mapping[str, Mapping], path: str | Path, task: str
         ax.errorbar(100 * robust, 100 * entry["mean"], yerr=100 * spread(entry), fmt="o", capsize=3)
         labels.append(ax.annotate(name, (100 * robust, 100 * entry["mean"]), textcoords="offset points", xytext=(4, 4), fontsize=8,
                                   arrowprops={"arrowstyle": "-", "color": "grey", "lw": 0.5, "shrinkA": 0, "shrinkB": 3}))
-    if task.startswith("clustering"):
-        ax.axhline(100 / 3, color="grey", lw=0.8, ls="--", label="chance")
-    else:
-        ax.axhline(50, color="grey", lw=0.8, ls="--", label="chance")
+    chance = 100 / 3 if task.startswith("clustering") else 50
+    ax.axhline(chance, color="grey", lw=0.8, ls="--")
+    # Named on the line, not in a legend box ("best" still put the box over a model's error bar), and in the middle:
+    # standard models sit at the left, robust ones at the right.
+    ax.annotate("chance", (0.5, chance), xycoords=("axes fraction", "data"), xytext=(0, 2), textcoords="offset points", ha="center",
+                va="bottom", fontsize=7, color="grey")
+    low, high = ax.get_ylim()
+    ax.set_ylim(max(low, 0), min(high, 100))  # a ± std bar past 0 % or 100 % is cut at what an accuracy can be
+    title = TASK_TITLES.get(task, task)
     ax.set_xlabel("robust accuracy (%)")
-    ax.set_ylabel(f"observer {task} accuracy (%)")
+    ax.set_ylabel(f"observer {title} accuracy (%)")
     dagger = "; † = inversions did not converge" if any(name.endswith("†") for name in points) else ""
-    ax.set_title(f"Observer {task} accuracy against robust accuracy\n(error bars: ± std over the observer panel{dagger})", fontsize=9)
-    ax.legend(loc="best", fontsize=8)  # lower right covered a standard model's point (high clean, no robust accuracy)
+    ax.set_title(f"Observer {title} accuracy against robust accuracy\n(error bars: ± std over the observer panel{dagger})", fontsize=9)
     ax.grid(alpha=0.3)
     fig.canvas.draw()  # the chance line widens the axes only at a draw: labels separated before it overlapped once drawn
     separate_labels(fig, labels)

@@ -516,6 +516,22 @@ def parse_conditions(spec: Any, reference_size: int = REFERENCE_SIZE) -> list[Di
     return out
 
 
+def in_grid_order(conditions: Sequence[Distortion]) -> list[Distortion]:
+    """``conditions`` with each generator's levels from its grid's first (undistorted) to its last, as the benchmark
+    plots them (levels off the grid fall in place by value); generators stay in the order they first appear."""
+    first_seen = {c.generator: i for i, c in reversed(list(enumerate(conditions)))}
+
+    def position(condition: Distortion) -> tuple:
+        grid = GRIDS[condition.generator]
+        if isinstance(grid[0], str):
+            along = grid.index(condition.parameter)
+        else:
+            along = float(condition.parameter) if grid[0] <= grid[-1] else -float(condition.parameter)
+        return first_seen[condition.generator], along
+
+    return sorted(conditions, key=position)
+
+
 # --------------------------------------------------------------------------------------------------
 # Condition sets on disk
 # --------------------------------------------------------------------------------------------------
@@ -633,6 +649,6 @@ def _check_nonnegative(value: float, name: str) -> float:
 __all__ = [
     "GENERATORS", "GRIDS", "register_generator", "LUMINANCE_WEIGHTS", "MVH_GREY", "REFERENCE_SIZE", "Distortion", "GeneratorSpec",
     "adjust_contrast", "apply_batched", "conjugate_index", "format_parameter", "gaussian_blur", "gaussian_kernel1d",
-    "condition_parameters", "high_pass", "low_pass", "make_condition_set", "mean_amplitude_spectrum", "opponent_colour",
+    "condition_parameters", "high_pass", "in_grid_order", "low_pass", "make_condition_set", "mean_amplitude_spectrum", "opponent_colour",
     "parse_conditions", "phase_noise", "phase_shift_field", "power_equalisation", "rotate", "to_greyscale", "uniform_noise",
 ]

@@ -379,13 +379,28 @@ def write_set(
         from .preview import write_preview
 
         try:
-            write_preview(path / PREVIEW, images, manifest_table(rows, info["columns"]), title=f"{kind}: {path.name}")
+            write_preview(path / PREVIEW, images, manifest_table(rows, info["columns"]), title=_preview_title(kind, path, parameters))
         except Exception as err:  # a figure must never cost the set
             import warnings
 
             warnings.warn(f"could not draw the preview figure: {err}", stacklevel=2)
     atomic_write_json(path / MANIFEST, info, indent=1)
     return path
+
+
+def _preview_title(kind: str, path: Path, parameters: Mapping[str, Any] | None) -> str:
+    """The preview's title: the set's kind, the model(s) it was made with (a run's folders are often all called ``set``)
+    and its folder."""
+    parameters = parameters or {}
+
+    def described(model: Any) -> str | None:
+        if not isinstance(model, Mapping) or not model.get("name"):
+            return None
+        return str(model["name"]) + (f" at {model['layer']}" if model.get("layer") else "")
+
+    models = [described(parameters.get("model"))] + [described(m) for m in (parameters.get("models") or {}).values()]
+    models = [m for m in models if m]
+    return f"{kind}: {' vs '.join(models)} ({path.name})" if models else f"{kind}: {path.name}"
 
 
 # ---------------------------------------------------------------------------------------- loading

@@ -83,7 +83,7 @@ from tqdm.auto import tqdm
 
 import stimuli
 from invert.rng import noise_images
-from stimuli.distortions import Distortion, make_condition_set, parse_conditions
+from stimuli.distortions import Distortion, in_grid_order, make_condition_set, parse_conditions
 from stimuli.sets import tensor_sha256
 from training.checkpoints import weights_hash
 from training.config import as_list, concise_errors, dataset_from_config, expand_path, expand_path_options, resolve_device
@@ -176,7 +176,7 @@ class ComparePipeline:
         self.data_cfg = dict(data_cfg)
         self.dataset = self.data_cfg["name"]
         self.n_images, self.seed, self.batch_size, self.preview = int(n_images), int(seed), int(batch_size), bool(preview)
-        self.conditions = parse_conditions(conditions, reference_size)
+        self.conditions = in_grid_order(parse_conditions(conditions, reference_size))  # tables and figures from undistorted on
         self.reference_size = reference_size
         self.observer_spec = (observers, observer_net, lpips_weights)
         self.decision_cfg = _with_defaults("decisions", {"seeds": [0, 1, 2], "exemplars_per_class": 10, "k": 5, "lapse": 0.05, "noise": 0.5}, decisions)

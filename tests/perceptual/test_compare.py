@@ -377,6 +377,31 @@ def test_compare_figures_have_titles_and_labelled_axes(tmp_path, monkeypatch):
     assert len(drawn) == 3 and all(title and xlabel and ylabel for title, xlabel, ylabel in drawn), drawn
 
 
+def test_accuracy_figures_run_from_undistorted_to_most_distorted_with_chance_and_the_band_named(tmp_path, monkeypatch):
+    """conditions=[low_pass=10,low_pass=0,low_pass=3] drew 10, 0, 3 left to right (a zig-zag that looked like an effect);
+    the grey band was in no legend, there was no chance line, and the x axis read 'rotation' without its unit."""
+    import perceptual.compare_report as report_module
+    from stimuli.distortions import Distortion, in_grid_order
+
+    drawn = []
+    monkeypatch.setattr(report_module, "save_figure", lambda fig, path: drawn.append(fig.axes[0]) or path)
+    conditions = [Distortion("low_pass", 10), Distortion("rotation", 90), Distortion("low_pass", 0), Distortion("low_pass", 3),
+                  Distortion("rotation", 0)]
+    assert [c.name for c in in_grid_order(conditions)] == ["low_pass=0", "low_pass=3", "low_pass=10", "rotation=0", "rotation=90"]
+    high = [Distortion("high_pass", 0.4), Distortion("high_pass", "inf"), Distortion("high_pass", 1.5)]
+    assert [c.name for c in in_grid_order(high)] == ["high_pass=inf", "high_pass=1.5", "high_pass=0.4"]  # its grid runs downwards
+    colour = [Distortion("colour", "greyscale"), Distortion("colour", "colour")]
+    assert [c.name for c in in_grid_order(colour)] == ["colour=colour", "colour=greyscale"]
+    accuracy = {c.name: {"m": 0.5, "subject-1": 0.6} for c in conditions}
+    report_module.accuracy_figure(accuracy, conditions, ["m"], ["subject-1"], tmp_path / "a.png", "low_pass", num_classes=10)
+    report_module.accuracy_figure(accuracy, conditions, ["m"], ["subject-1"], tmp_path / "r.png", "rotation")
+    low_pass, rotation = drawn
+    assert [t.get_text() for t in low_pass.get_xticklabels()] == ["0", "3", "10"]
+    legend = [t.get_text() for t in low_pass.get_legend().get_texts()]
+    assert legend == ["m", "observers (n=1)", "observers ± std", "chance (1/10)"]
+    assert "degrees" in rotation.get_xlabel() and "chance" not in " ".join(t.get_text() for t in rotation.get_legend().get_texts())
+
+
 def test_a_model_without_a_penultimate_layer_is_compared_on_its_logits(tmp_path, monkeypatch):
     """A factory's nn.Sequential names no penultimate layer: compare stopped with "pass layer=", which it refuses. Its
     logits are compared now; CKA with it is undefined and the feature scores do not apply to it. A rerun without the

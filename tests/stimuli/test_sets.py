@@ -215,3 +215,18 @@ def test_rewriting_a_set_drops_pngs_of_removed_images(written):
     write_set(path, images[:3], manifest.iloc[:3].reset_index(drop=True), kind="inversion", preview=False)
     assert sorted(p.name for p in (path / "images").iterdir()) == ["t0000.png", "t0001.png", "t0002.png"]
     assert len(load_set(path)) == 3
+
+
+def test_the_preview_title_names_the_models_not_only_the_folder(tmp_path, monkeypatch):
+    """measure writes every model's set to a folder called ``set``: all previews were titled "inversion: set"."""
+    from stimuli import preview, sets
+
+    titles = []
+    monkeypatch.setattr(preview, "write_preview", lambda path, images, manifest, title="": titles.append(title))
+    images, manifest = torch.rand(2, 3, 8, 8), pd.DataFrame({"id": ["t0", "t0.result.noise"], "role": ["target", "result"]})
+    write_set(tmp_path / "robust" / "set", images, manifest, kind="inversion", parameters={"model": {"name": "robust", "layer": "features"}})
+    write_set(tmp_path / "pair", images, manifest, kind="controversial",
+              parameters={"models": {"A": {"name": "standard", "layer": None}, "B": {"name": "robust", "layer": "features"}}})
+    write_set(tmp_path / "plain", images, manifest, kind="custom")
+    assert titles == ["inversion: robust at features (set)", "controversial: standard vs robust at features (pair)", "custom: plain"]
+    assert sets._preview_title("inversion", tmp_path, {"model": "not a mapping"}) == f"inversion: {tmp_path.name}"
