@@ -97,7 +97,7 @@ from ..error_alignment import error_alignment, write_error_alignment
 from ..human_compare import compare_on_trials, labelled_trials
 from ..human_compare import summary_markdown as human_summary_markdown
 from ..human_trials import classify_image_folder, has_image_folder, read_trials, write_trials
-from ..measure import ModelSpec, make_panel
+from ..measure import ModelSpec, check_model_serves, make_panel
 from ..metrics import mvh_exclusions
 from ..observers import observer_names
 from ..pair_metrics import PAIR_METRIC_REGISTRY, Responses, metric_correlations, nanmean_matrices, pairwise_matrices, rankings
@@ -290,6 +290,8 @@ class ComparePipeline:
         for spec in self.specs:
             model = spec.build(self.dataset)  # zoo model (pretrained too) or factory, as measure builds them
             self.models[spec.label] = model.to(self.device).eval()
+            # Refused by its label now, as measure does: met in the first condition, it stopped the run without a name.
+            check_model_serves(spec.label, self.models[spec.label], self.targets.images[:2].to(self.device), self.dataset, len(self.classes))
             self.weights[spec.label] = weights_hash(model)
             entry = {"name": spec.name, "factory": spec.factory, "kwargs": dict(spec.kwargs), "checkpoint": spec.checkpoint,
                      "pretrained": spec.pretrained}

@@ -288,6 +288,20 @@ def test_a_factory_entry_is_built_and_pretrained_is_not_dropped(tmp_path):
         _pipeline(tmp_path / "p", [ModelSpec("small_cnn", None, "p", pretrained=True)])
 
 
+def test_a_model_that_does_not_serve_the_data_is_refused_by_its_label_before_any_condition(tmp_path):
+    """A factory with 5 outputs on 10-class digits stopped the run in the first condition with "logits must be (N, 10
+    classes)", naming no model; one expecting other image sizes with a raw addmm traceback."""
+    from perceptual.measure import ModelSpec
+
+    five = ModelSpec(None, None, "five", factory="torch.nn:Sequential", kwargs={})
+    with pytest.raises(ValueError, match=r"model 'five' must map \(N, C, H, W\) images to \(N, classes\) logits"):
+        _pipeline(tmp_path / "a", [ModelSpec("small_cnn", None, "good", kwargs={"width": 4}), five])
+    narrow = ModelSpec("small_cnn", None, "narrow", kwargs={"width": 4, "num_classes": 5})
+    with pytest.raises(ValueError, match=r"model 'narrow' has 5 outputs but digits has 10 classes"):
+        _pipeline(tmp_path / "b", [narrow])
+    assert not (tmp_path / "b" / "conditions").exists()
+
+
 def test_unknown_caches_follow_the_data_and_a_failure_of_the_run_is_not_cached(tmp_path, monkeypatch):
     """Keyed by the data set's name and indices, another copy of the data (cifar-10-mini and CIFAR-10 share a name) reused
     the first one's outputs; a RuntimeError (out of memory) was cached as the score's permanent result."""
