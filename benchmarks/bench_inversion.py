@@ -160,10 +160,13 @@ def sync(device) -> None:
 # --------------------------------------------------------------------------- the three runs
 
 
-def run_anchor(args, attacker, targets, seeds):
+def anchor_target_features(args, attacker, targets) -> torch.Tensor:
+    """The anchor's target features, computed before its timed run as the engine's are (in ``InversionLoss``)."""
     with torch.no_grad():
-        target_features = torch.cat([anchor_features(attacker, chunk) for chunk in targets.split(args.batch)])
+        return torch.cat([anchor_features(attacker, chunk) for chunk in targets.split(args.batch)])
 
+
+def run_anchor(args, attacker, target_features, seeds):
     def normalised_distance(model, inp, target):  # robustness calls custom_loss(model, normalised input, target)
         _, features = model(inp, with_latent=True, fake_relu=True)
         return torch.linalg.vector_norm(features - target, dim=1) / torch.linalg.vector_norm(target, dim=1), None
@@ -209,7 +212,7 @@ def main(argv=None) -> dict:
         # rounding). Later steps diverge slowly (ReLU and clamp boundaries amplify rounding), so
         # quality is compared on the median over items.
         one_step = argparse.Namespace(**{**vars(args), "steps": 1, "batch": min(4, args.items)})
-        anchor_one, _ = run_anchor(one_step, attacker, targets[:4], seeds[:4])
+        anchor_one, _ = run_anchor(one_step, attacker, anchor_target_features(one_step, attacker, targets[:4]), seeds[:4])
         engine_one, _ = run_engine(one_step, InversionLoss(representation, targets[:4]), seeds[:4], micro_batch=4)
         one_step_gap = (anchor_one - engine_one).abs().max().item()
         print(f"after one step the anchor and the engine differ by at most {one_step_gap:.2e} per pixel")
@@ -224,8 +227,10 @@ def main(argv=None) -> dict:
         "engine-best-stop": {**best, "patience": args.patience, "rtol": args.rtol},
     }
 
+    anchor_targets = anchor_target_features(args, attacker, targets) if with_anchor else None
+
     def contenders(run_args) -> dict:
-        runs = {"anchor": lambda: run_anchor(run_args, attacker, targets, seeds)}
+        runs = {"anchor": lambda: run_anchor(run_args, attacker, anchor_targets, seeds)}
         for name, settings in engine_settings.items():
             runs[name] = lambda settings=settings: run_engine(run_args, objective, seeds, **settings)
         return {name: runs[name] for name in RUNS if name not in args.skip}

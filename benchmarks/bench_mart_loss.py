@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from results_io import comparison_report, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
-from timing import interleaved_timings  # noqa: E402
+from timing import interleaved_timings, require_agreement  # noqa: E402
 
 from training.config import resolve_device  # noqa: E402
 from training.losses import mart_loss  # noqa: E402
@@ -76,6 +76,7 @@ def main(argv=None) -> dict:
         "reference": lambda nat, adv: reference_mart_loss(nat, adv, labels, args.beta),
     }
     values = {name: float(fn(logits_natural, logits_adversarial)) for name, fn in contenders.items()}
+    require_agreement({"abs_difference": abs(values["ours"] - values["reference"])}, 1e-5)
     # What a training step pays per batch: the loss's forward and backward (gradients with respect to both logits).
     passes = {name: (lambda fn=fn: fn(logits_natural, logits_adversarial).backward()) for name, fn in contenders.items()}
     median, seconds = interleaved_timings(passes, args.iterations, args.repeats, device, warmup=min(args.iterations, 50))

@@ -14,8 +14,9 @@ variant unless ``--pretrained``, which speed does not depend on):
 3. ``lpips-loop``: the same forward one pair at a time, on the first ``--loop-images`` images only
    (it is slow), timed per pair.
 
-Prints pairs/s, ratios and the largest difference between the matrices (it must be float-rounding
-small); writes ``benchmarks/results/observer_<device>.json``.
+Each contender's result is computed once and compared first (the differences must be float-rounding small), then
+the contenders take turns ``--repeats`` times (``timing.interleaved_timings``: a slow spell of a shared machine hits
+all) and the median is reported. Prints pairs/s and ratios; writes ``benchmarks/results/observer_<device>.json``.
 
     python benchmarks/bench_observer.py                      # CPU: 256 CIFAR images (32,640 pairs)
     python benchmarks/bench_observer.py --images 1000 --device cuda
@@ -25,7 +26,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from results_io import environment, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
+from timing import interleaved_timings  # noqa: E402  (this folder)
 
 from perceptual.observers import LPIPSObserver  # noqa: E402
 from training.config import resolve_device  # noqa: E402
@@ -50,8 +51,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--pretrained", action="store_true", help="the real ImageNet backbone (weights must be cached)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of the contenders taking turns; the median is reported")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.images < 2 or args.loop_images < 2:
         parser.error(f"--images and --loop-images need at least 2 images for one pair, got {args.images} and {args.loop_images}")
     if args.pair_batch < 1:
@@ -68,19 +72,6 @@ def load_images(n: int) -> tuple[torch.Tensor, str]:
         if len(data) >= n:
             return data.images[:n].float() / 255, f"cifar-10-mini test images (first {n})"
     return torch.rand(n, 3, 32, 32, generator=torch.Generator().manual_seed(0)), "random 32x32 images"
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, device: torch.device):
-    sync(device)
-    start = time.perf_counter()
-    out = fn()
-    sync(device)
-    return out, time.perf_counter() - start
 
 
 def lpips_pairs(observer: LPIPSObserver, images: torch.Tensor, i: torch.Tensor, j: torch.Tensor, batch: int) -> torch.Tensor:
@@ -108,16 +99,24 @@ def main(argv=None) -> dict:
     observer.matrix(images[:8])  # warm-up: allocator, kernel selection
     lpips_pairs(observer, images[:8], i[:4] % 8, j[:4] % 8, args.pair_batch)
 
-    ours_matrix, ours_seconds = timed(lambda: observer.matrix(images), device)
-    ours_pairwise, pairwise_seconds = timed(lambda: observer.pairwise(images, i, j), device)
     sliced_batch = observer.batch_size
-    observer.batch_size = len(i)
-    one_slice, one_slice_seconds = timed(lambda: observer.pairwise(images, i, j), device)
-    observer.batch_size = sliced_batch
-    batched, batched_seconds = timed(lambda: lpips_pairs(observer, images, i, j, args.pair_batch), device)
     m = min(args.loop_images, n)
     li, lj = torch.triu_indices(m, m, offset=1, device=device)
-    looped, loop_seconds = timed(lambda: lpips_pairs(observer, images, li, lj, 1), device)
+
+    def one_slice_pairwise():
+        observer.batch_size = len(i)
+        try:
+            return observer.pairwise(images, i, j)
+        finally:
+            observer.batch_size = sliced_batch
+
+    contenders = {"ours": lambda: observer.matrix(images), "ours-pairwise": lambda: observer.pairwise(images, i, j),
+                  "ours-pairwise-one-slice": one_slice_pairwise, "lpips-batched": lambda: lpips_pairs(observer, images, i, j, args.pair_batch),
+                  "lpips-loop": lambda: lpips_pairs(observer, images, li, lj, 1)}
+    outputs = {name: fn() for name, fn in contenders.items()}  # compared below before any ratio is reported
+    ours_matrix, ours_pairwise, one_slice, batched, looped = (outputs[k] for k in contenders)
+    medians, rounds = interleaved_timings(contenders, iterations=1, repeats=args.repeats, device=device, warmup=0)
+    ours_seconds, pairwise_seconds, one_slice_seconds, batched_seconds, loop_seconds = (medians[k] for k in contenders)
 
     ours_pairs = ours_matrix.to(device)[i, j]
     results = {
@@ -153,7 +152,8 @@ def main(argv=None) -> dict:
         **environment(device),
         "load_average": os.getloadavg(),
         "data": data_note,
-        "config": {"images": n, "observer": observer.name, "pair_batch": args.pair_batch, "loop_images": m},
+        "config": {"images": n, "observer": observer.name, "pair_batch": args.pair_batch, "loop_images": m, "repeats": args.repeats},
+        "seconds_per_round": rounds,
         "results": results,
         "ratios": ratios,
         "agreement": agreement,

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from results_io import comparison_report, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
-from timing import interleaved_timings  # noqa: E402
+from timing import interleaved_timings, require_agreement  # noqa: E402
 
 from perceptual.observers import SSIMObserver  # noqa: E402
 from training.config import resolve_device  # noqa: E402
@@ -62,11 +62,13 @@ def main(argv=None) -> dict:
         "kornia": lambda: 1 - kornia.metrics.ssim(a, b, observer.window_size).flatten(1).mean(1),
     }
     values = {name: fn() for name, fn in contenders.items()}
+    agreement = {"max_abs_difference": float((values["ours"] - values["kornia"]).abs().max())}
+    require_agreement(agreement, 1e-4)
     median, seconds = interleaved_timings(contenders, args.iterations, args.repeats, device, warmup=min(args.iterations, 3))
     report = comparison_report(
         device, args, median,
         {name: {"pairs_per_second": args.pairs / median[name], "all_repeats_ms": [1e3 * s for s in seconds[name]]} for name in contenders},
-        {"max_abs_difference": float((values["ours"] - values["kornia"]).abs().max())},
+        agreement,
         reference="kornia",
     )
     for name in contenders:

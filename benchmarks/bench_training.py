@@ -207,12 +207,14 @@ def run_robustness(args, mode: str, root: Path, workdir: Path, device: torch.dev
     marks: dict[str, float] = {}
     last_epoch = args.epochs - 1
     counter = {"epoch": 0, "batches": 0}
+    last_batch = len(train_loader) - 1
 
     def iteration_hook(model, i, loop_type, inp, target):
         if loop_type == "train" and counter["epoch"] == last_epoch:
-            sync(device)
-            marks["end"], marks["cpu_end"] = time.perf_counter(), time.process_time()
             counter["batches"] += 1
+            if i == last_batch:  # a sync after every step kept the library's host work from overlapping the GPU's
+                sync(device)
+                marks["end"], marks["cpu_end"] = time.perf_counter(), time.process_time()
 
     def epoch_hook(model, log_info):
         counter["epoch"] += 1
@@ -307,6 +309,59 @@ def run_kernels_only(args, mode: str, root: Path, device: torch.device) -> dict:
             "precision": "bf16" if bf16 else "fp32", "channels_last": True}
 
 
+def check_same_work(args, root: Path) -> dict:
+    """Before anything is timed, that the contenders compute the same thing, in fp32 on the CPU (a GPU's TF32
+    convolutions would blur the comparison; the algorithms are what is checked) from one set of weights and a batch of up
+    to 32 images: one step of the library's attack (its ``AttackerModel``, our weights loaded into its ResNet18) and of ours,
+    on the model as the plain loop attacks it and with batch norm folded as ``ours`` and ``kernels`` do, give the same
+    adversarial images; the plain loop's SGD and ``kernels``' fused SGD, given the same gradients, the same weights.
+    Returns the largest gaps; stops the benchmark where one is more than rounding. (This random network's input
+    gradient is itself only good to about 1e-3 of a step in fp32: the plain attack differs from its float64 twin by
+    4e-4 per pixel, the folded one by 1e-4; another step rule would differ by about a step.)
+
+    One step, from images inside (0, 1): the library normalises its input through a clamp, which under the torch
+    releases that pass no gradient at a clamp's bounds (README: ``invert.stop_at_bounds``) freezes the pixels that
+    reach 0 or 1, where ours keep their gradient. Later steps then differ on those pixels: the same work (the same
+    forwards and backwards), slightly different images."""
+    import_robustness()
+    from robustness import datasets, model_utils
+
+    device = torch.device("cpu")
+    images, labels = first_images(root, min(args.batch_size, 32))
+    x = torch.from_numpy(images).permute(0, 3, 1, 2).float().div(255) * 0.96 + 0.02  # no pixel on a bound
+    y = torch.from_numpy(labels).long()
+    threat = ThreatModel("l2", args.eps, steps=1, step_size=2.5 * args.eps / args.pgd_steps, random_start=False)
+    torch.manual_seed(0)
+    plain_model = build_model("resnet18", "cifar10").to(device).train()
+    kernels_model = build_model("resnet18", "cifar10").to(device).to(memory_format=torch.channels_last).train()
+    kernels_model.load_state_dict(plain_model.state_dict())
+    library, _ = model_utils.make_and_restore_model(arch="resnet18", dataset=datasets.CIFAR(str(root)))
+    library.model.load_state_dict(plain_model.net.state_dict())
+    library = library.to(device).eval()
+    with hot_loop():
+        with bn_mode(plain_model, "eval"):
+            plain = pgd(plain_model, x, y, threat)
+        with attack_mode(kernels_model, "eval") as target:
+            folded = pgd(target, x.contiguous(memory_format=torch.channels_last), y, threat)
+        _, theirs = library(x, y, make_adv=True, constraint="2", eps=args.eps, step_size=threat.alpha, iterations=1, random_start=False,
+                            use_best=False)
+        torch.nn.functional.cross_entropy(plain_model(plain), y).backward()
+        for mine, theirs_ in zip(kernels_model.parameters(), plain_model.parameters()):
+            mine.grad = torch.empty_like(mine).copy_(theirs_.grad)  # in the parameter's own (channels-last) layout, as autograd gives it
+        for model, fused in ((plain_model, False), (kernels_model, True)):
+            torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY, fused=fused).step()
+    with torch.no_grad():
+        weights = max(float((a - b).abs().max()) for a, b in zip(plain_model.parameters(), kernels_model.parameters()))
+    gaps = {"attack_step_library_vs_plain": float((theirs - plain).abs().max()), "attack_step_folded_vs_plain": float((folded - plain).abs().max()),
+            "sgd_step_fused_vs_plain": weights}
+    print("same work: " + ", ".join(f"{name} {gap:.1e}" for name, gap in gaps.items()))
+    limits = {"attack_step_library_vs_plain": 1e-2 * threat.alpha, "attack_step_folded_vs_plain": 1e-2 * threat.alpha, "sgd_step_fused_vs_plain": 1e-6}
+    wrong = {name: gap for name, gap in gaps.items() if not gap <= limits[name]}
+    if wrong:
+        raise SystemExit(f"the contenders do not compute the same thing ({wrong}, limits {limits}): the ratios would compare different work")
+    return gaps
+
+
 def median_result(runs: list[dict]) -> dict:
     """The median of repeated measurements (throughputs and epoch time), with every repeat's throughput."""
     result = dict(runs[0])
@@ -328,6 +383,7 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench_training_") as tmp:
         root, data_note = prepare_data(args, Path(tmp))
         print(f"data: {data_note}; device: {device_name(device)}; load average before: {load_before}")
+        same_work = check_same_work(args, root) if "pgd" in args.modes else None
         # Contenders take turns, repeat after repeat, so that a slow spell of a shared machine hits all.
         for repeat in range(args.repeats):
             workdir = Path(tmp) / f"repeat{repeat}"
@@ -386,6 +442,7 @@ def main(argv=None) -> dict:
                    "optimizer": {"lr": LR, "momentum": MOMENTUM, "weight_decay": WEIGHT_DECAY},
                    "augmentation": "crop pad 4 + flip + colour jitter 0.25 + rotation 2", "workers": args.workers,
                    "compile_ours": args.compile, "cuda_graph_ours_graph": args.cuda_graph},
+        "same_work_max_gaps": same_work,  # check_same_work: the attacks and one training step agree before anything is timed
         "flops_per_training_image": flops,
         "bf16_peak_tflops": peak,
         "results": results,

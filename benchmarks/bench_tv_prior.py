@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from results_io import comparison_report, write_result  # noqa: E402  (this folder is on sys.path when run as a script)
-from timing import interleaved_timings  # noqa: E402
+from timing import interleaved_timings, require_agreement  # noqa: E402
 
 from invert.objectives import TotalVariation  # noqa: E402
 from training.config import resolve_device  # noqa: E402
@@ -71,13 +71,15 @@ def main(argv=None) -> dict:
 
     contenders = {"ours": step(prior), "replicate-pad": step(lambda images: replicate_pad_tv(images, args.beta))}
     grads = {name: fn() for name, fn in contenders.items()}
-    median, seconds = interleaved_timings(contenders, args.iterations, args.repeats, device, warmup=min(args.iterations, 3))
     with torch.no_grad():
         value_difference = float((prior(x) - replicate_pad_tv(x, args.beta)).abs().max())
+    agreement = {"max_abs_value_difference": value_difference, "max_abs_gradient_difference": float((grads["ours"] - grads["replicate-pad"]).abs().max())}
+    require_agreement(agreement, 1e-5)
+    median, seconds = interleaved_timings(contenders, args.iterations, args.repeats, device, warmup=min(args.iterations, 3))
     report = comparison_report(
         device, args, median,
         {name: {"items_per_second": args.items / median[name], "all_repeats_ms": [1e3 * s for s in seconds[name]]} for name in contenders},
-        {"max_abs_value_difference": value_difference, "max_abs_gradient_difference": float((grads["ours"] - grads["replicate-pad"]).abs().max())},
+        agreement,
         reference="replicate-pad",
     )
     for name in contenders:

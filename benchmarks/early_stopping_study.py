@@ -55,6 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--patience", type=int, nargs="+", default=[50, 100, 200, 500])
     parser.add_argument("--rtol", type=float, nargs="+", default=[1e-3, 1e-4, 0.0])
     parser.add_argument("--worse-by", type=float, default=0.01, help="an item counts as worse when its distance grew by more than this share")
+    parser.add_argument("--data-root", type=Path, default=CIFAR_MINI, help="folder holding cifar-10-batches-py/ (the targets; else random images)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -122,10 +123,10 @@ def main(argv=None) -> dict:
     torch.manual_seed(args.seed)
     model = build_model(args.arch, "cifar10", checkpoint=args.checkpoint).to(device).eval()
     size = IMAGE_SIZE["cifar10"]
-    if (CIFAR_MINI / "cifar-10-batches-py").is_dir():
-        data = load_dataset("cifar10", "test", root=CIFAR_MINI)
+    if (args.data_root / "cifar-10-batches-py").is_dir():
+        data = load_dataset("cifar10", "test", root=args.data_root)
         index = torch.randperm(len(data.images), generator=torch.Generator().manual_seed(args.seed))[: args.items]
-        targets, source = (data.images[index].float() / 255).to(device), f"CIFAR-10 test subset ({CIFAR_MINI.name})"
+        targets, source = (data.images[index].float() / 255).to(device), f"CIFAR-10 test subset ({args.data_root.name})"
     else:
         targets = torch.rand(args.items, 3, size, size, generator=torch.Generator().manual_seed(args.seed)).to(device)
         source = "uniform random images"

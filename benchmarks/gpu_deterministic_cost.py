@@ -4,7 +4,8 @@ L2 steps, bf16 and channels-last, one micro-batch, with deterministic cuDNN kern
     python benchmarks/gpu_deterministic_cost.py                     # benchmarks/results/deterministic_cost_<gpu>.json
     python benchmarks/gpu_deterministic_cost.py --out $OUT/deterministic_cost.json
 
-Needs a CUDA device (the setting changes nothing on a CPU). Result on one H100: benchmarks/results/deterministic_cost_h100.json.
+Needs a CUDA device (the setting changes nothing on a CPU). Result on one H100: benchmarks/results/deterministic_cost_h100.json
+(written by an earlier version of this script, before it recorded its ``config`` and ``ratios``).
 """
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # What issue 21 still needs from a GPU, in pieces that each fit a 10-minute job, logs and JSON under one folder.
 #
-#   bash benchmarks/gpu_session.sh OUT STEP...      STEP: test, inversion, measure, training (or all)
+#   bash benchmarks/gpu_session.sh OUT STEP...      STEP: test, inversion, measure, training, study (or all)
 #
 # Estimated H100 times (from the issue's and earlier runs' numbers): test ~8 min (the H100 run of 543 tests took 224 s;
-# the suite has about twice as many now), inversion ~4 min, measure ~5 min, training ~4 min; where each job has a
-# 10-minute limit, run test, inversion, measure and training as four jobs.
+# the suite has about twice as many now), inversion ~4 min, measure ~5 min, training ~4 min, study (early stopping at
+# the paper workload: one unstopped run logging every step) ~3 min; where each job has a 10-minute limit, run each step
+# as a job of its own. OUT=benchmarks/results puts the JSON where the README's tables cite it.
 # Uses `python3` with the project on PYTHONPATH (no virtual environment: a machine that cannot reach PyPI runs the
 # interpreter that already holds torch). Besides torch, torchvision, numpy, scipy, scikit-learn, scikit-image, pandas,
 # matplotlib, pillow, jinja2, tqdm, safetensors and pytest, it needs hydra-core, omegaconf, antlr4-python3-runtime,
@@ -15,19 +16,19 @@
 # ../shared/data/cifar-10-mini, which a copy of the checkout alone does not hold: copy it into an ignored folder of the
 # checkout and set CIFAR_ROOT); the inversion and measure steps refuse to start without it.
 set -uo pipefail
-usage="usage: bash benchmarks/gpu_session.sh OUT STEP... (STEP: test, inversion, measure, training, all)"
+usage="usage: bash benchmarks/gpu_session.sh OUT STEP... (STEP: test, inversion, measure, training, study, all)"
 if [ $# -lt 2 ]; then
     echo "$usage" >&2
     exit 2
 fi
 out=$(realpath -m "$1"); shift  # from the caller's folder, before the cd
 for step in "$@"; do
-    case $step in test|inversion|measure|training|all) ;; *) echo "unknown step '$step'; $usage" >&2; exit 2 ;; esac
+    case $step in test|inversion|measure|training|study|all) ;; *) echo "unknown step '$step'; $usage" >&2; exit 2 ;; esac
 done
 steps=" $* "
-case $steps in *" all "*) steps=" test inversion measure training " ;; esac
+case $steps in *" all "*) steps=" test inversion measure training study " ;; esac
 cifar=$(realpath -m "${CIFAR_ROOT:-$(dirname "$0")/../../shared/data/cifar-10-mini}")
-case $steps in *" inversion "*|*" measure "*)
+case $steps in *" inversion "*|*" measure "*|*" study "*)
     if [ ! -d "$cifar/cifar-10-batches-py" ]; then  # else the inversion targets are random images and measure cannot run
         echo "no CIFAR-10 at $cifar (cifar-10-batches-py/ missing): set CIFAR_ROOT to a folder that holds it" >&2
         exit 2
@@ -65,5 +66,9 @@ esac
 case $steps in *" training "*)
     run training python3 benchmarks/bench_training.py --images 10000 --batch-size 128 --modes pgd --workers 8 --cuda-graph \
         --out "$out/training_$slug.json" ;;
+esac
+case $steps in *" study "*)
+    run study python3 benchmarks/early_stopping_study.py --arch resnet18 --items 200 --steps 5000 --precision auto \
+        --data-root "$cifar" --out "$out/early_stopping_$slug.json" ;;
 esac
 exit $status

@@ -29,9 +29,18 @@ def interleaved_timings(contenders: Mapping[str, Callable[[], object]], iteratio
     """Seconds per call of each contender: ``warmup`` untimed calls each, then ``repeats`` rounds that time every contender
     in turn (so a slow spell on a shared host hits all of them). Returns the medians and every round's value."""
     for fn in contenders.values():
-        seconds_per_call(fn, warmup, device)
+        if warmup > 0:  # 0: the caller warmed them up (or computed their results) already
+            seconds_per_call(fn, warmup, device)
     seconds: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(repeats):
         for name, fn in contenders.items():
             seconds[name].append(seconds_per_call(fn, iterations, device))
     return {name: statistics.median(s) for name, s in seconds.items()}, seconds
+
+
+def require_agreement(differences: Mapping[str, float], limit: float) -> None:
+    """Stop the benchmark, before anything is timed, where two contenders' results differ by more than ``limit``: a speed
+    ratio between implementations that compute different things means nothing."""
+    wrong = {name: value for name, value in differences.items() if not value <= limit}
+    if wrong:
+        raise SystemExit(f"the contenders disagree ({wrong}, limit {limit:g}): the speed comparison would be void")

@@ -45,6 +45,8 @@ def test_training_benchmark_runs_every_contender(tmp_path):
     assert {"pgd: ours / robustness", "pgd: ours-graph / robustness", "pgd: ours-graph / kernels", "pgd: ours-graph / ours"} <= set(report["ratios"])
     flops = report["flops_per_training_image"]
     assert flops["pgd"] > flops["standard"] > 0 and report["bf16_peak_tflops"] is None  # a CPU has no entry in the peak table
+    gaps = report["same_work_max_gaps"]  # checked before timing: the library's attack step is ours, fused SGD is SGD
+    assert gaps["attack_step_library_vs_plain"] < 1e-5 and gaps["sgd_step_fused_vs_plain"] < 1e-6
     for key, result in report["results"].items():
         assert result["tflops"] == pytest.approx(result["images_per_second"] * flops[key.split("/")[0]] / 1e12)
         assert result["fraction_of_bf16_peak"] == "n.a."
@@ -157,6 +159,22 @@ def test_the_bf16_peak_table_matches_each_gpu_by_its_most_specific_name():
     assert {name: peak_of_gpu(name) for name in names} == names
 
 
+def test_benchmarks_stop_before_timing_contenders_that_disagree_and_time_without_a_warm_up_when_asked():
+    """ssim, tv_prior and mart_loss recorded a disagreement and still reported a speed ratio; interleaved_timings
+    divided by zero when its callers had warmed the contenders up themselves (warmup=0)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    import timing
+
+    timing.require_agreement({"values": 1e-7, "gradients": 0.0}, 1e-5)
+    with pytest.raises(SystemExit, match=r"the contenders disagree \(\{'gradients': 0.1\}, limit 1e-05\)"):
+        timing.require_agreement({"values": 1e-7, "gradients": 0.1}, 1e-5)
+    with pytest.raises(SystemExit, match="disagree"):
+        timing.require_agreement({"values": float("nan")}, 1e-5)
+    calls = []
+    medians, rounds = timing.interleaved_timings({"a": lambda: calls.append("a")}, iterations=1, repeats=2, device="cpu", warmup=0)
+    assert calls == ["a", "a"] and len(rounds["a"]) == 2 and medians["a"] >= 0
+
+
 def test_every_benchmark_command_of_the_gpu_session_script_parses():
     """The GPU session script runs where time is scarce: its commands' flags are checked here, without a GPU."""
     import importlib
@@ -166,7 +184,7 @@ def test_every_benchmark_command_of_the_gpu_session_script_parses():
     sys.path.insert(0, str(BENCHMARKS))
     script = (BENCHMARKS / "gpu_session.sh").read_text().replace("\\\n", " ")
     commands = re.findall(r"python3 benchmarks/(\w+)\.py([^\n;]*)", script)
-    assert {name for name, _ in commands} == {"bench_inversion", "bench_measure", "bench_training"}
+    assert {name for name, _ in commands} == {"bench_inversion", "bench_measure", "bench_training", "early_stopping_study"}
     for name, flags in commands:
         argv = shlex.split(flags.replace('"$cifar"', "/data").replace("$out", "/out").replace("$slug", "gpu"))
         args = importlib.import_module(name).parse_args(argv)
