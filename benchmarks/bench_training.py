@@ -86,7 +86,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=256, help="training images per epoch")
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--epochs", type=int, default=2, help="epochs per run; the last one is timed")
+    parser.add_argument("--epochs", type=int, default=2,
+                        help="epochs per run; the last one is timed (with 1, the library's setup falls inside its timed epoch)")
     parser.add_argument("--pgd-steps", type=int, default=7, help="attack steps (7: the pgd recipe's default)")
     parser.add_argument("--repeats", type=int, default=3, help="measurements per contender, interleaved; the median is reported")
     parser.add_argument("--eps", type=float, default=1.0, help="L2 radius of the training attack")
