@@ -462,8 +462,9 @@ def validate_inputs(specs: Sequence[ModelSpec], *, n_targets: int, seed_types: S
         if spec.checkpoint and not Path(spec.checkpoint).is_file():
             raise FileNotFoundError(f"model {spec.label!r}: checkpoint not found: {spec.checkpoint}")
     unknown_tasks = [t for t in tasks if t not in TASKS]
-    if unknown_tasks:
-        raise ValueError(f"unknown task(s) {unknown_tasks}: use any of {list(TASKS)}")
+    if unknown_tasks or not tasks:  # none ran every inversion for a report without alignment numbers
+        raise ValueError(f"unknown task(s) {unknown_tasks}: use any of {list(TASKS)}" if unknown_tasks
+                         else f"tasks is empty: name at least one of {list(TASKS)}")
     unknown_seeds = [t for t in seed_types if t not in stimuli.SEED_TYPES]
     if unknown_seeds or not seed_types:
         raise ValueError(f"seed_types must be a non-empty list of {list(stimuli.SEED_TYPES)}, got {list(seed_types)}")

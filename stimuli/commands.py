@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from training.config import (
     as_list,
+    check_whole_number,
     concise_errors,
     dataset_from_config,
     expand_path,
@@ -151,6 +152,11 @@ def trials_file_name(cfg: DictConfig) -> str:
 
 
 def trials_command(cfg: DictConfig) -> tuple[Path, pd.DataFrame]:
+    check_whole_number(cfg.seed, "seed", least=0)  # before the set loads
+    if cfg.out and Path(cfg.out).is_dir():
+        raise ValueError(f"out={cfg.out} is a folder: out names the trial table's CSV file (or null for <set>/trials/...)")
+    if cfg.out and Path(cfg.out).is_file() and not _is_trial_table(Path(cfg.out)):
+        raise FileExistsError(f"out={cfg.out} exists and is not a trial table: choose another out (a table written before is replaced)")
     stimulus_set = load_set(cfg.set)
     table = set_trials(stimulus_set, cfg.task, seed=cfg.seed, attention_rate=cfg.attention_rate, n_trials=cfg.n_trials, distance=cfg.distance)
     out = Path(cfg.out) if cfg.out else Path(cfg.set) / TRIALS_DIR / trials_file_name(cfg)
@@ -160,6 +166,15 @@ def trials_command(cfg: DictConfig) -> tuple[Path, pd.DataFrame]:
     checks = table.drop_duplicates("trial")["attention_check"].sum()
     logger.info("%d %s trials (%d attention checks) from %s written to %s", n_trials, cfg.task, checks, cfg.set, out)
     return out, table
+
+
+def _is_trial_table(path: Path) -> bool:
+    """Whether ``path`` is a CSV this command wrote (its header starts with the trial tables' columns)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            return file.readline().startswith("trial,")
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def merge_command(cfg: DictConfig) -> StimulusSet:
@@ -207,7 +222,7 @@ def controversial_main(cfg: DictConfig) -> None:
 @hydra.main(config_path="pkg://conf", config_name="stimuli_trials", version_base=None)
 @concise_errors
 def trials_main(cfg: DictConfig) -> None:
-    expand_path_options(cfg)  # out='~/x', $VARS: before any path is used
+    expand_path_options(cfg, folders=())  # out='~/x', $VARS: before any path is used; out is a CSV path here
     trials_command(cfg)
 
 

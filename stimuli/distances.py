@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from torch import Tensor
 
-from training.config import expand_path
+from training.config import check_whole_number, expand_path
 
 from .sets import StimulusSet
 from .trials import TASKS, make_trials
@@ -132,6 +132,7 @@ def set_trials(
     targets with ``distance``."""
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}: use one of {TASKS}")
+    check_whole_number(seed, "seed", least=0)  # 1.5 reached numpy's SeedSequence as a traceback
     if stimulus_set.kind != "inversion":
         raise ValueError(
             f"trials are built from inversion sets (targets, seeds, results); this is a {stimulus_set.kind} set, "

@@ -502,7 +502,8 @@ def parse_conditions(spec: Any, reference_size: int = REFERENCE_SIZE) -> list[Di
                 raise ValueError(f"a condition mapping needs 'generator' (and optionally 'params'), got keys {sorted(entry)}")
             generator, params = entry["generator"], entry.get("params")
         else:
-            raise TypeError(f"a condition is a generator name, 'generator=value' or a mapping, got {entry!r}")
+            raise ValueError(f"a condition is a generator name, 'generator=value' or a mapping, got {entry!r}: "
+                             "e.g. conditions=[contrast,'rotation=90']")
         if params is not None and (isinstance(params, (str, bytes)) or not isinstance(params, Sequence)):
             raise ValueError(f"params of {generator!r} must be a list, e.g. params: [{params}], got {params!r}")
         values = _spec(generator).grid if params is None else list(params)

@@ -145,7 +145,7 @@ def _check_sets_comparable(loaded: Mapping[str, StimulusSet]) -> None:
 
 
 def _check_options(sets: Mapping, tasks: Sequence[str], trials_per_survey: int, attention_rate: float, minutes: float,
-                   trial_order: str, base_url: str, out: Path, overwrite: bool) -> None:
+                   trial_order: str, base_url: str, out: Path, overwrite: bool, seed: int = 0) -> None:
     if not sets:
         raise ValueError("no stimulus sets given: pass sets={label: path} with at least one inversion set")
     for label in sets:
@@ -157,6 +157,7 @@ def _check_options(sets: Mapping, tasks: Sequence[str], trials_per_survey: int, 
     if repeated:
         raise ValueError(f"tasks {repeated} are listed more than once: name each task once")
     check_whole_number(trials_per_survey, "trials_per_survey")
+    check_whole_number(seed, "seed", least=0)
     if isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not minutes > 0:
         raise ValueError(f"minutes (the duration of a full survey of trials_per_survey judgements) must be a number > 0, got {minutes!r}")
     check_attention_rate(attention_rate)
@@ -427,7 +428,7 @@ def build_survey(
     where it is the very package this call builds (a rerun of the same command), and refused, naming what differs, otherwise.
     """
     out = Path(out)
-    _check_options(sets, list(tasks), trials_per_survey, attention_rate, minutes, trial_order, base_url, out, overwrite)
+    _check_options(sets, list(tasks), trials_per_survey, attention_rate, minutes, trial_order, base_url, out, overwrite, seed)
     loaded = {label: s if isinstance(s, StimulusSet) else load_set(s) for label, s in sets.items()}
     _check_sets_comparable(loaded)
     for label, s in loaded.items():

@@ -133,16 +133,23 @@ def expand_path(value: str | os.PathLike | None) -> Path | None:
 PATH_OPTIONS = ("out", "set", "sets", "inputs", "package", "measure_report", "reference_dir", "runs_dir", "run_dir", "root")
 
 
-def expand_path_options(cfg: Any, keys: Sequence[str] = PATH_OPTIONS) -> Any:
+# The path options that name a folder a command writes into (``stimuli trials`` takes ``out`` as a CSV path instead).
+OUTPUT_FOLDERS = ("out", "run_dir", "runs_dir", "reference_dir")
+
+
+def expand_path_options(cfg: Any, keys: Sequence[str] = PATH_OPTIONS, folders: Sequence[str] = OUTPUT_FOLDERS) -> Any:
     """Expand ``~`` and ``$VARIABLES`` in a command's path options, in place, and return ``cfg``: ``out='~/sets/a'``
     is the home folder's ``sets/a``, not a folder named ``~`` in the working directory. A text or a list of texts;
-    other values (None, numbers) are left as they are."""
+    other values (None, numbers) are left as they are. An output folder option (``folders``) naming an existing file is
+    refused here, before any work (it failed later with a bare "Not a directory" naming a path inside it)."""
     for key in keys:
         if key not in cfg:
             continue
         value = cfg[key]
         if isinstance(value, str) and value:
             cfg[key] = str(expand_path(value))
+            if key in folders and Path(cfg[key]).is_file():
+                raise ValueError(f"{key}={cfg[key]} is a file: {key} names the folder the command writes into; give another path")
         elif isinstance(value, Sequence) and not isinstance(value, str) and all(isinstance(v, str) for v in value):
             cfg[key] = [str(expand_path(v)) for v in value]
     return cfg

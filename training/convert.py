@@ -17,12 +17,16 @@ from .checkpoints import CheckpointError, save_checkpoint
 from .models import IMAGENET_LIKE, build_model
 
 
-def convert(src: str | Path, dst: str | Path, arch: str, dataset: str, trust_pickle: bool = False, **build_kwargs) -> Path:
+def convert(src: str | Path, dst: str | Path, arch: str, dataset: str, trust_pickle: bool = False, overwrite: bool = False,
+            **build_kwargs) -> Path:
     """Read ``src`` in any supported format, check it fits ``arch`` on ``dataset``, write safetensors to ``dst``. A file
     without its input normalisation needs ``mean=``/``std=`` (except on ImageNet, whose torchvision weights expect its
-    statistics): the written file states one, so a guess would no longer be warned about when it is loaded."""
+    statistics): the written file states one, so a guess would no longer be warned about when it is loaded. An existing
+    ``dst`` is replaced only with ``overwrite`` (it replaced any file, a text file too, without a word)."""
     if Path(dst).is_dir():
         raise ValueError(f"{dst} is a folder: give the file to write, e.g. {Path(dst) / (Path(src).stem + '.safetensors')}")
+    if Path(dst).exists() and not overwrite:
+        raise FileExistsError(f"{dst} exists: give another destination, or replace it with --overwrite (overwrite=True)")
     model = build_model(arch, dataset, checkpoint=str(src), trust_pickle=trust_pickle, **build_kwargs)
     guessed = not getattr(model, "normalization_from_checkpoint", True) and "mean" not in build_kwargs and "std" not in build_kwargs
     if guessed and dataset not in IMAGENET_LIKE:  # written into the new file, the guess would pass for the weights' own
@@ -51,13 +55,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dataset", default="cifar10", help="data set the model was trained on (default cifar10)")
     parser.add_argument("--num-classes", type=int, default=None)
     parser.add_argument("--trust-pickle", action="store_true", help="allow pickles that can run code (only for files you trust)")
+    parser.add_argument("--overwrite", action="store_true", help="replace dst if it exists")
     parser.add_argument("--kwarg", type=_kwarg, action="append", default=[], metavar="KEY=VALUE",
                         help="an architecture argument, repeatable (e.g. --kwarg width=16 --kwarg ratio=0.1)")
     args = parser.parse_args(argv)
     try:
-        out = convert(args.src, args.dst, args.arch, args.dataset, trust_pickle=args.trust_pickle, num_classes=args.num_classes,
-                      **dict(args.kwarg))
-    except (CheckpointError, FileNotFoundError, ValueError) as err:
+        out = convert(args.src, args.dst, args.arch, args.dataset, trust_pickle=args.trust_pickle, overwrite=args.overwrite,
+                      num_classes=args.num_classes, **dict(args.kwarg))
+    except (CheckpointError, FileNotFoundError, FileExistsError, ValueError) as err:
         sys.exit(f"error: {str(err).replace('+model.kwargs.', '--kwarg ')}")  # the hint in this command's own syntax
     print(f"wrote {out}")
 

@@ -86,7 +86,7 @@ from invert.rng import noise_images
 from stimuli.distortions import Distortion, in_grid_order, make_condition_set, parse_conditions
 from stimuli.sets import tensor_sha256
 from training.checkpoints import weights_hash
-from training.config import as_list, concise_errors, dataset_from_config, expand_path, expand_path_options, resolve_device
+from training.config import as_list, check_whole_number, concise_errors, dataset_from_config, expand_path, expand_path_options, resolve_device
 from training.io import atomic_write_json, atomic_write_text
 from training.sweeps import job_path
 
@@ -175,6 +175,7 @@ class ComparePipeline:
         self.device = resolve_device(device)
         self.data_cfg = dict(data_cfg)
         self.dataset = self.data_cfg["name"]
+        check_whole_number(n_images, "n_images")  # 2.5 was cut to 2 without a word, 0 was refused as n_targets
         self.n_images, self.seed, self.batch_size, self.preview = int(n_images), int(seed), int(batch_size), bool(preview)
         self.conditions = in_grid_order(parse_conditions(conditions, reference_size))  # tables and figures from undistorted on
         self.reference_size = reference_size

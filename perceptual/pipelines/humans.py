@@ -45,6 +45,8 @@ def response_files(entries) -> list[Path]:
             files.append(path)
         else:
             raise FileNotFoundError(f"response file or folder {path} not found")
+    if not files:  # an empty list wrote results of 0 submissions over earlier ones
+        raise ValueError("no responses given: pass responses=[FILE_OR_FOLDER, ...] (page downloads, MTurk batch results)")
     return files
 
 

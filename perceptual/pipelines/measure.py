@@ -17,7 +17,7 @@ from ..measure import ModelSpec, headline, make_panel, measure_models, threat_fr
 
 
 def run(cfg: DictConfig) -> dict:
-    specs = [ModelSpec.parse(m) for m in cfg.models]
+    specs = [ModelSpec.parse(m) for m in as_list(cfg.models, "models") or []]  # models=foo is one entry, not three
     seed_types, tasks = as_list(cfg.seed_types, "seed_types"), as_list(cfg.tasks, "tasks")  # seed_types=noise is one
     container = OmegaConf.to_container(cfg, resolve=True)
     validate_inputs(specs, n_targets=cfg.n_targets, seed_types=seed_types, tasks=tasks, engine=container["invert"],

@@ -288,6 +288,19 @@ def test_a_factory_entry_is_built_and_pretrained_is_not_dropped(tmp_path):
         _pipeline(tmp_path / "p", [ModelSpec("small_cnn", None, "p", pretrained=True)])
 
 
+def test_a_fractional_image_count_and_a_number_for_conditions_are_refused(tmp_path):
+    """n_images=2.5 ran with 2 images without a word; conditions=3 was a TypeError traceback."""
+    from perceptual.measure import ModelSpec
+    from perceptual.pipelines.compare import ComparePipeline
+    from stimuli.distortions import parse_conditions
+
+    for bad in (2.5, 0):
+        with pytest.raises(ValueError, match=rf"n_images must be a whole number >= 1, got {bad}"):
+            ComparePipeline([ModelSpec("small_cnn", None, "m")], {"name": "digits", "root": None}, tmp_path, conditions=["colour"], n_images=bad)
+    with pytest.raises(ValueError, match=r"a condition is a generator name.*got 3"):
+        parse_conditions(3)
+
+
 def test_a_model_that_does_not_serve_the_data_is_refused_by_its_label_before_any_condition(tmp_path):
     """A factory with 5 outputs on 10-class digits stopped the run in the first condition with "logits must be (N, 10
     classes)", naming no model; one expecting other image sizes with a raw addmm traceback."""

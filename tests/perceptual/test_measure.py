@@ -282,6 +282,18 @@ def test_checkpoint_paths_expand_environment_variables(tmp_path, monkeypatch):
     assert isinstance(spec.build("digits"), torch.nn.Module)
 
 
+def test_an_empty_task_list_and_a_bare_model_name_are_read_as_meant():
+    """tasks=[] inverted every model for a report without alignment numbers; models=foo was the models 'f', 'o', 'o'."""
+    from perceptual.measure import ModelSpec, validate_inputs
+    from perceptual.pipelines.measure import run
+    from training.config import compose
+
+    with pytest.raises(ValueError, match=r"tasks is empty: name at least one of"):
+        validate_inputs([ModelSpec("small_cnn", None, "a")], n_targets=3, seed_types=["noise"], tasks=[], engine={"steps": 1}, controversial=None)
+    with pytest.raises(ValueError, match=r"^unknown zoo model|model labels|foo"):  # one model named foo, refused as such
+        run(compose("measure", ["models=foo", "n_targets=3"]))
+
+
 def test_bare_values_of_list_options_are_one_item(tmp_path):
     """``observers=pixel-l2 tasks=2afc seed_types=noise`` on the command line: one item each (observers=ssim was the
     observers 's', 's', 'i', 'm', refused only after the models were built)."""

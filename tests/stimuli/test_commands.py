@@ -67,6 +67,23 @@ def test_merge_command_equals_the_unsharded_command(sharded_and_whole):
     assert sorted(p.name for p in (merged.path / "shards").iterdir() if p.is_dir()) == ["shard-000-of-002", "shard-001-of-002"]
 
 
+def test_trials_command_refuses_a_bad_seed_a_folder_and_a_file_it_did_not_write(sharded_and_whole, tmp_path):
+    """seed=1.5 reached numpy as a traceback; out=FOLDER failed naming a temporary file; out=notes.txt was replaced."""
+    whole, _ = sharded_and_whole
+    with pytest.raises(ValueError, match=r"seed must be a whole number >= 0, got 1.5"):
+        trials_command(config("stimuli_trials", [f"set={whole.path}", "seed=1.5"]))
+    with pytest.raises(ValueError, match=r"out=.* is a folder: out names the trial table's CSV file"):
+        trials_command(config("stimuli_trials", [f"set={whole.path}", f"out={tmp_path}"]))
+    notes = tmp_path / "notes.txt"
+    notes.write_text("months of work")
+    with pytest.raises(FileExistsError, match=r"exists and is not a trial table"):
+        trials_command(config("stimuli_trials", [f"set={whole.path}", f"out={notes}"]))
+    assert notes.read_text() == "months of work"
+    table = tmp_path / "t.csv"
+    trials_command(config("stimuli_trials", [f"set={whole.path}", f"out={table}"]))
+    trials_command(config("stimuli_trials", [f"set={whole.path}", f"out={table}", "seed=1"]))  # its own table is replaced
+
+
 @pytest.mark.parametrize("task", ["2afc", "clustering", "clustering_hard"])
 def test_trials_command_writes_a_csv_table(sharded_and_whole, task):
     whole, _ = sharded_and_whole

@@ -581,3 +581,16 @@ def test_trades_wide_resnet_checkpoints_load_as_saved_with_the_same_logits(tmp_p
         build_model("wide_resnet", "cifar10", checkpoint=str(tmp_path / "model-wideres-epoch76.pt"), mean=[0, 0, 0], std=[1, 1, 1])
     with pytest.raises(ValueError, match=r"depth must be 6n \+ 4"):
         build_model("wide_resnet", "cifar10", depth=12)
+
+
+def test_the_converter_replaces_an_existing_file_only_when_asked(tmp_path, capsys):
+    """An unrelated text file given as the destination was replaced by safetensors without a word."""
+    src = save_checkpoint(build_model("small_cnn", "digits", width=8), tmp_path / "src.safetensors")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("months of work")
+    base = ["--arch", "small_cnn", "--dataset", "digits", "--kwarg", "width=8"]
+    with pytest.raises(SystemExit, match=r"^error: .*notes\.txt exists: give another destination, or replace it with --overwrite"):
+        convert_main([str(src), str(notes), *base])
+    assert notes.read_text() == "months of work"
+    convert_main([str(src), str(notes), *base, "--overwrite"])
+    assert build_model("small_cnn", "digits", width=8, checkpoint=str(notes)).net is not None

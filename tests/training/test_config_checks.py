@@ -170,6 +170,25 @@ def test_python_dash_m_training_refuses_a_typo_at_once(tmp_path):
         assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained
 
 
+def test_an_output_folder_option_naming_a_file_is_refused_before_any_work(tmp_path):
+    """measure, compare and demo failed with "[Errno 20] Not a directory: .../exists.txt/models/a", training with
+    "[Errno 17] File exists", visalign after its scoring had run."""
+    from omegaconf import OmegaConf
+
+    from training.config import expand_path_options
+
+    existing = tmp_path / "exists.txt"
+    existing.write_text("x")
+    for key in ("out", "run_dir", "runs_dir", "reference_dir"):
+        with pytest.raises(ValueError, match=rf"^{key}=.*exists.txt is a file: {key} names the folder the command writes into"):
+            expand_path_options(OmegaConf.create({key: str(existing)}))
+    assert expand_path_options(OmegaConf.create({"out": str(existing)}), folders=()).out == str(existing)  # stimuli trials: a CSV path
+    assert expand_path_options(OmegaConf.create({"out": str(tmp_path / "new")})).out == str(tmp_path / "new")
+    done = subprocess.run([sys.executable, "-m", "training", f"run_dir={existing}", "progress=false"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "is a file: run_dir names the folder" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_paths_expand_home_and_environment_variables(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("REPALIGN_TEST_DATA", str(tmp_path / "data"))

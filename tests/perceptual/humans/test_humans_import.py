@@ -733,3 +733,11 @@ def test_an_mturk_row_of_another_shape_is_excluded_not_fatal(package, tmp_path):
     responses = read_responses([tmp_path / "batch.csv"], package)
     assert set(responses.answers["worker_id"]) == {"W1"}
     assert responses.exclusion_counts() == {"answers is not a list of objects (not the page's download)": 1}
+
+
+def test_an_empty_list_of_responses_is_refused():
+    """responses=[] wrote results of 0 submissions (over earlier ones, on a rerun) and exited 0."""
+    from perceptual.pipelines.humans import response_files
+
+    with pytest.raises(ValueError, match=r"no responses given: pass responses=\[FILE_OR_FOLDER"):
+        response_files([])

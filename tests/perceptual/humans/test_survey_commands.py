@@ -166,6 +166,9 @@ def test_refusals_before_work(inversion_sets, package_dir, tmp_path):
         build_survey(sets, package_dir)
     with pytest.raises(ValueError, match="unknown tasks"):
         build_survey(sets, tmp_path / "p", tasks=["3afc"])
+    for bad in (1.5, -1):  # numpy's SeedSequence: a traceback, and "expected non-negative integer" naming no key
+        with pytest.raises(ValueError, match=rf"seed must be a whole number >= 0, got {bad}"):
+            build_survey(sets, tmp_path / "p", seed=bad)
     with pytest.raises(ValueError, match="attention_rate"):
         build_survey(sets, tmp_path / "p", attention_rate=1.0)
     for bad in (0, 2.5, "40", True):  # 2.5 was taken: surveys of 2.5 trials made a fractional slice fail mid-build
