@@ -78,6 +78,9 @@ class Responses:
     excluded: list[dict] = field(default_factory=list)
     submissions: int = 0
     prolific_without_answers: list[str] = field(default_factory=list)  # see ProlificStatuses.without_answers
+    # Per submission, the last place in the participant's order that any of its answers holds, valid or not (NaN without
+    # positions): how far the participant got (attention_failures' unreached checks).
+    last_positions: dict[str, float] = field(default_factory=dict)
 
     def exclusion_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -364,7 +367,7 @@ def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Respo
     for f in files:
         if not f.is_file():
             raise FileNotFoundError(f"response file {f} not found")
-    rows, excluded = [], []
+    rows, excluded, last_positions = [], [], {}
 
     def exclude(reason: str, sub: Mapping, n: int) -> None:
         excluded.append({"reason": reason, "source": sub.get("source"), "worker_id": sub.get("worker_id"), "survey_id": sub.get("survey_id"), "answers": n})
@@ -416,13 +419,14 @@ def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Respo
         answers = sub.get("answers") or []
         worker = _worker_id(sub)
         submission = f"{worker}@{sub['survey_id']}"
-        kept, answered, attempted = 0, set(), set()
+        kept, answered, attempted, last_position = 0, set(), set(), math.nan
         for a in answers:
             trial_id, row, choice = str(a.get("trial_id")), _row_number(a.get("row")), str(a.get("choice"))
             if (trial_id, row) not in truth.index or truth.loc[(trial_id, row), "survey_id"] != sub["survey_id"]:
                 exclude(f"unknown trial id or row for survey {sub['survey_id']}", sub, 1)
                 continue
             attempted.add((trial_id, row))
+            last_position = float(np.fmax(last_position, _number(a.get("position"), 1)))  # fmax: a NaN side is ignored
             valid = ("0", "1", "2") if "clustering" in task_of[trial_id] else ("left", "right")
             if choice not in valid:
                 exclude(f"invalid choice (expected one of {valid})", sub, 1)
@@ -435,11 +439,12 @@ def read_responses(paths: Iterable[str | Path], package: SurveyPackage) -> Respo
                          "trial_id": trial_id, "row": row, "choice": choice, "rt_ms": _number(a.get("rt_ms"), 0),
                          "position": _number(a.get("position"), 1)})
             kept += 1
+        last_positions[submission] = last_position
         missing = units_by_survey[sub["survey_id"]] - len(attempted)  # an invalid answer is counted as such, not again as missing
         if missing:
             exclude("missing answer", sub, missing)
     answers = pd.DataFrame(rows, columns=ANSWER_COLUMNS).astype({"rt_ms": float, "position": float})
-    result = Responses(answers, excluded, len(submissions), prolific.without_answers(answers["worker_id"]))
+    result = Responses(answers, excluded, len(submissions), prolific.without_answers(answers["worker_id"]), last_positions)
     for reason, count in result.exclusion_counts().items():
         logger.warning("excluded %d answers: %s", count, reason)
     if result.prolific_without_answers:
@@ -466,16 +471,20 @@ def trial_times(table: pd.DataFrame) -> pd.Series:
 
 
 def attention_failures(table: pd.DataFrame, package: SurveyPackage, max_failures: int = 0, min_median_rt_ms: float = 0,
-                       min_answered: float = 0) -> pd.DataFrame:
+                       min_answered: float = 0, last_positions: Mapping[str, float] | None = None) -> pd.DataFrame:
     """Per submission: attention checks answered, failed, unanswered, the median time per trial, the share of its
     survey's answer units it answered, and whether the submission is excluded.
 
     A check counts as failed when any of its rows is wrong or unanswered (a clustering check answered only in the rows
-    the worker got right does not pass). A check the submission never reached (a participant who gave up before it) is
-    counted in ``unreached``, not as a failure: the page shows checks at random positions among the trials, so counting
-    them failed excluded nearly every partial submission, by where its checks happened to fall (``min_answered`` is the
-    rule for how much must be answered). A submission is excluded when failures exceed ``max_failures`` (the paper: any
-    failure) or, where ``min_median_rt_ms`` > 0, when its median time per trial
+    the worker got right does not pass). A check the submission cannot have seen is counted in ``unreached``, not as a
+    failure: the page shows checks at random positions among the trials, so counting them failed excluded nearly every
+    partial submission, by where its checks happened to fall (``min_answered`` is the rule for how much must be
+    answered). "Cannot have seen" is read from the answers' ``position`` (the place in the participant's order;
+    ``last_positions``, :attr:`Responses.last_positions`, counts invalid answers too, else the table's valid ones): of the
+    checks with no valid answer, at most as many as the trials after the last one answered are unreached, the others
+    (skipped, or answered with an invalid choice, before the participant stopped) failed; without positions (hand-made
+    files) every check with no valid answer failed. A submission is excluded when failures exceed ``max_failures`` (the
+    paper: any failure) or, where ``min_median_rt_ms`` > 0, when its median time per trial
     (:func:`trial_times`, checks included) is below it (``too_fast``); a submission without any valid time is not judged
     on speed (``median_rt_ms`` NaN); and, where ``min_answered`` > 0, when it answered less than that share of its
     survey's answer units (``incomplete``: a participant who gave up part-way; 1 keeps complete submissions only).
@@ -483,6 +492,7 @@ def attention_failures(table: pd.DataFrame, package: SurveyPackage, max_failures
     units = package.truth.groupby("survey_id").size().to_dict()
     checks = package.truth[package.truth["attention_check"]]
     n_checks = checks.groupby("survey_id")["trial_id"].nunique().to_dict()
+    n_trials = package.truth.groupby("survey_id")["trial_id"].nunique().to_dict()
     rows_per_check = checks.groupby("trial_id")["row"].nunique()
     median_time = trial_times(table).groupby(level="submission").median()
     out = []
@@ -491,7 +501,11 @@ def attention_failures(table: pd.DataFrame, package: SurveyPackage, max_failures
         per_trial = answered.groupby("trial_id").agg(worst=("correct", "min"), rows=("row", "nunique"))
         passed = (per_trial["worst"] >= 1) & (per_trial["rows"] == rows_per_check.reindex(per_trial.index).to_numpy())
         total = n_checks.get(survey, 0)
-        failed, unreached = int((~passed).sum()), total - len(per_trial)
+        missing = total - len(per_trial)  # checks without a valid answer: skipped, garbled, or never shown
+        last = (last_positions or {}).get(submission, group["position"].max() if "position" in group else math.nan)
+        unseen = max(0, n_trials[survey] - int(last)) if last == last else 0  # NaN: no positions, nothing can be told unseen
+        unreached = min(missing, unseen)
+        failed = int((~passed).sum()) + missing - unreached
         median_rt = float(median_time.get(submission, math.nan))
         too_fast = bool(min_median_rt_ms > 0 and median_rt < min_median_rt_ms)  # NaN compares False: untimed is not judged
         answered_share = group[["trial_id", "row"]].drop_duplicates().shape[0] / units[survey]
@@ -605,7 +619,7 @@ def human_scores(package: SurveyPackage, responses: Responses, max_attention_fai
     check_min_median_rt_ms(min_median_rt_ms)
     check_min_answered(min_answered)
     table = scored(responses, package)
-    attention = attention_failures(table, package, max_attention_failures, min_median_rt_ms, min_answered)
+    attention = attention_failures(table, package, max_attention_failures, min_median_rt_ms, min_answered, responses.last_positions)
     untimed = attention.loc[attention["median_rt_ms"].isna(), "submission"].tolist()
     if min_median_rt_ms > 0 and untimed:
         logger.warning("%d of %d submissions carry no valid rt_ms (hand-made files?): the minimum time per trial is not applied to them: %s",

@@ -412,15 +412,25 @@ def test_a_participant_who_stops_before_the_checks_is_kept_and_the_unreached_che
     checks = set(package.truth.loc[package.truth["attention_check"], "trial_id"])
     n_checks = package.truth.loc[package.truth["attention_check"] & (package.truth["survey_id"] == sid), "trial_id"].nunique()
     real = [a for a in complete["answers"] if a["trial_id"] not in checks]
-    early = {**complete, "worker_id": "early", "answers": real[: len(real) // 2]}  # stopped before reaching any check
+    trial_ids = list(dict.fromkeys(a["trial_id"] for a in real))
+    placed = [{**a, "position": trial_ids.index(a["trial_id"]) + 1} for a in real]  # the page's place of each trial: checks last
+    stopped = trial_ids[: len(trial_ids) // 2]
+    early = {**complete, "worker_id": "early", "answers": [a for a in placed if a["trial_id"] in stopped]}  # stopped before any check
     careless = {**complete, "worker_id": "careless", "answers": [
         {**a, "choice": "right" if a["choice"] == "left" else "left"} if a["trial_id"] in checks else a for a in complete["answers"]]}
-    (tmp_path / "a.json").write_text(json.dumps([complete, early, careless]))
+    # Every trial answered, the checks with a choice the page never offers: they were reached, so they failed.
+    garbled = {**complete, "worker_id": "garbled", "answers": placed + [
+        {**a, "choice": "none", "position": len(trial_ids) + k + 1} for k, a in enumerate(a for a in complete["answers"] if a["trial_id"] in checks)]}
+    # Without positions (a hand-made file) nothing can be told unseen: the missing checks failed.
+    unplaced = {**complete, "worker_id": "unplaced", "answers": [a for a in real if a["trial_id"] in stopped]}
+    (tmp_path / "a.json").write_text(json.dumps([complete, early, careless, garbled, unplaced]))
     result = human_scores(package, read_responses([tmp_path / "a.json"], package), n_boot=50)
     attention = {a["worker_id"]: a for a in result["attention"]}
     assert n_checks >= 1 and attention["early"]["unreached"] == n_checks and attention["early"]["failed"] == 0
     assert not attention["early"]["excluded"] and not attention["complete"]["excluded"]
     assert attention["careless"]["excluded"] and attention["careless"]["failed"] == n_checks and attention["careless"]["unreached"] == 0
+    for worker in ("garbled", "unplaced"):
+        assert attention[worker]["excluded"] and attention[worker]["failed"] == n_checks and attention[worker]["unreached"] == 0, worker
     assert f"1 of them stopped before {n_checks} of their attention checks (unreached, not failed" in markdown_summary(result)
     assert "stopped before" not in markdown_summary(human_scores(package, read_responses([tmp_path / "a.json"], package), n_boot=50,
                                                                   min_answered=1))
