@@ -417,6 +417,9 @@ def test_accuracy_figures_run_from_undistorted_to_most_distorted_with_chance_and
     assert [c.name for c in in_grid_order(conditions)] == ["low_pass=0", "low_pass=3", "low_pass=10", "rotation=0", "rotation=90"]
     high = [Distortion("high_pass", 0.4), Distortion("high_pass", "inf"), Distortion("high_pass", 1.5)]
     assert [c.name for c in in_grid_order(high)] == ["high_pass=inf", "high_pass=1.5", "high_pass=0.4"]  # its grid runs downwards
+    off_grid = [Distortion("low_pass", 50), Distortion("low_pass", 2), Distortion("high_pass", 2), Distortion("low_pass", 0),
+                Distortion("high_pass", "inf")]  # levels between the grid's fall in place by value, in the grid's direction
+    assert [c.name for c in in_grid_order(off_grid)] == ["low_pass=0", "low_pass=2", "low_pass=50", "high_pass=inf", "high_pass=2"]
     colour = [Distortion("colour", "greyscale"), Distortion("colour", "colour")]
     assert [c.name for c in in_grid_order(colour)] == ["colour=colour", "colour=greyscale"]
     accuracy = {c.name: {"m": 0.5, "subject-1": 0.6} for c in conditions}
