@@ -63,7 +63,7 @@ def _read_state_dict(path: str | Path, trust_pickle: bool) -> tuple[Mapping[str,
         except (SafetensorError, OSError, ValueError) as err:
             raise CheckpointError(f"{path} is not a readable safetensors file (truncated or corrupt?): {err}") from err
         return state, metadata
-    _check_torch_format(path)
+    check_torch_format(path)
     raw = _torch_load(path, trust_pickle)
     return _extract_state_dict(raw, path), _metadata_of(raw)
 
@@ -81,7 +81,7 @@ def _is_safetensors(path: Path) -> bool:
 _TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
 
 
-def _check_torch_format(path: Path) -> None:
+def check_torch_format(path: Path) -> None:
     """Refuse files that are neither a torch zip archive nor a pickle before unpickling anything, so a
     text file or random bytes get a plain "not a checkpoint" instead of advice about trusting pickles."""
     with open(path, "rb") as f:

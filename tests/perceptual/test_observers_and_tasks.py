@@ -285,6 +285,15 @@ def test_a_weights_file_of_another_shape_names_what_it_should_hold(tmp_path):
             LPIPSObserver("alex", weights_path=str(tmp_path / f"{name}.pth"))
 
 
+def test_an_image_given_as_lpips_weights_is_named_as_one(tmp_path):
+    """A PNG gave torch's multi-line safe-load message, which advised weights_only=False and named no option."""
+    png = tmp_path / "img.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    with pytest.raises(ValueError, match=r"^lpips_weights=.*img\.png is not a readable torchvision weights file .*: .*not a checkpoint") as info:
+        LPIPSObserver("alex", weights_path=str(png))
+    assert "\n" not in str(info.value) and "weights_only" not in str(info.value)
+
+
 @pytest.mark.parametrize("observer", [PixelL2Observer(), SSIMObserver(), LPIPSObserver("alex", backbone="random")], ids=lambda o: o.name)
 def test_pair_indices_must_pair_up_and_lie_among_the_images(observer):
     x = torch.rand(4, 3, 16, 16)
