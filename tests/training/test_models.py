@@ -257,3 +257,11 @@ def test_digits_model_has_digits_normalisation():
     model = build_model("small_cnn", "digits")
     assert model.num_classes == 10
     assert torch.allclose(model.normalize.mean.flatten(), torch.tensor([0.3052] * 3))
+
+
+@pytest.mark.parametrize("name", ["small_cnn", "resnet18"])
+@pytest.mark.parametrize("width", [0, 2.5, True])
+def test_a_width_that_is_no_channel_count_is_refused_by_name(name, width):
+    """width=0 failed inside Conv2d ("weight of size [0, 3, 3, 3]"), 2.5 as "out_channels must be divisible by groups"."""
+    with pytest.raises(ValueError, match=rf"width .* must be a whole number >= 1, got {width!r}"):
+        build_model(name, "cifar10", width=width)

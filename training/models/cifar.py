@@ -106,8 +106,8 @@ class ResNet(nn.Module):
     def __init__(self, block, num_blocks, num_classes: int = 10, activation: Activation = nn.ReLU, width: int = 64,
                  stem_activation: Activation | None = None):
         super().__init__()
-        if width < 1:
-            raise ValueError(f"ResNet width (the first stage's channels, 64 in the paper) must be positive, got {width}")
+        if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+            raise ValueError(f"ResNet width (the first stage's channels, 64 in the paper) must be a whole number >= 1, got {width!r}")
         self.in_planes = width
         self.conv1 = nn.Conv2d(3, width, 3, 1, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(width)
@@ -512,6 +512,8 @@ class SmallCNN(nn.Module):
 
     def __init__(self, num_classes: int = 10, width: int = 32, activation: Activation = nn.ReLU):
         super().__init__()
+        if isinstance(width, bool) or not isinstance(width, int) or width < 1:  # 0 and 2.5 failed inside torch's Conv2d
+            raise ValueError(f"small CNN width (the first layer's channels, 32 by default) must be a whole number >= 1, got {width!r}")
         w = width
         layers: list[nn.Module] = []
         for cin, cout, stride in ((3, w, 1), (w, 2 * w, 2), (2 * w, 4 * w, 2), (4 * w, 4 * w, 1)):
