@@ -60,13 +60,15 @@ def _image_size(dataset: Any) -> tuple[int, int, int]:
     return tuple(image.shape)
 
 
-def _targets(cfg: DictConfig, kind: str, n: int, test: Any) -> Targets:
+def _targets(cfg: DictConfig, kind: str, n: int, test: Any, role: str = "targets") -> Targets:
+    """The set's targets (or, ``role="origins"``, a controversial set's origins): refusals name ``role`` and ``n_<role>``."""
+    if kind not in ("data", "gaussian"):
+        raise ValueError(f"{role} must be data or gaussian, got {kind!r}")
+    check_whole_number(n, f"n_{role}")
     if kind == "data":
-        return select_targets(test, n, seed=cfg.seed, split="test", name=cfg.data.name)
-    if kind == "gaussian":
-        gaussians = OmegaConf.to_container(cfg.gaussians, resolve=True)
-        return gaussian_targets(n, _image_size(test), gaussians, seed=cfg.seed)
-    raise ValueError(f"unknown targets {kind!r}: use data or gaussian")
+        return select_targets(test, n, seed=cfg.seed, split="test", name=cfg.data.name, key=f"n_{role}")
+    gaussians = OmegaConf.to_container(cfg.gaussians, resolve=True)
+    return gaussian_targets(n, _image_size(test), gaussians, seed=cfg.seed)
 
 
 def _model(model_cfg: DictConfig, data_name: str, device, seed: int, role: str) -> ModelRef:
@@ -113,7 +115,7 @@ def invert_command(cfg: DictConfig) -> StimulusSet:
 def controversial_command(cfg: DictConfig) -> StimulusSet:
     device = resolve_device(cfg.device)
     test = dataset_from_config(cfg.data, "test")
-    origins = _targets(cfg, cfg.origins, cfg.n_origins, test)
+    origins = _targets(cfg, cfg.origins, cfg.n_origins, test, role="origins")
     model_a = _model(cfg.model_a, cfg.data.name, device, cfg.seed, "model_a")
     model_b = _model(cfg.model_b, cfg.data.name, device, cfg.seed, "model_b")
     suffix = "-ood" if cfg.origins == "gaussian" else ""

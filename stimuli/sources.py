@@ -148,18 +148,20 @@ def _materialise(dataset: Any, index: Tensor) -> tuple[Tensor, Tensor, list[str]
     raise TypeError(f"expected a training.ImageSet or an indexable data set of (image, label), got {type(dataset).__name__}")
 
 
-def select_targets(dataset: Any, n: int = 100, seed: int = 0, split: str | None = None, name: str | None = None) -> Targets:
+def select_targets(dataset: Any, n: int = 100, seed: int = 0, split: str | None = None, name: str | None = None,
+                   key: str = "n_targets") -> Targets:
     """``n`` distinct images of ``dataset`` (normally its test split) drawn with ``seed``.
 
     The draw is a seeded permutation whose first ``n`` entries are taken, so target ``k`` does not
     depend on ``n``. ``dataset`` is a :class:`training.ImageSet` or an indexable data set of
-    ([0, 1] image, label) pairs (an ImageNet folder; only the chosen images are read).
+    ([0, 1] image, label) pairs (an ImageNet folder; only the chosen images are read). ``key``: the option that
+    gave ``n``, named in a refusal (``n_origins`` for controversial sets).
     """
     size = len(dataset)
     if isinstance(n, bool) or not isinstance(n, numbers.Integral):  # 2.5 failed in slicing
-        raise ValueError(f"n_targets must be a whole number, got {n!r}")
+        raise ValueError(f"{key} must be a whole number, got {n!r}")
     if not 1 <= n <= size:
-        raise ValueError(f"cannot draw {n} targets from a data set of {size} images: use 1 <= n_targets <= {size}")
+        raise ValueError(f"cannot draw {n} images from a data set of {size}: use 1 <= {key} <= {size}")
     index = torch.randperm(size, generator=keyed_generator(seed, "targets", 0))[:n]
     images, labels, classes = _materialise(dataset, index)
     name = name or _dataset_name(dataset)

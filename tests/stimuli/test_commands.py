@@ -171,6 +171,17 @@ def test_controversial_command_ood_origins(tmp_path):
     assert list(s.role("origin")[0]["source"]) == ["gaussian:dark", "gaussian:light"]
 
 
+def test_controversial_origins_are_refused_under_their_own_names(tmp_path):
+    """n_origins=0 was refused as "n_targets", origins=foo as "unknown targets 'foo'"."""
+    base = FAST + translate(["model_b=small_cnn", "restarts=1", f"out={tmp_path / 'c'}"])
+    with pytest.raises(ValueError, match=r"n_origins must be a whole number >= 1, got 0"):
+        controversial_command(config("stimuli_controversial", base + ["n_origins=0"]))
+    with pytest.raises(ValueError, match=r"use 1 <= n_origins <= 450"):
+        controversial_command(config("stimuli_controversial", base + ["n_origins=451"]))
+    with pytest.raises(ValueError, match=r"origins must be data or gaussian, got 'foo'"):
+        controversial_command(config("stimuli_controversial", base + ["origins=foo"]))
+
+
 def test_a_misspelt_alias_choice_is_answered_in_the_alias():
     """``model_a=resnt18`` suggested ``model=resnet18``, which the controversial command refuses."""
     from training.config import ConfigError, check_overrides

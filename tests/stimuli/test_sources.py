@@ -30,7 +30,7 @@ def test_fewer_targets_are_a_prefix_of_more(digits):
 
 def test_select_targets_refuses_impossible_counts(digits):
     test, _ = digits
-    with pytest.raises(ValueError, match="cannot draw 451 targets from a data set of 450"):
+    with pytest.raises(ValueError, match=r"cannot draw 451 images from a data set of 450: use 1 <= n_targets <= 450"):
         select_targets(test, 451)
     with pytest.raises(ValueError, match="cannot draw 0"):
         select_targets(test, 0)
