@@ -214,7 +214,10 @@ class ComparePipeline:
                     "lapse": float(d["lapse"]), "noise": float(d["noise"])}
         except (TypeError, ValueError) as err:
             raise ValueError(f"decisions: seeds are ints, exemplars_per_class and k whole numbers, lapse and noise numbers ({err})") from None
-        check_decision_rule(**rule)
+        try:
+            check_decision_rule(**rule)
+        except ValueError as err:  # named as the config names them: decisions.exemplars_per_class, not per_class
+            raise ValueError("decisions." + str(err).replace("per_class", "exemplars_per_class", 1)) from None
         self.decision_rule = rule  # ObserverDecisions' keywords, as read from decisions
 
     def _check_unknown_config(self) -> None:

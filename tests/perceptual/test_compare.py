@@ -299,6 +299,9 @@ def test_a_fractional_image_count_and_a_number_for_conditions_are_refused(tmp_pa
             ComparePipeline([ModelSpec("small_cnn", None, "m")], {"name": "digits", "root": None}, tmp_path, conditions=["colour"], n_images=bad)
     with pytest.raises(ValueError, match=r"a condition is a generator name.*got 3"):
         parse_conditions(3)
+    with pytest.raises(ValueError, match=r"^decisions.exemplars_per_class must be a whole number >= 1, got 0"):
+        ComparePipeline([ModelSpec("small_cnn", None, "m")], {"name": "digits", "root": None}, tmp_path, conditions=["colour"],
+                        decisions={"exemplars_per_class": 0})
 
 
 def test_a_model_that_does_not_serve_the_data_is_refused_by_its_label_before_any_condition(tmp_path):
