@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from invert.modules import batch_slices, module_device
 from invert.rng import seeded_rng
 from invert.validation import check_images
-from training.checkpoints import check_torch_format, weights_hash
+from training.checkpoints import check_torch_format, first_line, weights_hash
 from training.config import expand_path
 
 from .cache import cache_key
@@ -268,8 +268,8 @@ class LPIPSObserver(Observer):
             check_torch_format(weights_file)  # an image or a text file: said as such, not as torch's safe-load advice
             state = torch.load(weights_file, map_location="cpu", weights_only=True)
         except Exception as err:
-            first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
-            raise ValueError(f"lpips_weights={weights_file} is not a readable torchvision weights file (truncated or corrupt?): {first}") from err
+            raise ValueError(f"lpips_weights={weights_file} is not a readable torchvision weights file (truncated or corrupt?): "
+                             f"{first_line(err)}") from err
         expected = f"torchvision's ImageNet {LPIPS_BACKBONES[net]} weights (a state dict with keys features.N.weight / .bias)"
         if not isinstance(state, dict) or not any(str(k).startswith("features.") for k in state):
             keys = list(state)[:3] if isinstance(state, dict) else type(state).__name__

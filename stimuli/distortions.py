@@ -525,15 +525,12 @@ def in_grid_order(conditions: Sequence[Distortion]) -> list[Distortion]:
     def position(condition: Distortion) -> tuple:
         grid = GRIDS[condition.generator]
         if condition.parameter in grid:  # on the grid: its place there, whatever the grid's order
-            return first_seen[condition.generator], 0, grid.index(condition.parameter), 0.0
-        numbers = [v for v in grid if not isinstance(v, str)]
-        if not numbers or isinstance(condition.parameter, str):  # no grid to place it by (a registered empty grid): as given
-            return first_seen[condition.generator], 1, conditions.index(condition), 0.0
-        # Off the grid: after the grid's last value it exceeds (in the grid's direction), by value.
-        rising = numbers[0] <= numbers[-1]
-        value = float(condition.parameter)
-        before = sum(1 for v in grid if not isinstance(v, str) and (float(v) < value if rising else float(v) > value))
-        return first_seen[condition.generator], 0, before - 0.5, value if rising else -value
+            return first_seen[condition.generator], grid.index(condition.parameter), 0.0
+        # Off the grid (numbers only: a named level must be on its grid): between the grid's levels, by value, in the
+        # grid's direction.
+        rising, value = grid[0] <= grid[-1], float(condition.parameter)
+        before = sum(1 for v in grid if (v < value if rising else v > value))
+        return first_seen[condition.generator], before - 0.5, value if rising else -value
 
     return sorted(conditions, key=position)
 

@@ -116,10 +116,8 @@ def _is_safe_load_refusal(err: BaseException) -> bool:
 def _refusal_reason(err: BaseException) -> str:
     """The line of torch's safe-load refusal that names what it refused (``Unsupported global: GLOBAL argparse.Namespace``,
     ``Unsupported operand 149``), without its terminal colour codes."""
-    text = _ANSI_ESCAPE.sub("", str(err))
-    named = re.search(r"unsupported (?:global: GLOBAL \S+|operand \d+)", text, flags=re.IGNORECASE)
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return named.group(0) if named else (lines or [type(err).__name__])[0]
+    named = re.search(r"unsupported (?:global: GLOBAL \S+|operand \d+)", _ANSI_ESCAPE.sub("", str(err)), flags=re.IGNORECASE)
+    return named.group(0) if named else first_line(err)
 
 
 def _torch_load(path: Path, trust_pickle: bool) -> Any:
@@ -135,15 +133,15 @@ def _torch_load(path: Path, trust_pickle: bool) -> Any:
                 f"then convert it once to safetensors with `python -m training.convert`; if it came from an interrupted download "
                 f"or copy, fetch it again"
             ) from err
-        raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt?): {_first_line(err)}") from err
+        raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt?): {first_line(err)}") from err
     except (ModuleNotFoundError, AttributeError) as err:  # a trusted pickle of objects whose code is not importable here
         raise CheckpointError(
-            f"{path} is a pickle of Python objects whose code is not importable here ({type(err).__name__}: {_first_line(err)}): "
+            f"{path} is a pickle of Python objects whose code is not importable here ({type(err).__name__}: {first_line(err)}): "
             "run with the code that defined them on PYTHONPATH, or load the file where that code lives and save its "
             "state_dict() with torch.save (a plain state dict needs no code)"
         ) from err
     except Exception as err:  # noqa: BLE001 - a corrupt archive or pickle raises almost any type (IndexError, KeyError, ...)
-        raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt?): {type(err).__name__}: {_first_line(err)}") from err
+        raise CheckpointError(f"{path} is not a readable checkpoint (truncated or corrupt?): {type(err).__name__}: {first_line(err)}") from err
 
 
 # torch.save's legacy (non-zip) format starts with a pickle of this magic number; its zip format starts "PK".
@@ -177,8 +175,9 @@ def _is_plain_pickle(file, opcodes: int = 64) -> bool:
     return False
 
 
-def _first_line(err: BaseException) -> str:
-    lines = [line for line in str(err).splitlines() if line.strip()]
+def first_line(err: BaseException) -> str:
+    """An error's first non-empty line, without terminal colour codes (torch's safe-load messages carry them)."""
+    lines = [line for line in _ANSI_ESCAPE.sub("", str(err)).splitlines() if line.strip()]
     return lines[0] if lines else type(err).__name__
 
 

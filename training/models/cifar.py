@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from invert.validation import check_whole
+
 from .registry import register_model
 
 Activation = Callable[[], nn.Module]
@@ -106,8 +108,7 @@ class ResNet(nn.Module):
     def __init__(self, block, num_blocks, num_classes: int = 10, activation: Activation = nn.ReLU, width: int = 64,
                  stem_activation: Activation | None = None):
         super().__init__()
-        if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-            raise ValueError(f"ResNet width (the first stage's channels, 64 in the paper) must be a whole number >= 1, got {width!r}")
+        check_whole(width, "ResNet width (the first stage's channels, 64 in the paper)", least=1)
         self.in_planes = width
         self.conv1 = nn.Conv2d(3, width, 3, 1, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(width)
@@ -245,10 +246,10 @@ class WideResNet(nn.Module):
 
     def __init__(self, depth: int = 34, widen_factor: int = 10, num_classes: int = 10, drop_rate: float = 0.0):
         super().__init__()
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 10 or (depth - 4) % 6:
+        check_whole(depth, "WideResNet depth")
+        if depth < 10 or (depth - 4) % 6:
             raise ValueError(f"WideResNet depth must be 6n + 4 with n >= 1 (10, 16, 28, 34, ...), got {depth!r}")
-        if isinstance(widen_factor, bool) or not isinstance(widen_factor, int) or widen_factor < 1:
-            raise ValueError(f"WideResNet widen_factor must be a whole number >= 1 (10 in WRN-34-10), got {widen_factor!r}")
+        check_whole(widen_factor, "WideResNet widen_factor", least=1, why=" (10 in WRN-34-10)")
         if not 0 <= drop_rate < 1:
             raise ValueError(f"WideResNet drop_rate must be in [0, 1), got {drop_rate!r}")
         count, channels = (depth - 4) // 6, [16, 16 * widen_factor, 32 * widen_factor, 64 * widen_factor]
@@ -512,8 +513,7 @@ class SmallCNN(nn.Module):
 
     def __init__(self, num_classes: int = 10, width: int = 32, activation: Activation = nn.ReLU):
         super().__init__()
-        if isinstance(width, bool) or not isinstance(width, int) or width < 1:  # 0 and 2.5 failed inside torch's Conv2d
-            raise ValueError(f"small CNN width (the first layer's channels, 32 by default) must be a whole number >= 1, got {width!r}")
+        check_whole(width, "small CNN width (the first layer's channels, 32 by default)", least=1)  # 0 and 2.5 failed inside Conv2d
         w = width
         layers: list[nn.Module] = []
         for cin, cout, stride in ((3, w, 1), (w, 2 * w, 2), (2 * w, 4 * w, 2), (4 * w, 4 * w, 1)):
